@@ -1,0 +1,185 @@
+//! Connections and paths: the kernel's `rds_connection` / `rds_conn_path`
+//! and their state machine.
+//!
+//! States and transitions are the kernel's: any state -> ERROR,
+//! UP -> DISCONNECTING, ERROR -> DISCONNECTING, DISCONNECTING -> DOWN,
+//! DOWN -> CONNECTING, CONNECTING -> UP. A connection is never destroyed
+//! while the node lives, so its sequence numbers and retransmit queues
+//! survive transport reconnects.
+
+use std::collections::VecDeque;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use crate::message::QueuedMsg;
+use crate::types::{ConnId, PathId, TransportKind};
+
+/// Path states, numbered as the kernel numbers them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PathState {
+    Down = 0,
+    Connecting = 1,
+    Disconnecting = 2,
+    Up = 3,
+    Resetting = 4,
+    Error = 5,
+}
+
+impl PathState {
+    /// Whether the kernel allows `self -> to`.
+    pub fn can_go(self, to: PathState) -> bool {
+        use PathState::*;
+        matches!(
+            (self, to),
+            (_, Error)
+                | (Up, Disconnecting)
+                | (Error, Disconnecting)
+                | (Disconnecting, Down)
+                | (Down, Connecting)
+                | (Connecting, Up)
+                | (Resetting, Up)
+        )
+    }
+}
+
+/// What a transport needs to know to open or serve a path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathInfo {
+    pub id: PathId,
+    /// Connection instance: bumped for every connect attempt or accept;
+    /// transport events carrying an older instance are ignored.
+    pub inst: u64,
+    pub laddr: IpAddr,
+    pub faddr: IpAddr,
+    pub kind: TransportKind,
+    pub tos: u8,
+    /// Paths negotiated for the connection so far (0 = not yet known).
+    pub npaths: u8,
+}
+
+/// Why a transport connection went away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DownReason {
+    /// Connect attempt failed (refused, unreachable, timed out).
+    ConnectFailed,
+    /// The peer closed or reset the connection, or an I/O error occurred.
+    Closed,
+    /// The peer broke the protocol (bad length, bad frame): counted.
+    ProtocolError,
+    /// The transport finished a shutdown the core asked for.
+    ShutdownDone,
+    /// TCP: an outgoing connection from the larger address was dropped to make
+    /// the smaller address connect (the kernel's "poke").
+    DirectionRule,
+}
+
+#[derive(Debug)]
+pub(crate) struct Path {
+    pub state: PathState,
+    pub inst: u64,
+    pub next_tx_seq: u64,
+    pub next_rx_seq: u64,
+    pub send_queue: VecDeque<QueuedMsg>,
+    pub retrans: VecDeque<QueuedMsg>,
+    /// Current reconnect bound (`cp_reconnect_jiffies`); zero after success.
+    pub reconnect_delay: Duration,
+    /// A (re)connect is scheduled at this time.
+    pub reconnect_at: Option<Instant>,
+    pub unacked_packets: u32,
+    pub unacked_bytes: u64,
+    /// A Kick output is outstanding (deduplication).
+    pub kick_queued: bool,
+    /// Times the path came up.
+    pub connects: u64,
+}
+
+impl Path {
+    pub fn new(max_unacked_packets: u32, max_unacked_bytes: u64) -> Path {
+        Path {
+            state: PathState::Down,
+            inst: 0,
+            next_tx_seq: 1,
+            next_rx_seq: 0,
+            send_queue: VecDeque::new(),
+            retrans: VecDeque::new(),
+            reconnect_delay: Duration::ZERO,
+            reconnect_at: None,
+            unacked_packets: max_unacked_packets,
+            unacked_bytes: max_unacked_bytes,
+            kick_queued: false,
+            connects: 0,
+        }
+    }
+
+    /// Messages and bytes on the send and retransmit queues.
+    pub fn queued(&self) -> (usize, usize) {
+        let n = self.send_queue.len() + self.retrans.len();
+        let b = self.send_queue.iter().chain(self.retrans.iter()).map(|m| m.payload.len()).sum();
+        (n, b)
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Conn {
+    pub id: ConnId,
+    pub laddr: IpAddr,
+    pub faddr: IpAddr,
+    pub kind: TransportKind,
+    pub tos: u8,
+    pub paths: Vec<Path>,
+    /// Negotiated path count; 0 until the handshake answered (mprds only).
+    pub npaths: u8,
+    /// A probe ping is outstanding (`c_ping_triggered`).
+    pub ping_triggered: bool,
+    /// The peer's last announced generation number (0 = none yet).
+    pub peer_gen: u32,
+    /// The peer encodes the path index in its TCP source port.
+    pub with_sport_idx: bool,
+    /// A congestion-map update is due (`c_map_queued`).
+    pub map_queued: bool,
+}
+
+impl Conn {
+    pub fn path_id(&self, index: usize) -> PathId {
+        PathId { conn: self.id, index: index as u8 }
+    }
+
+    pub fn info(&self, index: usize) -> PathInfo {
+        PathInfo {
+            id: self.path_id(index),
+            inst: self.paths[index].inst,
+            laddr: self.laddr,
+            faddr: self.faddr,
+            kind: self.kind,
+            tos: self.tos,
+            npaths: self.npaths,
+        }
+    }
+
+    /// Paths usable for data right now: the negotiated count, or 1.
+    pub fn active_paths(&self) -> usize {
+        usize::from(self.npaths.max(1)).min(self.paths.len())
+    }
+
+    pub fn all_down(&self) -> bool {
+        self.paths.iter().all(|p| p.state == PathState::Down)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PathState::*;
+
+    #[test]
+    fn kernel_transitions() {
+        assert!(Down.can_go(Connecting));
+        assert!(Connecting.can_go(Up));
+        assert!(Up.can_go(Disconnecting));
+        assert!(Error.can_go(Disconnecting));
+        assert!(Disconnecting.can_go(Down));
+        assert!(Up.can_go(Error) && Down.can_go(Error));
+        assert!(!Down.can_go(Up));
+        assert!(!Up.can_go(Down));
+        assert!(!Connecting.can_go(Down));
+    }
+}

@@ -1,0 +1,49 @@
+//! # rds-core: the general layer of RDS, sans I/O
+//!
+//! RDS (Reliable Datagram Sockets) gives reliable, ordered datagrams between
+//! sockets on different nodes over one connection per node pair. This crate
+//! is the protocol itself, wire-compatible with the Linux kernel's
+//! `net/rds`:
+//!
+//! * [`wire`]: the 48-byte header, flags, extension headers, checksum,
+//!   congestion-map messages and the TCP stream framing;
+//! * [`Node`]: sockets, connections and paths with the kernel's state
+//!   machine, per-path sequence numbers, the send and retransmit queues,
+//!   acks and retransmission after reconnect, the receiver's duplicate rule,
+//!   ping/pong, the multipath (mprds) handshake and path hashing,
+//!   congestion maps with the kernel's hysteresis, send-buffer accounting,
+//!   and the kernel's counters;
+//! * [`transport`]: the [`RdsTransport`] trait that TCP, IB and loopback
+//!   implement, and the [`TransportSink`] through which they report; its
+//!   docs explain how TCP and InfiniBand (fragments, credits, piggybacked
+//!   acks, RDMA) map onto it;
+//! * [`loopback`]: the in-process transport for addresses one node serves.
+//!
+//! Nothing here opens a socket, spawns a thread or reads a clock: every call
+//! takes the events and the current time as arguments, and the node returns
+//! what to do next ([`Node::poll_output`]) and when to wake it
+//! ([`Node::poll_timeout`]). A driver with real sockets and threads lives in
+//! `rds-sock`; a deterministic simulator drives the same code in tests.
+
+pub mod cong;
+pub mod conn;
+pub mod loopback;
+pub mod message;
+pub mod node;
+pub mod recv;
+pub mod send;
+pub mod sock;
+pub mod stats;
+pub mod transport;
+pub mod types;
+pub mod wire;
+
+pub use conn::{DownReason, PathInfo, PathState};
+pub use message::{Incoming, Notification, RdmaOp, Received, RxMessage, TxMessage};
+pub use node::{Accept, HandshakeExts, Node, NodeConfig, Output, SockOpt};
+pub use recv::RecvOutcome;
+pub use send::{SendOptions, Unsent};
+pub use sock::Readiness;
+pub use stats::Counters;
+pub use transport::{RdsTransport, TransportCaps, TransportConnInfo, TransportSink};
+pub use types::{addr_cmp, ConnId, Errno, PathId, Payload, SockId, TransportKind};

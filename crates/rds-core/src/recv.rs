@@ -1,0 +1,177 @@
+//! The receive side (`net/rds/recv.c`, `cong.c`): the duplicate rule,
+//! pings and pongs, the multipath handshake, congestion-map updates and
+//! delivery to sockets.
+
+use std::net::SocketAddr;
+
+use crate::cong::CongMap;
+use crate::conn::PathState;
+use crate::message::{Incoming, RxMessage};
+use crate::node::Node;
+use crate::types::{ConnId, PathId};
+use crate::wire::{Ext, Kind, CONG_MAP_BYTES, PROBE_PORT};
+
+/// What the core made of a received message.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RecvOutcome {
+    Delivered,
+    /// Answered with a pong (and, for a probe, negotiated paths).
+    Ping,
+    /// A probe pong: paths negotiated.
+    ProbePong,
+    /// A congestion-map update was applied.
+    CongMap,
+    /// Dropped: an old retransmission.
+    DupDropped,
+    /// Dropped: no socket bound to the destination port.
+    NoSocket,
+    /// Dropped: the socket's receive queue is far over its limit (the peer
+    /// ignores congestion).
+    OverLimit,
+    /// Ignored (ping from port 0, stale connection instance).
+    Ignored,
+    /// The peer broke the protocol; the path is being reset.
+    ProtocolError,
+}
+
+impl Node {
+    /// A complete message arrived on a path (`rds_recv_incoming`, and the
+    /// transports' congestion-map receive).
+    pub fn received(&mut self, pid: PathId, inst: u64, msg: RxMessage) -> RecvOutcome {
+        let Some(path) = self.path(pid) else { return RecvOutcome::Ignored };
+        if path.inst != inst || !matches!(path.state, PathState::Up | PathState::Disconnecting) {
+            return RecvOutcome::Ignored;
+        }
+        // Loopback: what was sent on (a -> b) arrives on (b -> a), so that
+        // delivery, the duplicate rule and pongs work as for any peer.
+        let pid = if self.conn(pid.conn).kind == crate::types::TransportKind::Loop {
+            let c = self.conn(pid.conn);
+            let (l, f, tos) = (c.laddr, c.faddr, c.tos);
+            PathId { conn: self.conn_for(f, l, crate::types::TransportKind::Loop, tos), index: 0 }
+        } else {
+            pid
+        };
+        let conn = pid.conn;
+        let hdr = msg.header;
+        let kind = hdr.kind();
+        if kind == Kind::CongMap {
+            return self.cong_recv(pid, &msg);
+        }
+
+        // The duplicate rule: only a retransmission of something already seen
+        // is dropped; sequence numbers may skip forward (cancelled messages)
+        // and fall back (a restarted peer).
+        let path = self.path_mut(pid).unwrap();
+        if hdr.sequence < path.next_rx_seq && hdr.is_retransmitted() {
+            self.counters.recv_drop_old_seq += 1;
+            return RecvOutcome::DupDropped;
+        }
+        path.next_rx_seq = hdr.sequence + 1;
+
+        if self.cfg.ping_enable && hdr.dport == 0 {
+            if hdr.sport == 0 {
+                return RecvOutcome::Ignored;
+            }
+            self.counters.recv_ping += 1;
+            self.counters.send_pong += 1;
+            self.send_probe(pid, 0, hdr.sport);
+            if kind == Kind::ProbePing {
+                self.hs_exthdrs(conn, &msg);
+                self.start_mprds(conn);
+            }
+            return RecvOutcome::Ping;
+        }
+        if kind == Kind::ProbePong {
+            self.hs_exthdrs(conn, &msg);
+            self.start_mprds(conn);
+            return RecvOutcome::ProbePong;
+        }
+        self.deliver(conn, msg)
+    }
+
+    fn deliver(&mut self, conn: ConnId, msg: RxMessage) -> RecvOutcome {
+        let c = self.conn(conn);
+        let (laddr, faddr) = (c.laddr, c.faddr);
+        let hdr = msg.header;
+        let to = SocketAddr::new(laddr, hdr.dport);
+        let Some(s) = self.bound.get(&to).copied() else {
+            self.counters.recv_drop_no_sock += 1;
+            return RecvOutcome::NoSocket;
+        };
+        let hard = u64::from(self.cfg.rcv_hard_factor.max(1));
+        let sock = self.sock_mut(s).unwrap();
+        if sock.rcv_bytes > sock.rcvbuf_limit().saturating_mul(hard) + crate::wire::MAX_MSG_SIZE as u64 {
+            self.counters.recv_drop_over_limit += 1;
+            return RecvOutcome::OverLimit;
+        }
+        let mut rdma_dest = None;
+        for e in hdr.extensions() {
+            if let Ext::RdmaDest { rkey, offset } = e {
+                rdma_dest = Some(u64::from(rkey) | (u64::from(offset) << 32));
+            }
+        }
+        let timestamp_ns = if sock.timestamp { msg.rx_time_ns } else { None };
+        let len = msg.payload.len();
+        sock.recv_queue.push_back(Incoming {
+            from: SocketAddr::new(faddr, hdr.sport),
+            to,
+            payload: msg.payload,
+            header: hdr,
+            timestamp_ns,
+            rdma_dest,
+        });
+        self.counters.recv_queued += 1;
+        self.rcvbuf_delta(s, len as i64);
+        self.wake(s, false);
+        RecvOutcome::Delivered
+    }
+
+    /// A congestion-map message: must be exactly 8192 bytes. It updates our
+    /// copy of the peer address's map and wakes whoever waits on it.
+    fn cong_recv(&mut self, pid: PathId, msg: &RxMessage) -> RecvOutcome {
+        if msg.header.len as usize != CONG_MAP_BYTES || msg.payload.len() != CONG_MAP_BYTES {
+            self.counters.recv_drop_bad_frame += 1;
+            self.drop_path(pid);
+            return RecvOutcome::ProtocolError;
+        }
+        let Ok(new) = CongMap::from_wire(&msg.payload) else {
+            self.drop_path(pid);
+            return RecvOutcome::ProtocolError;
+        };
+        let faddr = self.conn(pid.conn).faddr;
+        let mask = self.maps.entry(faddr).or_default().update_from(&new);
+        self.cong_map_updated(mask);
+        RecvOutcome::CongMap
+    }
+
+    /// `rds_recv_hs_exthdrs`: NPATHS (capped at ours; 1 when absent),
+    /// GEN_NUM, SPORT_IDX.
+    fn hs_exthdrs(&mut self, conn: ConnId, msg: &RxMessage) {
+        let ours = self.cfg.npaths;
+        let mut npaths = None;
+        let mut gen_num = 0;
+        let mut sport_idx = false;
+        for e in msg.header.extensions() {
+            match e {
+                Ext::Npaths(n) => npaths = Some(n.min(u16::from(ours)) as u8),
+                Ext::GenNum(g) => gen_num = g,
+                Ext::SportIdx => sport_idx = true,
+                _ => {}
+            }
+        }
+        let c = self.conn_mut(conn);
+        let before = c.npaths;
+        if let Some(n) = npaths {
+            c.npaths = n;
+        }
+        c.npaths = c.npaths.max(1).min(c.paths.len() as u8);
+        c.ping_triggered = false;
+        c.with_sport_idx = sport_idx;
+        let after = c.npaths;
+        self.peer_gen_update(conn, gen_num);
+        if before != after {
+            self.rehome_paths(conn);
+        }
+        let _ = PROBE_PORT;
+    }
+}

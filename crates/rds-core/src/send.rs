@@ -1,0 +1,677 @@
+//! The send side (`net/rds/send.c`, parts of `connection.c` and
+//! `threads.c`): queueing with sequence numbers and send-buffer accounting,
+//! path selection (mprds), transmit, acks, cancel, reset and reconnect.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::conn::{DownReason, PathInfo, PathState};
+use crate::message::{rdma_flags, rdma_status, MsgFlags, Notification, QueuedMsg, RdmaOp, TxMessage};
+use crate::node::{Accept, HandshakeExts, Node, Output, Timer};
+use crate::types::{ConnId, Errno, Payload, PathId, SockId, TransportKind};
+use crate::wire::{self, Ext, Header, MAX_MSG_SIZE, PROBE_PORT};
+
+/// Extras of one `sendmsg` beyond address and payload (ancillary data).
+#[derive(Clone, Debug, Default)]
+pub struct SendOptions {
+    /// `RDS_CMSG_RDMA_ARGS`.
+    pub rdma: Option<RdmaOp>,
+    /// `RDS_CMSG_RDMA_DEST` / `RDS_CMSG_RDMA_MAP`: cookie announced to the peer.
+    pub rdma_dest: Option<u64>,
+    /// The caller will block and retry on EAGAIN/ENOBUFS (for counters and
+    /// wake-ups only; the core itself never blocks).
+    pub blocking: bool,
+}
+
+/// Summary of messages still queued, per (local, peer) address pair.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Unsent {
+    pub laddr: Option<IpAddr>,
+    pub faddr: Option<IpAddr>,
+    /// Never transmitted.
+    pub queued: usize,
+    /// Transmitted, not yet acked.
+    pub unacked: usize,
+    pub bytes: usize,
+}
+
+impl Node {
+    /// `sendmsg`. Never blocks: EAGAIN when the send buffer is full and
+    /// ENOBUFS when the destination port is congested; a blocking caller
+    /// waits for a [`Output::Wake`] of this socket and retries.
+    pub fn send(
+        &mut self,
+        s: SockId,
+        dst: Option<SocketAddr>,
+        payload: &Payload,
+        opts: &SendOptions,
+    ) -> Result<usize, Errno> {
+        let sock = self.sock(s).ok_or(Errno::EINVAL)?;
+        let dst = match dst {
+            Some(d) => {
+                let bad = match d.ip() {
+                    IpAddr::V4(v4) => v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast(),
+                    IpAddr::V6(v6) => v6.is_unspecified() || v6.is_multicast(),
+                };
+                if bad {
+                    return Err(Errno::EINVAL);
+                }
+                d
+            }
+            None => sock.conn_addr.ok_or(Errno::ENOTCONN)?,
+        };
+        let bound = sock.bound.ok_or(Errno::ENOTCONN)?;
+        if bound.is_ipv4() != dst.is_ipv4() {
+            return Err(Errno::EAFNOSUPPORT);
+        }
+        let len = payload.len();
+        let rdma_len = opts.rdma.as_ref().map_or(0, |r| r.local.iter().map(|(_, l)| *l as usize).sum());
+        if len as u64 > sock.sndbuf_limit() || len.max(rdma_len) > MAX_MSG_SIZE {
+            return Err(Errno::EMSGSIZE);
+        }
+        let kind = sock.transport.unwrap_or(TransportKind::Tcp);
+        let tos = sock.tos;
+        let conn = match sock.last_conn {
+            Some((f, c)) if f == dst.ip() => c,
+            _ => {
+                let c = self.conn_for(bound.ip(), dst.ip(), kind, tos);
+                self.sock_mut(s).unwrap().last_conn = Some((dst.ip(), c));
+                c
+            }
+        };
+        let caps = self.caps_of(self.conn(conn).kind);
+        if opts.rdma.is_some() && !caps.rdma {
+            return Err(Errno::EOPNOTSUPP);
+        }
+
+        let (index, pre_hs, gated) = self.select_path(s, conn, bound.port());
+        let pid = PathId { conn, index: index as u8 };
+        self.connect_if_down(pid);
+
+        // rds_cong_wait
+        let congested = self.maps.get(&dst.ip()).is_some_and(|m| m.test(dst.port()));
+        if congested {
+            let sock = self.sock_mut(s).unwrap();
+            sock.seen_congestion = true;
+            if opts.blocking {
+                self.counters.cong_send_blocked += 1;
+                self.want_write(s);
+            } else {
+                if sock.cong_monitor {
+                    sock.cong_mask |= crate::cong::monitor_mask(dst.port());
+                }
+                self.counters.cong_send_error += 1;
+            }
+            return Err(Errno::ENOBUFS);
+        }
+
+        // rds_send_queue_rm: accepted while the *old* byte count is below the
+        // limit, so the last message may overshoot it.
+        let sock = self.sock_mut(s).unwrap();
+        if sock.snd_bytes >= sock.sndbuf_limit() {
+            self.counters.send_queue_full += 1;
+            self.want_write(s);
+            return Err(Errno::EAGAIN);
+        }
+        sock.snd_bytes += len as u64;
+        let ack_required = sock.snd_bytes >= sock.sndbuf_limit() / 2;
+        if pre_hs {
+            *sock.lane0(conn) += 1;
+        }
+        let mut hdr = Header::data(bound.port(), dst.port(), len as u32);
+        if let Some(cookie) = opts.rdma_dest {
+            let _ = hdr.push_extension(Ext::RdmaDest { rkey: cookie as u32, offset: (cookie >> 32) as u32 });
+        }
+        let msg = QueuedMsg {
+            hdr,
+            payload: payload.clone(),
+            sock: Some(s),
+            flags: MsgFlags { ack_required, ..MsgFlags::default() },
+            rdma: opts.rdma.clone().map(Arc::new),
+            lane0_of: pre_hs.then_some(0),
+            gated,
+        };
+        if gated {
+            self.counters.mprds_lane_hold += 1;
+        }
+        self.enqueue(pid, msg);
+        self.wake(s, false);
+        Ok(len)
+    }
+
+    fn want_write(&mut self, s: SockId) {
+        let sock = self.sock_mut(s).unwrap();
+        if !sock.wants_write {
+            sock.wants_write = true;
+            self.write_waiters.push(s);
+        }
+    }
+
+    /// Chooses the path for a message of a socket bound to `port`:
+    /// (index, sent before the handshake, held behind the path-0 backlog).
+    fn select_path(&mut self, s: SockId, conn: ConnId, port: u16) -> (usize, bool, bool) {
+        let c = self.conn(conn);
+        if c.paths.len() == 1 {
+            return (0, false, false);
+        }
+        if c.npaths == 0 {
+            // Not negotiated yet: path 0, and ask the peer (rds_send_mprds_hash).
+            self.maybe_probe(conn);
+            return (0, true, false);
+        }
+        let lane = self.lane_of(conn, port);
+        if lane == 0 {
+            return (0, false, false);
+        }
+        let backlog = self.sock(s).map_or(0, |k| k.lane0_count(conn));
+        (lane, false, backlog > 0)
+    }
+
+    /// `RDS_MPATH_HASH`: the path of a socket bound to `port`. The kernel
+    /// hashes the port with a per-socket random value; we use the port modulo
+    /// the path count, which spreads consecutive ports (rds-stress tasks)
+    /// over distinct paths. The choice is local: the peer never needs it.
+    pub fn lane_of(&self, conn: ConnId, port: u16) -> usize {
+        let n = self.conn(conn).active_paths();
+        usize::from(port) % n
+    }
+
+    /// Queues a message on a path with the next sequence number.
+    pub(crate) fn enqueue(&mut self, pid: PathId, mut msg: QueuedMsg) {
+        let path = self.path_mut(pid).expect("path exists");
+        msg.hdr.sequence = path.next_tx_seq;
+        path.next_tx_seq += 1;
+        path.send_queue.push_back(msg);
+        self.counters.send_queued += 1;
+        self.kick(pid);
+    }
+
+    /// Sends the multipath probe ping on path 0 if the path count is unknown
+    /// and none is outstanding (`rds_send_ping`).
+    pub(crate) fn maybe_probe(&mut self, conn: ConnId) {
+        let c = self.conn(conn);
+        if !self.caps_of(c.kind).mp_capable || c.npaths != 0 || c.ping_triggered {
+            return;
+        }
+        self.conn_mut(conn).ping_triggered = true;
+        self.counters.mprds_probe_sent += 1;
+        self.send_probe(PathId { conn, index: 0 }, PROBE_PORT, 0);
+    }
+
+    /// `rds_send_probe`: a zero-length control message (probe ping, pong).
+    /// Probe pings and their pongs carry the handshake extension headers.
+    pub(crate) fn send_probe(&mut self, pid: PathId, sport: u16, dport: u16) {
+        let c = self.conn(pid.conn);
+        let faddr = c.faddr;
+        if self.maps.get(&faddr).is_some_and(|m| m.test(dport)) {
+            return;
+        }
+        let mut hdr = Header::data(sport, dport, 0);
+        let hs = (sport, dport) == (PROBE_PORT, 0) || (sport, dport) == (0, PROBE_PORT);
+        if hs && self.caps_of(c.kind).mp_capable {
+            let _ = hdr.push_extension(Ext::Npaths(u16::from(self.cfg.npaths)));
+            if self.cfg.handshake_exts == HandshakeExts::Full {
+                let _ = hdr.push_extension(Ext::GenNum(self.cfg.gen_num));
+            }
+        }
+        let msg = QueuedMsg {
+            hdr,
+            payload: Payload::empty(),
+            sock: None,
+            flags: MsgFlags::default(),
+            rdma: None,
+            lane0_of: None,
+            gated: false,
+        };
+        self.connect_if_down(pid);
+        self.enqueue(pid, msg);
+    }
+
+    /// Next messages to transmit on a path, moved to its retransmit queue;
+    /// a pending congestion-map update goes first. At most about `budget`
+    /// payload bytes. Returns whether more remain queued.
+    pub fn pull(&mut self, pid: PathId, inst: u64, budget: usize, out: &mut Vec<TxMessage>) -> bool {
+        let Some(c) = self.conns.get(pid.conn.0 as usize) else { return false };
+        let Some(path) = c.paths.get(usize::from(pid.index)) else { return false };
+        if path.inst != inst || path.state != PathState::Up {
+            return false;
+        }
+        let conn = pid.conn;
+        if c.map_queued && self.caps_of(c.kind).sends_cong_map {
+            let laddr = c.laddr;
+            self.conn_mut(conn).map_queued = false;
+            let map = self.maps.entry(laddr).or_default();
+            out.push(TxMessage {
+                header: Header::cong_map(),
+                payload: Payload::copy_from(map.as_bytes()),
+                ack_required: false,
+                rdma: None,
+            });
+        }
+        let (max_packets, max_bytes) = (self.cfg.max_unacked_packets, self.cfg.max_unacked_bytes);
+        let mut sent = 0usize;
+        let mut flushed = Vec::new();
+        loop {
+            if sent >= budget && sent > 0 {
+                break;
+            }
+            let Some(front) = self.path(pid).unwrap().send_queue.front() else { break };
+            if front.gated {
+                let s = front.sock.unwrap();
+                if self.sock(s).is_some_and(|k| k.lane0_count(conn) > 0) {
+                    break;
+                }
+            }
+            let path = &mut self.conns[conn.0 as usize].paths[usize::from(pid.index)];
+            let mut m = path.send_queue.pop_front().unwrap();
+            m.gated = false;
+            // A restarted peer must not get messages meant for its previous
+            // instance; an RDMA op is never retransmitted.
+            if m.flags.flush || (m.flags.retransmitted && m.rdma.is_some()) {
+                flushed.push(m);
+                continue;
+            }
+            let len = m.payload.len() as u64;
+            if path.unacked_packets == 0 || path.unacked_bytes < len {
+                m.flags.ack_required = true;
+                path.unacked_packets = max_packets;
+                path.unacked_bytes = max_bytes;
+                self.counters.send_ack_required += 1;
+            } else {
+                path.unacked_packets -= 1;
+                path.unacked_bytes -= len;
+            }
+            if m.flags.retransmitted {
+                m.hdr.flags |= wire::flags::RETRANSMITTED;
+            }
+            sent += m.payload.len() + wire::HEADER_LEN;
+            out.push(TxMessage {
+                header: m.hdr,
+                payload: m.payload.clone(),
+                ack_required: m.flags.ack_required,
+                rdma: m.rdma.clone(),
+            });
+            if m.rdma.is_some() {
+                self.counters.send_rdma += 1;
+            }
+            path.retrans.push_back(m);
+        }
+        for m in flushed {
+            let status = if m.rdma.is_some() { rdma_status::DROPPED } else { rdma_status::OTHER_ERROR };
+            if m.flags.flush {
+                self.counters.send_drop_flushed += 1;
+                if let Some(s) = m.sock {
+                    if let Some(k) = self.sock_mut(s) {
+                        k.flushed += 1;
+                    }
+                }
+            }
+            self.remove_from_sock(conn, &m, status);
+        }
+        if self.path(pid).unwrap().send_queue.is_empty() {
+            self.counters.send_queue_empty += 1;
+        }
+        let path = self.path(pid).unwrap();
+        !path.send_queue.is_empty()
+            && !path.send_queue.front().is_some_and(|m| {
+                m.gated && m.sock.and_then(|s| self.sock(s)).is_some_and(|k| k.lane0_count(conn) > 0)
+            })
+    }
+
+    /// The transport confirms delivery of every message up to `seq` on the
+    /// path (TCP: the peer's TCP acked its last byte; IB: the peer's h_ack).
+    pub fn acked(&mut self, pid: PathId, inst: u64, seq: u64) {
+        let Some(path) = self.path_mut(pid) else { return };
+        if path.inst != inst {
+            return;
+        }
+        let mut done = Vec::new();
+        while path.retrans.front().is_some_and(|m| m.hdr.sequence <= seq) {
+            done.push(path.retrans.pop_front().unwrap());
+        }
+        for m in done {
+            self.counters.send_drop_acked += 1;
+            self.remove_from_sock(pid.conn, &m, rdma_status::SUCCESS);
+        }
+    }
+
+    /// `rds_send_remove_from_sock`: release a message's send-buffer bytes,
+    /// notify RDMA completion, and release the mprds lane hold.
+    fn remove_from_sock(&mut self, conn: ConnId, m: &QueuedMsg, status: i32) {
+        let Some(s) = m.sock else { return };
+        let mut unblocked = false;
+        let Some(sock) = self.sock_mut(s) else { return };
+        sock.snd_bytes = sock.snd_bytes.saturating_sub(m.payload.len() as u64);
+        if let Some(op) = &m.rdma {
+            if op.flags & rdma_flags::NOTIFY_ME != 0 || (status != rdma_status::SUCCESS && sock.recverr) {
+                sock.notify_queue.push_back(Notification { user_token: op.user_token, status });
+            }
+        }
+        if m.lane0_of.is_some() {
+            let n = sock.lane0(conn);
+            *n = n.saturating_sub(1);
+            unblocked = *n == 0;
+        }
+        let waiting = sock.wants_write;
+        if waiting {
+            sock.wants_write = false;
+            self.write_waiters.retain(|w| *w != s);
+        }
+        self.wake(s, waiting);
+        if unblocked {
+            let n = self.conn(conn).paths.len();
+            for i in 1..n {
+                self.kick(PathId { conn, index: i as u8 });
+            }
+        }
+    }
+
+    /// Drops the socket's messages still queued or unacked, all of them or
+    /// those to `dst` (`rds_send_drop_to`, RDS_CANCEL_SENT_TO). Messages a
+    /// transport is already writing still complete on the wire. Returns how
+    /// many were dropped.
+    pub fn drop_messages(&mut self, s: SockId, dst: Option<SocketAddr>) -> usize {
+        let Some(bound) = self.sock(s).and_then(|k| k.bound) else { return 0 };
+        let mut dropped = Vec::new();
+        for c in self.conns.iter_mut() {
+            if c.laddr != bound.ip() || dst.is_some_and(|d| d.ip() != c.faddr) {
+                continue;
+            }
+            let matches = |m: &crate::message::QueuedMsg| {
+                m.sock == Some(s) && dst.is_none_or(|d| d.port() == m.hdr.dport)
+            };
+            for path in c.paths.iter_mut() {
+                for q in [&mut path.send_queue, &mut path.retrans] {
+                    let mut i = 0;
+                    while i < q.len() {
+                        if matches(&q[i]) {
+                            dropped.push((c.id, q.remove(i).unwrap()));
+                        } else {
+                            i += 1;
+                        }
+                    }
+                }
+            }
+        }
+        let n = dropped.len();
+        self.counters.send_drop_cancelled += n as u64;
+        for (conn, m) in dropped {
+            self.remove_from_sock(conn, &m, rdma_status::CANCELED);
+        }
+        n
+    }
+
+    /// Messages still on send and retransmit queues, per connection.
+    pub fn unsent(&self) -> Vec<Unsent> {
+        self.conns
+            .iter()
+            .filter_map(|c| {
+                let mut u = Unsent { laddr: Some(c.laddr), faddr: Some(c.faddr), ..Unsent::default() };
+                for p in &c.paths {
+                    u.queued += p.send_queue.iter().filter(|m| m.sock.is_some()).count();
+                    u.unacked += p.retrans.iter().filter(|m| m.sock.is_some()).count();
+                    u.bytes += p.queued().1;
+                }
+                (u.queued + u.unacked > 0).then_some(u)
+            })
+            .collect()
+    }
+
+    // ----------------------------------------------------------------
+    // Path lifecycle
+    // ----------------------------------------------------------------
+
+    /// `rds_conn_path_connect_if_down`.
+    pub(crate) fn connect_if_down(&mut self, pid: PathId) {
+        let Some(path) = self.path(pid) else { return };
+        if path.state == PathState::Down && path.reconnect_at.is_none() {
+            self.connect_worker(pid);
+        }
+    }
+
+    /// `rds_connect_worker`: DOWN -> CONNECTING and ask the driver to connect.
+    /// Paths other than 0 are only ever opened by the smaller address.
+    pub(crate) fn connect_worker(&mut self, pid: PathId) {
+        let c = self.conn(pid.conn);
+        let caps = self.caps_of(c.kind);
+        let smaller = Node::is_smaller(&c.laddr, &c.faddr);
+        if pid.index > 0 && (!smaller || usize::from(pid.index) >= c.active_paths()) {
+            return;
+        }
+        let _ = caps;
+        let path = self.path_mut(pid).unwrap();
+        if path.state != PathState::Down {
+            return;
+        }
+        path.state = PathState::Connecting;
+        path.inst += 1;
+        let info = self.conn(pid.conn).info(usize::from(pid.index));
+        self.outputs.push_back(Output::Connect(info));
+    }
+
+    /// `rds_queue_reconnect`: first attempt at once, then after a random
+    /// delay below a bound that doubles up to `reconnect_max`. Over TCP only
+    /// the smaller address reconnects; the larger one re-pokes path 0 (with
+    /// the same backoff) while it has messages queued there.
+    pub(crate) fn queue_reconnect(&mut self, pid: PathId, now: Instant) {
+        let c = self.conn(pid.conn);
+        let caps = self.caps_of(c.kind);
+        if caps.smaller_connects && !Node::is_smaller(&c.laddr, &c.faddr) {
+            let path = &c.paths[usize::from(pid.index)];
+            if pid.index != 0 || path.send_queue.is_empty() {
+                return;
+            }
+        }
+        if pid.index > 0 && usize::from(pid.index) >= c.active_paths() {
+            return;
+        }
+        let (min, max) = (self.cfg.reconnect_min, self.cfg.reconnect_max);
+        let jitter = self.rng.next_u64();
+        let path = self.path_mut(pid).unwrap();
+        let at = if path.reconnect_delay.is_zero() {
+            path.reconnect_delay = min;
+            now
+        } else {
+            let bound = path.reconnect_delay.as_nanos().max(1) as u64;
+            let d = Duration::from_nanos(jitter % bound);
+            path.reconnect_delay = (path.reconnect_delay * 2).min(max);
+            now + d
+        };
+        path.reconnect_at = Some(at);
+        self.schedule(at, Timer::Reconnect(pid));
+    }
+
+    /// A transport connection of the path is established (active side), or
+    /// an accepted one was assigned to it (`rds_connect_path_complete`).
+    pub fn path_up(&mut self, pid: PathId, inst: u64) {
+        let Some(path) = self.path_mut(pid) else { return };
+        if path.inst != inst || path.state != PathState::Connecting {
+            return;
+        }
+        self.complete_path(pid);
+    }
+
+    fn complete_path(&mut self, pid: PathId) {
+        let path = self.path_mut(pid).unwrap();
+        path.state = PathState::Up;
+        path.reconnect_delay = Duration::ZERO;
+        path.reconnect_at = None;
+        path.connects += 1;
+        let c = self.conn_mut(pid.conn);
+        let kind = c.kind;
+        if self.caps_of(kind).sends_cong_map && !self.conn(pid.conn).map_queued {
+            self.conn_mut(pid.conn).map_queued = true;
+            self.counters.cong_update_queued += 1;
+        }
+        if pid.index == 0 {
+            self.maybe_probe(pid.conn);
+        }
+        self.kick(pid);
+    }
+
+    /// An inbound transport connection from `faddr` to our `laddr`
+    /// (`rds_tcp_accept_one`). `peer_port` is the peer's transport source
+    /// port (used when the peer encodes the path index in it).
+    pub fn accept(&mut self, kind: TransportKind, laddr: IpAddr, faddr: IpAddr, peer_port: u16) -> Accept {
+        if !self.is_local(&laddr) || self.is_local(&faddr) {
+            return Accept::Reject;
+        }
+        let conn = self.conn_for(laddr, faddr, kind, 0);
+        let c = self.conn(conn);
+        let caps = self.caps_of(c.kind);
+        if caps.smaller_connects && Node::is_smaller(&laddr, &faddr) {
+            self.connect_if_down(PathId { conn, index: 0 });
+            return Accept::RejectPeerLarger;
+        }
+        // Before the handshake answered, accept on any of our slots: a peer
+        // only opens extra paths once it knows we support them.
+        let n = if c.npaths == 0 { c.paths.len() } else { c.active_paths() };
+        let free = |i: usize| matches!(c.paths[i].state, PathState::Down | PathState::Connecting);
+        let slot = if c.with_sport_idx {
+            let i = usize::from(peer_port) % n;
+            free(i).then_some(i)
+        } else {
+            (0..n).find(|i| free(*i))
+        };
+        let Some(i) = slot else { return Accept::Reject };
+        let pid = PathId { conn, index: i as u8 };
+        let path = self.path_mut(pid).unwrap();
+        path.inst += 1;
+        self.complete_path(pid);
+        Accept::Path(self.conn(conn).info(i))
+    }
+
+    /// The transport connection of a path is gone (or a connect failed, or a
+    /// shutdown the core asked for finished). The path is reset: unacked
+    /// messages go back to the front of the send queue marked RETRANSMITTED,
+    /// and a reconnect is queued (`rds_conn_shutdown`).
+    pub fn path_down(&mut self, pid: PathId, inst: u64, reason: DownReason, now: Instant) {
+        let Some(path) = self.path_mut(pid) else { return };
+        if path.inst != inst || path.state == PathState::Down {
+            return;
+        }
+        let was_up = matches!(path.state, PathState::Up | PathState::Disconnecting);
+        if reason == DownReason::ProtocolError {
+            self.counters.recv_drop_bad_frame += 1;
+        }
+        if was_up {
+            self.counters.conn_reset += 1;
+        }
+        self.send_path_reset(pid);
+        let path = self.path_mut(pid).unwrap();
+        path.state = PathState::Down;
+        path.inst += 1;
+        let conn = pid.conn;
+        if self.conn(conn).paths.len() > 1 && self.conn(conn).all_down() {
+            // The peer may come back as a new instance with other settings:
+            // negotiate the path count again on the next connection.
+            let c = self.conn_mut(conn);
+            c.npaths = 0;
+            c.ping_triggered = false;
+        }
+        if reason != DownReason::DirectionRule || !self.path(pid).unwrap().send_queue.is_empty() {
+            self.queue_reconnect(pid, now);
+        }
+        // Senders blocked on this path may need to see the change.
+        self.wake_writers();
+    }
+
+    /// The core drops a path itself (protocol error, peer restart). The
+    /// driver closes the connection and then reports `path_down`.
+    pub(crate) fn drop_path(&mut self, pid: PathId) {
+        let Some(path) = self.path_mut(pid) else { return };
+        if !matches!(path.state, PathState::Up | PathState::Connecting) {
+            return;
+        }
+        path.state = PathState::Disconnecting;
+        let info = self.conn(pid.conn).info(usize::from(pid.index));
+        self.outputs.push_back(Output::Shutdown(info));
+    }
+
+    /// Resets the path's transport connection as if it had failed (like the
+    /// kernel's RDS_CONN_RESET option); messages are retransmitted.
+    pub fn reset_path(&mut self, pid: PathId) {
+        self.drop_path(pid);
+    }
+
+    /// `rds_send_path_reset`.
+    fn send_path_reset(&mut self, pid: PathId) {
+        let (max_packets, max_bytes) = (self.cfg.max_unacked_packets, self.cfg.max_unacked_bytes);
+        self.conn_mut(pid.conn).map_queued = false;
+        let path = self.path_mut(pid).unwrap();
+        path.unacked_packets = max_packets;
+        path.unacked_bytes = max_bytes;
+        path.kick_queued = false;
+        while let Some(mut m) = path.retrans.pop_back() {
+            m.flags.ack_required = true;
+            m.flags.retransmitted = true;
+            path.send_queue.push_front(m);
+        }
+    }
+
+    /// Our peer announced generation `inst` (`rds_conn_peer_gen_update`): if
+    /// it changed, the peer restarted; every path's sequence space restarts
+    /// and messages the old instance may have seen are flushed.
+    pub(crate) fn peer_gen_update(&mut self, conn: ConnId, gen_num: u32) {
+        if gen_num == 0 {
+            return;
+        }
+        let c = self.conn_mut(conn);
+        let restarted = c.peer_gen != 0 && c.peer_gen != gen_num;
+        c.peer_gen = gen_num;
+        if !restarted {
+            return;
+        }
+        self.counters.peer_restart += 1;
+        let c = self.conn_mut(conn);
+        for path in c.paths.iter_mut() {
+            path.next_tx_seq = 1;
+            path.next_rx_seq = 0;
+            for m in path.retrans.iter_mut() {
+                m.flags.flush = true;
+            }
+            for m in path.send_queue.iter_mut().filter(|m| m.flags.retransmitted) {
+                m.flags.flush = true;
+            }
+        }
+    }
+
+    /// After the path count was (re)negotiated: messages queued on paths
+    /// that are no longer used move to path 0 with new sequence numbers.
+    pub(crate) fn rehome_paths(&mut self, conn: ConnId) {
+        let n = self.conn(conn).active_paths();
+        let total = self.conn(conn).paths.len();
+        let mut moved = Vec::new();
+        for i in n..total {
+            let path = &mut self.conn_mut(conn).paths[i];
+            moved.extend(path.retrans.drain(..));
+            moved.extend(path.send_queue.drain(..));
+        }
+        moved.sort_by_key(|m| m.hdr.sequence);
+        for mut m in moved {
+            m.flags.retransmitted = false;
+            m.hdr.flags &= !wire::flags::RETRANSMITTED;
+            m.gated = false;
+            self.enqueue(PathId { conn, index: 0 }, m);
+        }
+        for i in 1..n {
+            self.kick(PathId { conn, index: i as u8 });
+        }
+    }
+
+    /// Starts the extra paths once the count is known (`rds_start_mprds`).
+    pub(crate) fn start_mprds(&mut self, conn: ConnId) {
+        let c = self.conn(conn);
+        if c.npaths > 1 && Node::is_smaller(&c.laddr, &c.faddr) {
+            for i in 0..c.active_paths() {
+                self.connect_if_down(PathId { conn, index: i as u8 });
+            }
+        }
+    }
+
+    /// Information about a path (for drivers that lost track).
+    pub fn path_info_of(&self, conn: ConnId, index: u8) -> Option<PathInfo> {
+        self.path_info(PathId { conn, index })
+    }
+}

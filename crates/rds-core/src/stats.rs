@@ -1,0 +1,100 @@
+//! Counters under the kernel's names (`struct rds_statistics` without the
+//! `s_` prefix), in the kernel's order, followed by counters of our own.
+
+macro_rules! counters {
+    ($(#[$m:meta])* $name:ident { $($(#[$fm:meta])* $field:ident),* $(,)? }) => {
+        $(#[$m])*
+        #[derive(Clone, Debug, Default, PartialEq, Eq)]
+        pub struct $name { $($(#[$fm])* pub $field: u64,)* }
+
+        impl $name {
+            /// Names in order, as `rds-info -c` prints them.
+            pub const NAMES: &'static [&'static str] = &[$(stringify!($field)),*];
+
+            /// (name, value) pairs in order.
+            pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> + '_ {
+                [$((stringify!($field), self.$field)),*].into_iter()
+            }
+
+            /// Adds every counter of `other` to this one.
+            pub fn add(&mut self, other: &Self) {
+                $(self.$field += other.$field;)*
+            }
+        }
+    };
+}
+
+counters! {
+    /// Core counters (`net/rds/stats.c`), plus our own at the end.
+    Counters {
+        conn_reset,
+        recv_drop_bad_checksum,
+        recv_drop_old_seq,
+        recv_drop_no_sock,
+        recv_drop_dead_sock,
+        recv_deliver_raced,
+        recv_delivered,
+        recv_queued,
+        recv_immediate_retry,
+        recv_delayed_retry,
+        recv_ack_required,
+        recv_rdma_bytes,
+        recv_ping,
+        send_queue_empty,
+        send_queue_full,
+        send_lock_contention,
+        send_lock_queue_raced,
+        send_immediate_retry,
+        send_delayed_retry,
+        send_drop_acked,
+        send_ack_required,
+        send_queued,
+        send_rdma,
+        send_rdma_bytes,
+        send_pong,
+        page_remainder_hit,
+        page_remainder_miss,
+        copy_to_user,
+        copy_from_user,
+        cong_update_queued,
+        cong_update_received,
+        cong_send_error,
+        cong_send_blocked,
+        recv_bytes_added_to_socket,
+        recv_bytes_removed_from_socket,
+        send_stuck_rm,
+        // --- ours (not in the kernel) ---
+        /// Frames that violated the protocol (bad length, bad map, ...); the path was reset.
+        recv_drop_bad_frame,
+        /// Messages dropped because a peer restart flushed them (RDS_MSG_FLUSH).
+        send_drop_flushed,
+        /// Messages dropped by RDS_CANCEL_SENT_TO or socket close.
+        send_drop_cancelled,
+        /// Peer generation-number changes seen (peer restarts).
+        peer_restart,
+        /// Received bytes dropped because a socket exceeded the hard receive cap.
+        recv_drop_over_limit,
+        /// Multipath handshake probes sent.
+        mprds_probe_sent,
+        /// Messages held on a path until the socket's path-0 backlog was acked.
+        mprds_lane_hold,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_order() {
+        let mut c = Counters::default();
+        c.recv_delivered = 3;
+        assert_eq!(Counters::NAMES[0], "conn_reset");
+        let v: Vec<_> = c.iter().filter(|(_, v)| *v != 0).collect();
+        assert_eq!(v, vec![("recv_delivered", 3)]);
+        let mut d = Counters::default();
+        d.add(&c);
+        d.add(&c);
+        assert_eq!(d.recv_delivered, 6);
+    }
+}
