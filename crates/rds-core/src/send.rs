@@ -402,6 +402,16 @@ impl Node {
         n
     }
 
+    /// Messages of socket `s` still queued or unacked.
+    pub fn pending_messages(&self, s: SockId) -> usize {
+        self.conns
+            .iter()
+            .flat_map(|c| c.paths.iter())
+            .flat_map(|p| p.send_queue.iter().chain(p.retrans.iter()))
+            .filter(|m| m.sock == Some(s))
+            .count()
+    }
+
     /// Messages still on send and retransmit queues, per connection.
     pub fn unsent(&self) -> Vec<Unsent> {
         self.conns
