@@ -2,126 +2,13 @@
 //! once, pulled messages arrive in order and are acked when they arrive.
 //! Checks the basic flows end to end through the sans-IO API.
 
-use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::time::Instant;
+mod common;
 
-use rds_core::conn::DownReason;
+use std::net::SocketAddr;
+
+use common::{data, ip, Net};
 use rds_core::wire::{Ext, Kind};
 use rds_core::*;
-
-struct Net {
-    nodes: Vec<Node>,
-    addrs: Vec<IpAddr>,
-    /// (node, path) -> (peer node, peer path, instance on each side)
-    links: HashMap<(usize, PathId), (usize, PathId, u64, u64)>,
-    now: Instant,
-    /// Every message that crossed the link, per direction (from node, header).
-    wire: Vec<(usize, wire::Header)>,
-}
-
-fn ip(last: u8) -> IpAddr {
-    IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))
-}
-
-impl Net {
-    fn new(n: usize) -> Net {
-        let mut nodes = Vec::new();
-        let mut addrs = Vec::new();
-        for i in 0..n {
-            let mut node = Node::new(NodeConfig { gen_num: 100 + i as u32, seed: i as u64, ..NodeConfig::default() });
-            node.register_transport(TransportCaps::tcp());
-            node.register_transport(TransportCaps::loopback());
-            node.add_local(ip(i as u8 + 1), TransportKind::Tcp);
-            nodes.push(node);
-            addrs.push(ip(i as u8 + 1));
-        }
-        Net { nodes, addrs, links: HashMap::new(), now: Instant::now(), wire: Vec::new() }
-    }
-
-    fn node_of(&self, a: IpAddr) -> usize {
-        self.addrs.iter().position(|x| *x == a).unwrap()
-    }
-
-    /// Runs until nothing is left to do.
-    fn run(&mut self) {
-        for _ in 0..10_000 {
-            let mut progress = false;
-            for i in 0..self.nodes.len() {
-                while let Some(o) = self.nodes[i].poll_output() {
-                    progress = true;
-                    self.handle(i, o);
-                }
-            }
-            if !progress {
-                return;
-            }
-        }
-        panic!("no quiescence");
-    }
-
-    fn handle(&mut self, i: usize, o: Output) {
-        match o {
-            Output::Connect(info) => {
-                let j = self.node_of(info.faddr);
-                match self.nodes[j].accept(TransportKind::Tcp, info.faddr, info.laddr, 40000 + info.id.index as u16) {
-                    Accept::Path(pinfo) => {
-                        self.links.insert((i, info.id), (j, pinfo.id, info.inst, pinfo.inst));
-                        self.links.insert((j, pinfo.id), (i, info.id, pinfo.inst, info.inst));
-                        self.nodes[i].path_up(info.id, info.inst);
-                    }
-                    Accept::Reject | Accept::RejectPeerLarger => {
-                        let now = self.now;
-                        self.nodes[i].path_down(info.id, info.inst, DownReason::DirectionRule, now);
-                    }
-                }
-            }
-            Output::Kick(info) => {
-                let Some(&(j, pj, inst_i, inst_j)) = self.links.get(&(i, info.id)) else { return };
-                let mut out = Vec::new();
-                while {
-                    out.clear();
-                    let more = self.nodes[i].pull(info.id, inst_i, 1 << 20, &mut out);
-                    for m in &out {
-                        self.wire.push((i, m.header));
-                        let rx = RxMessage { header: m.header, payload: m.payload.clone(), rx_time_ns: None };
-                        self.nodes[j].received(pj, inst_j, rx);
-                        if !m.is_cong_map() {
-                            self.nodes[i].acked(info.id, inst_i, m.header.sequence);
-                        }
-                    }
-                    more
-                } {}
-            }
-            Output::Shutdown(info) => self.cut(i, info.id),
-            Output::Wake(_) => {}
-        }
-    }
-
-    /// Breaks the link of a path on both sides.
-    fn cut(&mut self, i: usize, p: PathId) {
-        if let Some((j, pj, inst_i, inst_j)) = self.links.remove(&(i, p)) {
-            self.links.remove(&(j, pj));
-            let now = self.now;
-            self.nodes[i].path_down(p, inst_i, DownReason::Closed, now);
-            self.nodes[j].path_down(pj, inst_j, DownReason::Closed, now);
-        }
-    }
-
-    fn advance(&mut self, ms: u64) {
-        self.now += std::time::Duration::from_millis(ms);
-        for n in &mut self.nodes {
-            n.handle_timeout(self.now);
-        }
-    }
-}
-
-fn data(r: Received) -> Incoming {
-    match r {
-        Received::Data(i) => i,
-        other => panic!("expected data, got {other:?}"),
-    }
-}
 
 #[test]
 fn datagrams_arrive_in_order_with_exact_content() {
@@ -152,7 +39,7 @@ fn first_connection_carries_map_then_probe_with_npaths() {
     net.nodes[0].bind(a, SocketAddr::new(ip(1), 5000)).unwrap();
     net.nodes[0].send(a, Some(SocketAddr::new(ip(2), 4000)), &Payload::empty(), &SendOptions::default()).unwrap();
     net.run();
-    let from_a: Vec<_> = net.wire.iter().filter(|(n, _)| *n == 0).map(|(_, h)| *h).collect();
+    let from_a: Vec<_> = net.sent_by(0).into_iter().map(|m| m.header).collect();
     assert_eq!(from_a[0].kind(), Kind::CongMap);
     assert_eq!(from_a[1].kind(), Kind::ProbePing);
     assert_eq!(from_a[1].sequence, 1);
@@ -160,7 +47,7 @@ fn first_connection_carries_map_then_probe_with_npaths() {
     assert_eq!(from_a[2].sequence, 2);
     assert_eq!((from_a[2].sport, from_a[2].dport), (5000, 4000));
     // The peer answered the probe with a pong on path 0 carrying NPATHS.
-    let pong = net.wire.iter().find(|(n, h)| *n == 1 && h.kind() == Kind::ProbePong).unwrap().1;
+    let pong = net.sent_by(1).into_iter().find(|m| m.header.kind() == Kind::ProbePong).unwrap().header;
     assert_eq!(pong.extensions().collect::<Vec<_>>(), vec![Ext::Npaths(8)]);
     // No socket on 4000: dropped and counted.
     assert_eq!(net.nodes[1].counters().recv_drop_no_sock, 1);
@@ -197,7 +84,8 @@ fn reconnect_retransmits_unacked_and_receiver_drops_duplicates() {
     net.run();
     let conn = net.nodes[0].find_conn(ip(1), ip(2), TransportKind::Tcp).unwrap();
     let p0 = PathId { conn, index: 0 };
-    let (j, pj, inst_i, inst_j) = net.links[&(0, p0)];
+    let l = net.links[&(0, p0)];
+    let (j, pj, inst_i, inst_j) = (l.peer, l.peer_path, l.inst, l.peer_inst);
     // Deliver "two" but lose the ack; then the link breaks.
     net.nodes[0].send(a, dst, &Payload::copy_from(b"two"), &SendOptions::default()).unwrap();
     let info = match net.nodes[0].poll_output() {

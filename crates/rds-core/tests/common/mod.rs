@@ -1,0 +1,353 @@
+//! A deterministic driver for rds-core nodes: nodes joined by an ideal
+//! in-memory link. Every Connect is answered at once (accepted, refused, or
+//! failed for a node marked down), pulled messages arrive in order, and are
+//! acked when they arrive unless acks are held. Everything that crosses the
+//! link is recorded so tests can assert on exact headers and payloads.
+//!
+//! Knobs for tests that need to interleave things by hand:
+//! * `hold_acks`: acks are stored in `pending_acks` until `flush_acks`;
+//! * `frozen`: kicks of these (node, path index) pairs are not served until
+//!   `thaw` (messages stay on the send queue);
+//! * `refuse`: connects to these nodes fail (`DownReason::ConnectFailed`);
+//! * `pull_some`: one budgeted pull of a path, delivered at once.
+
+#![allow(dead_code)]
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use rds_core::conn::DownReason;
+use rds_core::wire::Header;
+use rds_core::*;
+
+/// 127.0.0.`last`.
+pub fn ip(last: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))
+}
+
+pub fn sa(last: u8, port: u16) -> SocketAddr {
+    SocketAddr::new(ip(last), port)
+}
+
+pub fn data(r: Received) -> Incoming {
+    match r {
+        Received::Data(i) => i,
+        other => panic!("expected data, got {other:?}"),
+    }
+}
+
+pub fn opts() -> SendOptions {
+    SendOptions::default()
+}
+
+/// One message as it crossed the link.
+#[derive(Clone, Debug)]
+pub struct WireMsg {
+    pub from: usize,
+    /// The sender's path.
+    pub path: PathId,
+    pub header: Header,
+    pub payload: Payload,
+    pub ack_required: bool,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct Link {
+    pub peer: usize,
+    pub peer_path: PathId,
+    pub inst: u64,
+    pub peer_inst: u64,
+}
+
+pub struct Net {
+    pub nodes: Vec<Node>,
+    pub addrs: Vec<IpAddr>,
+    pub kind: TransportKind,
+    pub links: HashMap<(usize, PathId), Link>,
+    pub now: Instant,
+    pub wire: Vec<WireMsg>,
+    pub hold_acks: bool,
+    pub pending_acks: Vec<(usize, PathId, u64, u64)>,
+    pub frozen: HashSet<(usize, u8)>,
+    pub frozen_kicks: BTreeSet<(usize, PathId)>,
+    pub refuse: HashSet<usize>,
+    pub wakes: Vec<(usize, SockId)>,
+    pub connects: Vec<(usize, PathInfo, Instant)>,
+    pub shutdowns: Vec<(usize, PathInfo)>,
+    pub outcomes: Vec<(usize, RecvOutcome)>,
+}
+
+/// The configuration the tests start from: node `i` has generation number
+/// 100 + i and PRNG seed i.
+pub fn config(i: usize) -> NodeConfig {
+    NodeConfig { gen_num: 100 + i as u32, seed: i as u64, ..NodeConfig::default() }
+}
+
+pub fn make_node(cfg: NodeConfig, addr: IpAddr, kind: TransportKind) -> Node {
+    let mut node = Node::new(cfg);
+    node.register_transport(match kind {
+        TransportKind::Ib => TransportCaps::ib(),
+        _ => TransportCaps::tcp(),
+    });
+    node.register_transport(TransportCaps::loopback());
+    node.add_local(addr, kind);
+    node
+}
+
+impl Net {
+    /// `n` TCP nodes at 127.0.0.1 .. 127.0.0.n with default settings.
+    pub fn new(n: usize) -> Net {
+        Net::with_configs((0..n).map(config).collect(), TransportKind::Tcp)
+    }
+
+    pub fn with_configs(cfgs: Vec<NodeConfig>, kind: TransportKind) -> Net {
+        let mut nodes = Vec::new();
+        let mut addrs = Vec::new();
+        for (i, cfg) in cfgs.into_iter().enumerate() {
+            nodes.push(make_node(cfg, ip(i as u8 + 1), kind));
+            addrs.push(ip(i as u8 + 1));
+        }
+        Net {
+            nodes,
+            addrs,
+            kind,
+            links: HashMap::new(),
+            now: Instant::now(),
+            wire: Vec::new(),
+            hold_acks: false,
+            pending_acks: Vec::new(),
+            frozen: HashSet::new(),
+            frozen_kicks: BTreeSet::new(),
+            refuse: HashSet::new(),
+            wakes: Vec::new(),
+            connects: Vec::new(),
+            shutdowns: Vec::new(),
+            outcomes: Vec::new(),
+        }
+    }
+
+    pub fn node_of(&self, a: IpAddr) -> usize {
+        self.addrs.iter().position(|x| *x == a).expect("known address")
+    }
+
+    /// A bound socket on node `i` (address 127.0.0.(i+1)).
+    pub fn bound(&mut self, i: usize, port: u16) -> SockId {
+        let s = self.nodes[i].socket();
+        self.nodes[i].bind(s, SocketAddr::new(self.addrs[i], port)).unwrap();
+        s
+    }
+
+    pub fn send(&mut self, i: usize, s: SockId, dst: SocketAddr, payload: &[u8]) -> Result<usize, Errno> {
+        self.nodes[i].send(s, Some(dst), &Payload::copy_from(payload), &SendOptions::default())
+    }
+
+    /// Runs until nothing is left to do.
+    pub fn run(&mut self) {
+        for _ in 0..100_000 {
+            let mut progress = false;
+            for i in 0..self.nodes.len() {
+                while let Some(o) = self.nodes[i].poll_output() {
+                    progress = true;
+                    self.handle(i, o);
+                }
+            }
+            if !progress {
+                return;
+            }
+        }
+        panic!("no quiescence");
+    }
+
+    /// Handles one output of node `i`.
+    pub fn handle(&mut self, i: usize, o: Output) {
+        match o {
+            Output::Connect(info) => {
+                self.connects.push((i, info, self.now));
+                let now = self.now;
+                let j = self.node_of(info.faddr);
+                if self.refuse.contains(&j) {
+                    self.nodes[i].path_down(info.id, info.inst, DownReason::ConnectFailed, now);
+                    return;
+                }
+                let port = 40000 + u16::from(info.id.index);
+                match self.nodes[j].accept(info.kind, info.faddr, info.laddr, port) {
+                    Accept::Path(pinfo) => {
+                        self.links.insert(
+                            (i, info.id),
+                            Link { peer: j, peer_path: pinfo.id, inst: info.inst, peer_inst: pinfo.inst },
+                        );
+                        self.links.insert(
+                            (j, pinfo.id),
+                            Link { peer: i, peer_path: info.id, inst: pinfo.inst, peer_inst: info.inst },
+                        );
+                        self.nodes[i].path_up(info.id, info.inst);
+                    }
+                    Accept::Reject | Accept::RejectPeerLarger => {
+                        self.nodes[i].path_down(info.id, info.inst, DownReason::DirectionRule, now);
+                    }
+                }
+            }
+            Output::Kick(info) => {
+                if info.kind == TransportKind::Loop {
+                    self.serve_loop(i, info);
+                } else if self.frozen.contains(&(i, info.id.index)) {
+                    self.frozen_kicks.insert((i, info.id));
+                } else {
+                    while self.pull_some(i, info.id, 1 << 20) {}
+                }
+            }
+            Output::Shutdown(info) => {
+                self.shutdowns.push((i, info));
+                self.cut(i, info.id);
+            }
+            Output::Wake(s) => self.wakes.push((i, s)),
+        }
+    }
+
+    fn serve_loop(&mut self, i: usize, info: PathInfo) {
+        loop {
+            let mut out = Vec::new();
+            let more = self.nodes[i].pull(info.id, info.inst, 1 << 20, &mut out);
+            for m in out {
+                self.wire.push(WireMsg {
+                    from: i,
+                    path: info.id,
+                    header: m.header,
+                    payload: m.payload.clone(),
+                    ack_required: m.ack_required,
+                });
+                let rx = RxMessage { header: m.header, payload: m.payload, rx_time_ns: None };
+                let o = self.nodes[i].received(info.id, info.inst, rx);
+                self.outcomes.push((i, o));
+                self.nodes[i].acked(info.id, info.inst, m.header.sequence);
+            }
+            if !more {
+                break;
+            }
+        }
+    }
+
+    /// One pull of at most about `budget` bytes on node `i`'s path, delivered
+    /// to the peer at once. Returns whether more is queued.
+    pub fn pull_some(&mut self, i: usize, p: PathId, budget: usize) -> bool {
+        let Some(link) = self.links.get(&(i, p)).copied() else { return false };
+        let mut out = Vec::new();
+        let more = self.nodes[i].pull(p, link.inst, budget, &mut out);
+        for m in &out {
+            self.wire.push(WireMsg {
+                from: i,
+                path: p,
+                header: m.header,
+                payload: m.payload.clone(),
+                ack_required: m.ack_required,
+            });
+            let rx = RxMessage { header: m.header, payload: m.payload.clone(), rx_time_ns: None };
+            let o = self.nodes[link.peer].received(link.peer_path, link.peer_inst, rx);
+            self.outcomes.push((link.peer, o));
+            if !m.is_cong_map() {
+                if self.hold_acks {
+                    self.pending_acks.push((i, p, link.inst, m.header.sequence));
+                } else {
+                    self.nodes[i].acked(p, link.inst, m.header.sequence);
+                }
+            }
+        }
+        more
+    }
+
+    /// Delivers every held ack.
+    pub fn flush_acks(&mut self) {
+        for (i, p, inst, seq) in std::mem::take(&mut self.pending_acks) {
+            self.nodes[i].acked(p, inst, seq);
+        }
+    }
+
+    /// Serves the held kicks of a frozen path and unfreezes it.
+    pub fn thaw(&mut self, i: usize, index: u8) {
+        self.frozen.remove(&(i, index));
+        let kicks: Vec<_> = self.frozen_kicks.iter().filter(|(n, p)| *n == i && p.index == index).copied().collect();
+        for k in kicks {
+            self.frozen_kicks.remove(&k);
+            while self.pull_some(k.0, k.1, 1 << 20) {}
+        }
+    }
+
+    /// Breaks the link of a path on both sides.
+    pub fn cut(&mut self, i: usize, p: PathId) {
+        if let Some(l) = self.links.remove(&(i, p)) {
+            self.links.remove(&(l.peer, l.peer_path));
+            let now = self.now;
+            self.nodes[i].path_down(p, l.inst, DownReason::Closed, now);
+            self.nodes[l.peer].path_down(l.peer_path, l.peer_inst, DownReason::Closed, now);
+        }
+    }
+
+    /// Breaks every link of node `i`.
+    pub fn cut_all(&mut self, i: usize) {
+        let mut ps: Vec<PathId> = self.links.keys().filter(|(n, _)| *n == i).map(|(_, p)| *p).collect();
+        ps.sort();
+        for p in ps {
+            self.cut(i, p);
+        }
+    }
+
+    /// Node `j` restarts as a new instance with `cfg`: its links die (the
+    /// peers see the connections close) and it forgets everything.
+    pub fn restart(&mut self, j: usize, cfg: NodeConfig) {
+        let mut dead: Vec<(usize, PathId)> =
+            self.links.iter().filter(|(_, l)| l.peer == j).map(|(k, _)| *k).collect();
+        dead.sort();
+        let now = self.now;
+        for (i, p) in dead {
+            let l = self.links.remove(&(i, p)).unwrap();
+            self.links.remove(&(j, l.peer_path));
+            self.nodes[i].path_down(p, l.inst, DownReason::Closed, now);
+        }
+        self.pending_acks.retain(|(n, ..)| *n != j);
+        self.nodes[j] = make_node(cfg, self.addrs[j], self.kind);
+    }
+
+    pub fn advance(&mut self, ms: u64) {
+        self.now += Duration::from_millis(ms);
+        for n in &mut self.nodes {
+            n.handle_timeout(self.now);
+        }
+    }
+
+    /// Headers node `from` sent, in order.
+    pub fn sent_by(&self, from: usize) -> Vec<WireMsg> {
+        self.wire.iter().filter(|m| m.from == from).cloned().collect()
+    }
+
+    /// Data messages (not maps, probes or pongs) node `from` sent.
+    pub fn data_sent_by(&self, from: usize) -> Vec<WireMsg> {
+        self.wire
+            .iter()
+            .filter(|m| m.from == from && m.header.kind() == wire::Kind::Data && m.header.sport != 0)
+            .cloned()
+            .collect()
+    }
+
+    pub fn conn(&self, i: usize, peer: usize) -> ConnId {
+        self.nodes[i].find_conn(self.addrs[i], self.addrs[peer], self.kind).expect("connection exists")
+    }
+
+    pub fn path(&self, i: usize, peer: usize, index: u8) -> PathId {
+        PathId { conn: self.conn(i, peer), index }
+    }
+
+    /// Drains every message queued on socket `s` of node `i`.
+    pub fn drain(&mut self, i: usize, s: SockId) -> Vec<Received> {
+        let mut v = Vec::new();
+        while let Ok(r) = self.nodes[i].recv(s, false) {
+            v.push(r);
+        }
+        v
+    }
+
+    /// Payloads of the data messages queued on socket `s` of node `i`.
+    pub fn drain_payloads(&mut self, i: usize, s: SockId) -> Vec<Vec<u8>> {
+        self.drain(i, s).into_iter().map(|r| data(r).payload.to_vec()).collect()
+    }
+}
