@@ -510,10 +510,13 @@ impl Node {
             // sock_setsockopt: min(val, max) * 2, at least the minimum.
             SockOpt::SndBuf(v) => sock.sndbuf = v.min(wmax).saturating_mul(2).max(bufs::SOCK_MIN_SNDBUF),
             SockOpt::RcvBuf(v) => sock.rcvbuf = v.min(rmax).saturating_mul(2).max(bufs::SOCK_MIN_RCVBUF),
+            // The *FORCE variants take a negative int as 0.
             SockOpt::SndBufForce(v) => {
+                let v = if v > i32::MAX as u32 { 0 } else { v };
                 sock.sndbuf = v.min(i32::MAX as u32 / 2).saturating_mul(2).max(bufs::SOCK_MIN_SNDBUF)
             }
             SockOpt::RcvBufForce(v) => {
+                let v = if v > i32::MAX as u32 { 0 } else { v };
                 sock.rcvbuf = v.min(i32::MAX as u32 / 2).saturating_mul(2).max(bufs::SOCK_MIN_RCVBUF)
             }
             SockOpt::CongMonitor(on) => sock.cong_monitor = on,
