@@ -66,7 +66,8 @@ impl Node {
             return Err(Errno::EAFNOSUPPORT);
         }
         let len = payload.len();
-        let rdma_len = opts.rdma.as_ref().map_or(0, |r| r.local.iter().map(|(_, l)| *l as usize).sum());
+        // rds_rdma_bytes: the size limit applies to the remote vector's length.
+        let rdma_len = opts.rdma.as_ref().map_or(0, |r| usize::try_from(r.remote_len).unwrap_or(usize::MAX));
         if len as u64 > sock.sndbuf_limit() || len.max(rdma_len) > MAX_MSG_SIZE {
             return Err(Errno::EMSGSIZE);
         }
