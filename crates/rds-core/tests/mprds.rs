@@ -1,0 +1,311 @@
+//! Multipath RDS over TCP: the probe handshake (`rds_send_probe`,
+//! `rds_recv_hs_exthdrs`, `rds_start_mprds`), lane selection, the
+//! pre-handshake path-0 rule with its order guarantee, and renegotiation.
+
+mod common;
+
+use common::{config, ip, make_node, sa, Net};
+use rds_core::wire::{Ext, Header, Kind};
+use rds_core::*;
+
+fn active(net: &Net, i: usize, peer: usize) -> Vec<(u8, PathState)> {
+    (0..8).map(|k| (k, net.nodes[i].path_state(net.path(i, peer, k)).unwrap())).collect()
+}
+
+#[test]
+fn eight_paths_are_negotiated_and_opened_by_the_smaller_address() {
+    let mut net = Net::new(2);
+    let a = net.bound(0, 5000);
+    let b = net.bound(1, 4000);
+    net.send(0, a, sa(2, 4000), b"x").unwrap();
+    net.run();
+    for (i, peer) in [(0, 1), (1, 0)] {
+        for k in 0..8u8 {
+            let p = net.path(i, peer, k);
+            assert_eq!(net.nodes[i].path_state(p), Some(PathState::Up), "node {i} path {k}");
+            assert_eq!(net.nodes[i].path_info(p).unwrap().npaths, 8);
+        }
+    }
+    // Only node 0 connected; node 1 accepted each path into the same slot.
+    assert!(net.connects.iter().all(|(i, ..)| *i == 0));
+    assert_eq!(net.connects.len(), 8);
+    for k in 0..8u8 {
+        let l = net.links[&(0, net.path(0, 1, k))];
+        assert_eq!(l.peer_path.index, k);
+    }
+    // The probe and the pong each carried NPATHS 8 (and nothing else: the
+    // default is the mainline wire).
+    let probe = net.sent_by(0).into_iter().find(|m| m.header.kind() == Kind::ProbePing).unwrap();
+    assert_eq!(probe.header.extensions().collect::<Vec<_>>(), vec![Ext::Npaths(8)]);
+    assert_eq!(probe.path.index, 0);
+    let pong = net.sent_by(1).into_iter().find(|m| m.header.kind() == Kind::ProbePong).unwrap();
+    assert_eq!(pong.header.extensions().collect::<Vec<_>>(), vec![Ext::Npaths(8)]);
+    assert_eq!(pong.path.index, 0);
+    assert_eq!(net.drain_payloads(1, b), vec![b"x".to_vec()]);
+}
+
+/// A node at 127.0.0.2 with a path 0 accepted from a hand-driven peer at
+/// 127.0.0.1 (the smaller address connects). Returns the path and instance.
+fn accepted_from_fake_peer(cfg: NodeConfig) -> (Node, PathId, u64) {
+    let mut n = make_node(cfg, ip(2), TransportKind::Tcp);
+    let info = match n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) {
+        Accept::Path(info) => info,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(info.id.index, 0);
+    (n, info.id, info.inst)
+}
+
+/// Pulls everything queued on a path.
+fn pull_all(n: &mut Node, p: PathId, inst: u64) -> Vec<TxMessage> {
+    let mut out = Vec::new();
+    while n.pull(p, inst, 1 << 20, &mut out) {}
+    out
+}
+
+fn rx(h: Header) -> RxMessage {
+    RxMessage { header: h, payload: Payload::empty(), rx_time_ns: None }
+}
+
+#[test]
+fn probe_without_npaths_means_a_single_path() {
+    let (mut n, p0, inst) = accepted_from_fake_peer(config(1));
+    let first = pull_all(&mut n, p0, inst);
+    let kinds: Vec<Kind> = first.iter().map(|m| m.header.kind()).collect();
+    assert_eq!(kinds, [Kind::CongMap, Kind::ProbePing]);
+    // The legacy peer's probe carries no extension header.
+    let mut ping = Header::data(1, 0, 0);
+    ping.sequence = 1;
+    assert_eq!(n.received(p0, inst, rx(ping)), RecvOutcome::Ping);
+    assert_eq!(n.path_info(p0).unwrap().npaths, 1);
+    // The pong still announces our 8 paths.
+    let out = pull_all(&mut n, p0, inst);
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].header.kind(), Kind::ProbePong);
+    assert_eq!((out[0].header.sport, out[0].header.dport), (0, 1));
+    assert_eq!(out[0].header.extensions().collect::<Vec<_>>(), vec![Ext::Npaths(8)]);
+    // Every socket's messages go on path 0; no other path is opened.
+    let mut socks = Vec::new();
+    for port in 4000..4008u16 {
+        let s = n.socket();
+        n.bind(s, sa(2, port)).unwrap();
+        n.send(s, Some(sa(1, 5000)), &Payload::copy_from(&port.to_be_bytes()), &SendOptions::default()).unwrap();
+        socks.push(s);
+    }
+    let mut kicked = Vec::new();
+    while let Some(o) = n.poll_output() {
+        match o {
+            Output::Kick(info) => kicked.push(info.id.index),
+            Output::Connect(info) => panic!("no connect expected: {info:?}"),
+            _ => {}
+        }
+    }
+    assert_eq!(kicked, [0]);
+    let out = pull_all(&mut n, p0, inst);
+    let sports: Vec<u16> = out.iter().map(|m| m.header.sport).collect();
+    assert_eq!(sports, (4000..4008).collect::<Vec<_>>());
+    let seqs: Vec<u64> = out.iter().map(|m| m.header.sequence).collect();
+    assert_eq!(seqs, (3..11).collect::<Vec<_>>(), "after our probe (1) and pong (2)");
+    let conn = p0.conn;
+    for port in 4000..4008u16 {
+        assert_eq!(n.lane_of(conn, port), 0);
+    }
+}
+
+#[test]
+fn pong_without_npaths_means_a_single_path() {
+    let (mut n, p0, inst) = accepted_from_fake_peer(config(1));
+    pull_all(&mut n, p0, inst);
+    let mut pong = Header::data(0, 1, 0);
+    pong.sequence = 1;
+    assert_eq!(n.received(p0, inst, rx(pong)), RecvOutcome::ProbePong);
+    assert_eq!(n.path_info(p0).unwrap().npaths, 1);
+    // A pong is not answered.
+    assert!(pull_all(&mut n, p0, inst).is_empty());
+    // A later NPATHS 0 is also taken as 1.
+    let mut ping = Header::data(1, 0, 0);
+    ping.sequence = 2;
+    ping.push_extension(Ext::Npaths(0)).unwrap();
+    n.received(p0, inst, rx(ping));
+    assert_eq!(n.path_info(p0).unwrap().npaths, 1);
+    // NPATHS above 8 is capped at 8.
+    let mut ping = Header::data(1, 0, 0);
+    ping.sequence = 3;
+    ping.push_extension(Ext::Npaths(64)).unwrap();
+    n.received(p0, inst, rx(ping));
+    assert_eq!(n.path_info(p0).unwrap().npaths, 8);
+}
+
+#[test]
+fn peer_advertising_four_paths_gives_four() {
+    let mut cfg1 = config(1);
+    cfg1.npaths = 4;
+    let mut net = Net::with_configs(vec![config(0), cfg1], TransportKind::Tcp);
+    let b = net.bound(1, 4000);
+    let socks: Vec<SockId> = (5000..5008).map(|p| net.bound(0, p)).collect();
+    net.send(0, socks[0], sa(2, 4000), b"first").unwrap();
+    net.run();
+    let pong = net.sent_by(1).into_iter().find(|m| m.header.kind() == Kind::ProbePong).unwrap();
+    assert_eq!(pong.header.extensions().collect::<Vec<_>>(), vec![Ext::Npaths(4)]);
+    let up = [PathState::Up; 4];
+    let st = active(&net, 0, 1);
+    assert_eq!(st.iter().map(|s| s.1).take(4).collect::<Vec<_>>(), up);
+    assert!(st[4..].iter().all(|s| s.1 == PathState::Down), "{st:?}");
+    assert_eq!(net.connects.len(), 4);
+    assert_eq!(net.nodes[0].path_info(net.path(0, 1, 0)).unwrap().npaths, 4);
+    assert_eq!(net.nodes[1].path_info(net.path(1, 0, 0)).unwrap().npaths, 4);
+    // Lanes: port % 4.
+    net.wire.clear();
+    for (k, s) in socks.iter().enumerate() {
+        net.send(0, *s, sa(2, 4000), &[k as u8]).unwrap();
+    }
+    net.run();
+    let mut lanes: Vec<(u16, u8)> = net.data_sent_by(0).iter().map(|m| (m.header.sport, m.path.index)).collect();
+    lanes.sort();
+    assert_eq!(lanes, (5000..5008u16).map(|p| (p, (p % 4) as u8)).collect::<Vec<_>>());
+    assert_eq!(net.drain_payloads(1, b).len(), 9);
+}
+
+#[test]
+fn lanes_are_chosen_by_bound_port_and_number_per_path() {
+    let mut net = Net::new(2);
+    let b = net.bound(1, 4003);
+    let socks: Vec<SockId> = (5000..5008).map(|p| net.bound(0, p)).collect();
+    net.send(0, socks[0], sa(2, 4003), b"hs").unwrap();
+    net.run();
+    net.wire.clear();
+    for round in 0..2u8 {
+        for s in &socks {
+            net.send(0, *s, sa(2, 4003), &[round]).unwrap();
+        }
+    }
+    net.send(1, b, sa(1, 5001), b"reply").unwrap();
+    net.run();
+    let got: Vec<(u16, u8, u64)> =
+        net.data_sent_by(0).iter().map(|m| (m.header.sport, m.path.index, m.header.sequence)).collect();
+    let mut expect = Vec::new();
+    for round in 0..2u64 {
+        for p in 5000..5008u16 {
+            let lane = (p % 8) as u8;
+            // Path 0 already carried the probe, the pong and "hs".
+            let seq = if lane == 0 { 4 + round } else { 1 + round };
+            expect.push((p, lane, seq));
+        }
+    }
+    got.iter().for_each(|g| assert!(expect.contains(g), "{g:?} not in {expect:?}"));
+    assert_eq!(got.len(), 16);
+    // Per path the order is the send order.
+    for lane in 0..8u8 {
+        let seqs: Vec<u64> = got.iter().filter(|g| g.1 == lane).map(|g| g.2).collect();
+        assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "lane {lane}: {seqs:?}");
+    }
+    // The reply from port 4003 went on path 3.
+    let reply = net.data_sent_by(1);
+    assert_eq!(reply.len(), 1);
+    assert_eq!(reply[0].path.index, 3);
+    assert_eq!(net.drain_payloads(1, b).len(), 17);
+}
+
+#[test]
+fn pre_handshake_messages_stay_on_path_0_and_hold_the_lane_until_acked() {
+    let mut net = Net::new(2);
+    let a = net.bound(0, 5001); // lane 1 once 8 paths are known
+    let b = net.bound(1, 4000);
+    // Path 0 of node 0 is slow: nothing is pulled from it yet.
+    net.frozen.insert((0, 0));
+    net.send(0, a, sa(2, 4000), b"m1").unwrap();
+    net.send(0, a, sa(2, 4000), b"m2").unwrap();
+    net.run();
+    // The peer's own probe told node 0 the path count; node 0 opened the
+    // other paths.
+    assert_eq!(net.nodes[0].path_info(net.path(0, 1, 0)).unwrap().npaths, 8);
+    assert_eq!(net.nodes[0].path_state(net.path(0, 1, 1)), Some(PathState::Up));
+    // m3, m4 belong to lane 1, but m1, m2 are still unacked on path 0: held.
+    net.send(0, a, sa(2, 4000), b"m3").unwrap();
+    net.send(0, a, sa(2, 4000), b"m4").unwrap();
+    net.run();
+    assert_eq!(net.nodes[0].counters().mprds_lane_hold, 2);
+    assert!(net.data_sent_by(0).is_empty(), "nothing went out yet");
+    assert!(net.nodes[1].recv(b, false).is_err());
+    // Path 0 drains: m1, m2 arrive, are acked, and release m3, m4 on path 1.
+    net.thaw(0, 0);
+    net.run();
+    let sent: Vec<(Vec<u8>, u8)> = net.data_sent_by(0).iter().map(|m| (m.payload.to_vec(), m.path.index)).collect();
+    assert_eq!(
+        sent,
+        [(b"m1".to_vec(), 0), (b"m2".to_vec(), 0), (b"m3".to_vec(), 1), (b"m4".to_vec(), 1)]
+    );
+    assert_eq!(net.drain_payloads(1, b), [b"m1".to_vec(), b"m2".to_vec(), b"m3".to_vec(), b"m4".to_vec()]);
+    // From now on the lane is used directly.
+    net.send(0, a, sa(2, 4000), b"m5").unwrap();
+    net.run();
+    assert_eq!(net.data_sent_by(0).last().unwrap().path.index, 1);
+    assert_eq!(net.nodes[0].counters().mprds_lane_hold, 2);
+}
+
+#[test]
+fn lane_hold_waits_for_the_acks_not_just_the_transmission() {
+    let mut net = Net::new(2);
+    let a = net.bound(0, 5002);
+    let b = net.bound(1, 4000);
+    net.hold_acks = true;
+    net.send(0, a, sa(2, 4000), b"early").unwrap();
+    net.run();
+    net.send(0, a, sa(2, 4000), b"late").unwrap();
+    net.run();
+    assert_eq!(net.data_sent_by(0).len(), 1, "late is held while early is unacked");
+    assert_eq!(net.drain_payloads(1, b), [b"early".to_vec()]);
+    net.hold_acks = false;
+    net.flush_acks();
+    net.run();
+    let sent = net.data_sent_by(0);
+    assert_eq!(sent.len(), 2);
+    assert_eq!((&sent[1].payload[..], sent[1].path.index), (&b"late"[..], 2));
+    assert_eq!(net.drain_payloads(1, b), [b"late".to_vec()]);
+    // Another socket on the same lane was never held.
+    assert_eq!(net.nodes[0].counters().mprds_lane_hold, 1);
+}
+
+#[test]
+fn npaths_is_renegotiated_after_all_paths_went_down() {
+    let mut net = Net::new(2);
+    let a = net.bound(0, 5005);
+    net.bound(1, 4000);
+    net.send(0, a, sa(2, 4000), b"one").unwrap();
+    net.run();
+    assert_eq!(net.nodes[0].path_info(net.path(0, 1, 5)).unwrap().npaths, 8);
+    // "two" is transmitted on path 5 and never acked.
+    net.hold_acks = true;
+    net.send(0, a, sa(2, 4000), b"two").unwrap();
+    net.run();
+    assert_eq!(net.data_sent_by(0).last().unwrap().path.index, 5);
+    // The peer comes back as a new instance supporting 4 paths.
+    let mut cfg1 = config(1);
+    cfg1.npaths = 4;
+    net.hold_acks = false;
+    net.restart(1, cfg1);
+    let b = net.bound(1, 4000);
+    assert!(active(&net, 0, 1).iter().all(|s| s.1 == PathState::Down));
+    assert_eq!(net.nodes[0].path_info(net.path(0, 1, 0)).unwrap().npaths, 0, "forgotten");
+    let mark = net.wire.len();
+    net.advance(0);
+    net.run();
+    // A new probe on the new path 0, answered with NPATHS 4.
+    let probes = net.wire[mark..].iter().filter(|m| m.from == 0 && m.header.kind() == Kind::ProbePing).count();
+    assert_eq!(probes, 1);
+    assert_eq!(net.nodes[0].counters().mprds_probe_sent, 2);
+    assert_eq!(net.nodes[0].path_info(net.path(0, 1, 0)).unwrap().npaths, 4);
+    let st = active(&net, 0, 1);
+    assert!(st[..4].iter().all(|s| s.1 == PathState::Up), "{st:?}");
+    assert!(st[4..].iter().all(|s| s.1 == PathState::Down), "{st:?}");
+    // "two" sat on path 5, which is no longer used: it moved to path 0.
+    let two = net.wire[mark..].iter().find(|m| &m.payload[..] == b"two").expect("two resent");
+    assert_eq!(two.path.index, 0);
+    assert!(!two.header.is_retransmitted(), "renumbered on path 0");
+    assert_eq!(net.drain_payloads(1, b), [b"two".to_vec()]);
+    // New messages use lane 5 % 4 = 1.
+    net.send(0, a, sa(2, 4000), b"three").unwrap();
+    net.run();
+    assert_eq!(net.data_sent_by(0).last().unwrap().path.index, 1);
+    assert_eq!(net.drain_payloads(1, b), [b"three".to_vec()]);
+}
