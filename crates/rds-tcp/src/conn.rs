@@ -1,0 +1,227 @@
+//! One TCP connection serving one instance of one RDS path: its transmit
+//! state (messages pulled and not yet fully written, stream offsets of
+//! messages awaiting their TCP ack) and its receive state (the frame
+//! decoder).
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::SeqCst};
+
+use mio::Token;
+use parking_lot::Mutex;
+use rds_core::wire::{FrameDecoder, HEADER_LEN};
+use rds_core::{DownReason, PathInfo, Payload, TxMessage};
+
+use crate::sys;
+
+/// Connection states.
+pub(crate) const CONNECTING: u8 = 0;
+pub(crate) const UP: u8 = 1;
+/// Shutdown requested: no more writes, reading until the peer's FIN.
+pub(crate) const DRAINING: u8 = 2;
+pub(crate) const CLOSED: u8 = 3;
+
+/// Slices per `writev` (Linux `IOV_MAX` is 1024).
+const IOV_BATCH: usize = 1024;
+
+/// A message pulled from the core, being written.
+pub(crate) struct TxItem {
+    hdr: [u8; HEADER_LEN],
+    payload: Payload,
+}
+
+impl TxItem {
+    fn len(&self) -> usize {
+        HEADER_LEN + self.payload.len()
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct TxState {
+    /// Pulled messages not completely written; the first one has `head_off`
+    /// bytes on the wire already.
+    queue: VecDeque<TxItem>,
+    head_off: usize,
+    /// Stream bytes written to the socket.
+    pub written: u64,
+    /// Stream offset of the end of the last queued message.
+    queued_end: u64,
+    /// (end offset, sequence) of sequenced messages not yet acked.
+    unacked: VecDeque<(u64, u64)>,
+    /// Stream bytes the peer's TCP acknowledged, as last seen.
+    pub acked: u64,
+    /// End offset of the last sequenced message queued.
+    pub expected_una: u64,
+    /// The reactor polls this connection's acks.
+    pub watched: bool,
+}
+
+/// How a write attempt ended.
+pub(crate) enum WriteRes {
+    /// Everything queued is in the socket.
+    Flushed,
+    /// The socket's send buffer is full.
+    WouldBlock,
+}
+
+impl TxState {
+    pub fn has_queued(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    /// Queues pulled messages; returns whether a sequenced message was added.
+    pub fn enqueue(&mut self, msgs: &mut Vec<TxMessage>) -> bool {
+        let mut tracked = false;
+        for m in msgs.drain(..) {
+            self.queued_end += m.wire_len() as u64;
+            if !m.is_cong_map() {
+                self.unacked.push_back((self.queued_end, m.header.sequence));
+                self.expected_una = self.queued_end;
+                tracked = true;
+            }
+            self.queue.push_back(TxItem { hdr: m.header.to_bytes(), payload: m.payload });
+        }
+        tracked
+    }
+
+    pub fn has_unacked(&self) -> bool {
+        !self.unacked.is_empty()
+    }
+
+    /// Reads `SIOCOUTQ` and returns the highest sequence now fully acked,
+    /// plus whether the acked offset advanced. Called with the state locked,
+    /// so `written` and the queue length are read consistently.
+    pub fn poll_acks(&mut self, stream: &TcpStream) -> (Option<u64>, bool) {
+        if self.unacked.is_empty() {
+            return (None, false);
+        }
+        let Ok(outq) = sys::outq(stream.as_raw_fd()) else { return (None, false) };
+        let acked = self.written.saturating_sub(outq);
+        let advanced = acked > self.acked;
+        if advanced {
+            self.acked = acked;
+        }
+        let mut seq = None;
+        while let Some(&(end, s)) = self.unacked.front() {
+            if end > self.acked {
+                break;
+            }
+            seq = Some(s);
+            self.unacked.pop_front();
+        }
+        (seq, advanced)
+    }
+
+    /// Writes queued messages until done or the socket is full.
+    pub fn write(&mut self, stream: &TcpStream) -> io::Result<WriteRes> {
+        while !self.queue.is_empty() {
+            let res = {
+                let empty: &[u8] = &[];
+                let mut iov = [IoSlice::new(empty); IOV_BATCH];
+                let mut n = 0;
+                for (i, item) in self.queue.iter().enumerate() {
+                    if n + 2 > IOV_BATCH {
+                        break;
+                    }
+                    let skip = if i == 0 { self.head_off } else { 0 };
+                    if skip < HEADER_LEN {
+                        iov[n] = IoSlice::new(&item.hdr[skip..]);
+                        n += 1;
+                    }
+                    let pskip = skip.saturating_sub(HEADER_LEN);
+                    if pskip < item.payload.len() {
+                        iov[n] = IoSlice::new(&item.payload[pskip..]);
+                        n += 1;
+                    }
+                }
+                (&*stream).write_vectored(&iov[..n])
+            };
+            match res {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(k) => self.advance(k),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(WriteRes::WouldBlock),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(WriteRes::Flushed)
+    }
+
+    fn advance(&mut self, mut k: usize) {
+        self.written += k as u64;
+        while k > 0 {
+            let Some(front) = self.queue.front() else { break };
+            let rem = front.len() - self.head_off;
+            if k >= rem {
+                k -= rem;
+                self.head_off = 0;
+                self.queue.pop_front();
+            } else {
+                self.head_off += k;
+                k = 0;
+            }
+        }
+    }
+}
+
+pub(crate) struct RxState {
+    pub decoder: FrameDecoder,
+}
+
+/// A TCP connection of one path instance.
+pub(crate) struct Conn {
+    pub token: Token,
+    pub reactor: usize,
+    pub info: PathInfo,
+    pub stream: TcpStream,
+    pub local: Option<SocketAddr>,
+    pub peer: SocketAddr,
+    pub state: AtomicU8,
+    /// `RDS_IN_XMIT`: a thread is transmitting on this connection.
+    pub in_xmit: AtomicBool,
+    /// Kicked while someone was transmitting: go around again.
+    pub again: AtomicBool,
+    /// A write hit EAGAIN: the reactor resumes on the next writable event.
+    pub wait_writable: AtomicBool,
+    /// Writable events seen (closes the race between EAGAIN and the event).
+    pub wr_gen: AtomicU64,
+    /// Why the connection is being closed, when the core asked.
+    pub requested: Mutex<Option<DownReason>>,
+    pub tx: Mutex<TxState>,
+    pub rx: Mutex<RxState>,
+}
+
+impl Conn {
+    pub fn new(
+        token: Token,
+        reactor: usize,
+        info: PathInfo,
+        stream: TcpStream,
+        peer: SocketAddr,
+        state: u8,
+    ) -> Conn {
+        let local = stream.local_addr().ok();
+        Conn {
+            token,
+            reactor,
+            info,
+            stream,
+            local,
+            peer,
+            state: AtomicU8::new(state),
+            in_xmit: AtomicBool::new(false),
+            again: AtomicBool::new(false),
+            wait_writable: AtomicBool::new(false),
+            wr_gen: AtomicU64::new(0),
+            requested: Mutex::new(None),
+            tx: Mutex::new(TxState::default()),
+            rx: Mutex::new(RxState { decoder: FrameDecoder::default() }),
+        }
+    }
+
+    pub fn state(&self) -> u8 {
+        self.state.load(SeqCst)
+    }
+}

@@ -1,0 +1,712 @@
+//! The reactor threads: a mio poll loop each, serving listeners, the
+//! connections of the address pairs hashed to it, ack polling and
+//! shutdown drains.
+
+use std::cell::Cell;
+use std::collections::HashMap;
+use std::io::{self, Read};
+use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token, Waker};
+use parking_lot::Mutex;
+use rds_core::wire::Frame;
+use rds_core::{addr_cmp, Accept, DownReason, PathInfo, RxMessage, TransportKind};
+use socket2::{SockAddr, SockRef, Socket, Type};
+
+use crate::conn::{Conn, CLOSED, CONNECTING, DRAINING, UP};
+use crate::{down_reason, inc, sock_domain, Inner};
+
+const WAKER: Token = Token(0);
+const TIMER: Token = Token(1);
+/// Tokens of listeners and connections start here.
+pub(crate) const FIRST_TOKEN: usize = 16;
+
+/// Read buffer of a reactor.
+const RBUF: usize = 256 << 10;
+/// Payload bytes still missing above which reads go straight into the
+/// message's buffer.
+const DIRECT_MIN: usize = 16 << 10;
+/// Messages handed to the sink per call at most.
+const BATCH_MSGS: usize = 1024;
+const BATCH_BYTES: usize = 4 << 20;
+
+thread_local! {
+    static ON_REACTOR: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Whether the current thread is a reactor.
+pub(crate) fn on_reactor() -> bool {
+    ON_REACTOR.with(|c| c.get())
+}
+
+pub(crate) enum Cmd {
+    Connect(PathInfo),
+    /// An accepted connection the core assigned to a path.
+    Adopt(Arc<Conn>),
+    Shutdown(PathInfo),
+    /// Continue transmitting (handed over by an application thread).
+    Xmit(Arc<Conn>),
+    /// The connection has messages awaiting their ack.
+    Watch(Arc<Conn>),
+    /// A write failed.
+    Failed(Arc<Conn>),
+    Listen(IpAddr, TcpListener),
+    Unlisten(IpAddr),
+    Stop,
+}
+
+/// What other threads hold of a reactor.
+pub(crate) struct ReactorHandle {
+    waker: Waker,
+    cmds: Mutex<Vec<Cmd>>,
+}
+
+impl ReactorHandle {
+    pub fn new(_idx: usize, poll: &Poll) -> io::Result<ReactorHandle> {
+        Ok(ReactorHandle { waker: Waker::new(poll.registry(), WAKER)?, cmds: Mutex::new(Vec::new()) })
+    }
+
+    pub fn send(&self, c: Cmd) {
+        let first = {
+            let mut q = self.cmds.lock();
+            q.push(c);
+            q.len() == 1
+        };
+        if first {
+            let _ = self.waker.wake();
+        }
+    }
+}
+
+/// How reading a connection ended.
+enum ReadEnd {
+    /// `EAGAIN`: read everything there was.
+    Drained,
+    /// The fairness budget ran out; more may be readable.
+    Budget,
+    Eof,
+    Error,
+    Protocol,
+}
+
+struct Reactor {
+    inner: Arc<Inner>,
+    idx: usize,
+    poll: Poll,
+    conns: HashMap<Token, Arc<Conn>>,
+    listeners: HashMap<Token, (IpAddr, TcpListener)>,
+    /// Connections with messages awaiting their TCP ack.
+    watch: Vec<Arc<Conn>>,
+    ack_interval: Duration,
+    next_ack_poll: Option<Instant>,
+    /// Shutdowns waiting for the peer's FIN, with their deadline.
+    drains: Vec<(Instant, Arc<Conn>)>,
+    /// Connections that hit the read budget.
+    rx_more: Vec<Arc<Conn>>,
+    rbuf: Vec<u8>,
+    timer: Option<crate::sys::TimerFd>,
+    timer_at: Option<Instant>,
+}
+
+pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
+    ON_REACTOR.with(|c| c.set(true));
+    let timer = crate::sys::TimerFd::new().ok();
+    if let Some(t) = &timer {
+        let _ = poll.registry().register(&mut SourceFd(&t.fd()), TIMER, Interest::READABLE);
+    }
+    let ack_interval = inner.cfg.ack_poll_min;
+    let mut r = Reactor {
+        inner,
+        idx,
+        poll,
+        conns: HashMap::new(),
+        listeners: HashMap::new(),
+        watch: Vec::new(),
+        ack_interval,
+        next_ack_poll: None,
+        drains: Vec::new(),
+        rx_more: Vec::new(),
+        rbuf: vec![0; RBUF],
+        timer,
+        timer_at: None,
+    };
+    let mut events = Events::with_capacity(1024);
+    loop {
+        let timeout = r.timeout();
+        if let Err(e) = r.poll.poll(&mut events, timeout) {
+            if e.kind() != io::ErrorKind::Interrupted {
+                // Nothing sensible to do but keep trying.
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            continue;
+        }
+        if !r.run_commands() {
+            r.stop();
+            return;
+        }
+        // Connection events, lower path indexes first.
+        let mut ready: Vec<(u8, Arc<Conn>, bool, bool)> = Vec::new();
+        let mut accept_on = Vec::new();
+        for ev in events.iter() {
+            match ev.token() {
+                WAKER => {}
+                TIMER => {
+                    if let Some(t) = &mut r.timer {
+                        t.clear();
+                    }
+                    r.timer_at = None;
+                }
+                tok => {
+                    if r.listeners.contains_key(&tok) {
+                        accept_on.push(tok);
+                    } else if let Some(c) = r.conns.get(&tok) {
+                        let rd = ev.is_readable() || ev.is_read_closed() || ev.is_error();
+                        let wr = ev.is_writable() || ev.is_write_closed() || ev.is_error();
+                        ready.push((c.info.id.index, c.clone(), rd, wr));
+                    }
+                }
+            }
+        }
+        for c in std::mem::take(&mut r.rx_more) {
+            if let Some(e) = ready.iter_mut().find(|e| Arc::ptr_eq(&e.1, &c)) {
+                e.2 = true;
+            } else {
+                ready.push((c.info.id.index, c, true, false));
+            }
+        }
+        ready.sort_by_key(|e| e.0);
+        for (_, c, rd, wr) in ready {
+            r.conn_event(&c, rd, wr);
+        }
+        for tok in accept_on {
+            r.accept_all(tok);
+        }
+        let now = Instant::now();
+        if r.next_ack_poll.is_some_and(|t| t <= now) {
+            r.poll_watched();
+        }
+        r.expire_drains(now);
+    }
+}
+
+fn rx_time_ns() -> Option<u64> {
+    SystemTime::now().duration_since(UNIX_EPOCH).ok().map(|d| d.as_nanos() as u64)
+}
+
+fn rx_msg(f: Frame, ts: Option<u64>) -> RxMessage {
+    let mut m = RxMessage::from(f);
+    m.rx_time_ns = ts;
+    m
+}
+
+impl Reactor {
+    /// The poll timeout: zero when work is pending, else the next timer
+    /// (through the timerfd, whose resolution is finer than epoll's
+    /// milliseconds).
+    fn timeout(&mut self) -> Option<Duration> {
+        if !self.rx_more.is_empty() || !self.inner.reactors[self.idx].cmds.lock().is_empty() {
+            return Some(Duration::ZERO);
+        }
+        if self.watch.is_empty() {
+            self.next_ack_poll = None;
+        }
+        let next = [self.next_ack_poll, self.drains.iter().map(|d| d.0).min()].into_iter().flatten().min();
+        let Some(at) = next else {
+            if let Some(t) = &mut self.timer {
+                let _ = t.disarm();
+            }
+            self.timer_at = None;
+            return None;
+        };
+        let now = Instant::now();
+        if at <= now {
+            return Some(Duration::ZERO);
+        }
+        match &mut self.timer {
+            Some(t) => {
+                if self.timer_at != Some(at) {
+                    if t.arm(at - now).is_err() {
+                        return Some(at - now);
+                    }
+                    self.timer_at = Some(at);
+                }
+                None
+            }
+            None => Some(at - now),
+        }
+    }
+
+    /// Runs queued commands; false on Stop.
+    fn run_commands(&mut self) -> bool {
+        let cmds = std::mem::take(&mut *self.inner.reactors[self.idx].cmds.lock());
+        for c in cmds {
+            match c {
+                Cmd::Stop => return false,
+                Cmd::Connect(info) => self.connect(info),
+                Cmd::Adopt(conn) => self.adopt(conn),
+                Cmd::Shutdown(info) => self.shutdown(info),
+                Cmd::Xmit(conn) => self.inner.xmit(&conn),
+                Cmd::Watch(conn) => self.watch(conn),
+                Cmd::Failed(conn) => {
+                    if conn.state() != CLOSED {
+                        self.read_conn(&conn);
+                        if conn.state() != CLOSED {
+                            let why = down_reason(&conn, DownReason::Closed);
+                            self.close_conn(&conn, why, false);
+                        }
+                    }
+                }
+                Cmd::Listen(addr, l) => {
+                    let tok = self.inner.token();
+                    let fd = l.as_raw_fd();
+                    if self.poll.registry().register(&mut SourceFd(&fd), tok, Interest::READABLE).is_ok() {
+                        self.listeners.insert(tok, (addr, l));
+                        // Connections queued before registration.
+                        self.accept_all(tok);
+                    }
+                }
+                Cmd::Unlisten(addr) => {
+                    let toks: Vec<Token> =
+                        self.listeners.iter().filter(|(_, (a, _))| *a == addr).map(|(t, _)| *t).collect();
+                    for t in toks {
+                        if let Some((_, l)) = self.listeners.remove(&t) {
+                            let _ = self.poll.registry().deregister(&mut SourceFd(&l.as_raw_fd()));
+                        }
+                    }
+                }
+            }
+        }
+        true
+    }
+
+    fn stop(&mut self) {
+        for (_, c) in self.conns.drain() {
+            c.state.store(CLOSED, SeqCst);
+            let _ = self.poll.registry().deregister(&mut SourceFd(&c.stream.as_raw_fd()));
+            let _ = c.stream.shutdown(Shutdown::Both);
+        }
+        self.listeners.clear();
+        self.watch.clear();
+        self.drains.clear();
+        self.rx_more.clear();
+    }
+
+    fn register(&mut self, conn: &Arc<Conn>) -> io::Result<()> {
+        let fd = conn.stream.as_raw_fd();
+        self.poll.registry().register(&mut SourceFd(&fd), conn.token, Interest::READABLE | Interest::WRITABLE)?;
+        self.conns.insert(conn.token, conn.clone());
+        Ok(())
+    }
+
+    /// Opens the connection of a path.
+    fn connect(&mut self, info: PathInfo) {
+        let old = self.inner.paths.lock().get(&info.id).cloned();
+        if let Some(old) = old {
+            if old.info.inst >= info.inst {
+                return;
+            }
+            self.close_conn(&old, DownReason::Closed, old.state() == CONNECTING);
+        }
+        let Some(sink) = self.inner.sink() else { return };
+        let peer = SocketAddr::new(info.faddr, self.inner.cfg.port);
+        let stream = match self.open(info, peer) {
+            Ok(s) => s,
+            Err(_) => {
+                sink.path_down(info.id, info.inst, DownReason::ConnectFailed);
+                return;
+            }
+        };
+        let conn = Arc::new(Conn::new(self.inner.token(), self.idx, info, stream, peer, CONNECTING));
+        if self.register(&conn).is_err() {
+            sink.path_down(info.id, info.inst, DownReason::ConnectFailed);
+            return;
+        }
+        self.inner.paths.lock().insert(info.id, conn);
+    }
+
+    fn open(&self, info: PathInfo, peer: SocketAddr) -> io::Result<TcpStream> {
+        let s = Socket::new(sock_domain(&info.faddr), Type::STREAM, None)?;
+        s.set_nonblocking(true)?;
+        self.inner.tune(&SockRef::from(&s))?;
+        s.bind(&SockAddr::from(SocketAddr::new(info.laddr, 0)))?;
+        match s.connect(&SockAddr::from(peer)) {
+            Ok(()) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
+            Err(e) => return Err(e),
+        }
+        Ok(s.into())
+    }
+
+    /// An outgoing connection became writable (or failed).
+    fn check_connect(&mut self, conn: &Arc<Conn>, hup: bool) {
+        let failed = match conn.stream.take_error() {
+            Ok(Some(_)) | Err(_) => true,
+            Ok(None) => match conn.stream.peer_addr() {
+                Ok(_) => false,
+                Err(e) if e.kind() == io::ErrorKind::NotConnected && !hup => return,
+                Err(_) => true,
+            },
+        };
+        if failed {
+            self.close_conn(conn, DownReason::ConnectFailed, false);
+            return;
+        }
+        let current = self.inner.paths.lock().get(&conn.info.id).is_some_and(|c| Arc::ptr_eq(c, conn));
+        if !current {
+            self.close_conn(conn, DownReason::Closed, true);
+            return;
+        }
+        if addr_cmp(&conn.info.laddr, &conn.info.faddr) != std::cmp::Ordering::Less {
+            // The poke: the peer has the smaller address and connects to us.
+            self.close_conn(conn, DownReason::DirectionRule, true);
+            return;
+        }
+        conn.state.store(UP, SeqCst);
+        if let Some(sink) = self.inner.sink() {
+            sink.path_up(conn.info.id, conn.info.inst);
+        }
+        self.inner.xmit(conn);
+    }
+
+    /// Accepts every pending connection of a listener.
+    fn accept_all(&mut self, tok: Token) {
+        loop {
+            let res = match self.listeners.get(&tok) {
+                Some((_, l)) => l.accept(),
+                None => return,
+            };
+            match res {
+                Ok((stream, peer)) => self.accepted(stream, peer),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                // ECONNABORTED and the like concern one connection; EMFILE
+                // and ENOBUFS leave it queued: try again on the next event.
+                Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {}
+                Err(_) => return,
+            }
+        }
+    }
+
+    fn accepted(&mut self, stream: TcpStream, peer: SocketAddr) {
+        let Ok(local) = stream.local_addr() else { return };
+        if stream.set_nonblocking(true).is_err() || self.inner.tune(&SockRef::from(&stream)).is_err() {
+            return;
+        }
+        let reset = |s: &TcpStream| {
+            let _ = SockRef::from(s).set_linger(Some(Duration::ZERO));
+        };
+        let Some(sink) = self.inner.sink() else {
+            reset(&stream);
+            return;
+        };
+        match sink.accept(TransportKind::Tcp, local.ip(), peer.ip(), peer.port()) {
+            Accept::Path(info) => {
+                let r = self.inner.reactor_of(info.laddr, info.faddr);
+                let conn = Arc::new(Conn::new(self.inner.token(), r, info, stream, peer, UP));
+                if r == self.idx {
+                    self.adopt(conn);
+                } else {
+                    self.inner.reactors[r].send(Cmd::Adopt(conn));
+                }
+            }
+            Accept::Reject | Accept::RejectPeerLarger => {
+                inc(&self.inner.stats.listen_closed_stale);
+                reset(&stream);
+            }
+        }
+    }
+
+    /// Starts serving an accepted connection on this reactor.
+    fn adopt(&mut self, conn: Arc<Conn>) {
+        let id = conn.info.id;
+        let old = self.inner.paths.lock().get(&id).cloned();
+        if let Some(old) = old {
+            if old.info.inst > conn.info.inst {
+                // A newer instance already serves the path.
+                let _ = SockRef::from(&conn.stream).set_linger(Some(Duration::ZERO));
+                return;
+            }
+            if old.state() == CONNECTING {
+                inc(&self.inner.stats.connect_raced);
+            }
+            self.close_conn(&old, DownReason::Closed, old.state() == CONNECTING);
+        }
+        if self.register(&conn).is_err() {
+            conn.state.store(CLOSED, SeqCst);
+            if let Some(sink) = self.inner.sink() {
+                sink.path_down(id, conn.info.inst, DownReason::Closed);
+            }
+            return;
+        }
+        self.inner.paths.lock().insert(id, conn.clone());
+        // Kicks that came while the core was assigning the path found no
+        // connection: transmit now.
+        self.inner.xmit(&conn);
+    }
+
+    /// The core asks to close this instance of a path.
+    fn shutdown(&mut self, info: PathInfo) {
+        let conn = self
+            .inner
+            .paths
+            .lock()
+            .get(&info.id)
+            .filter(|c| c.info.inst == info.inst)
+            .cloned()
+            .or_else(|| self.conns.values().find(|c| c.info.id == info.id && c.info.inst == info.inst).cloned());
+        let Some(conn) = conn else {
+            if let Some(sink) = self.inner.sink() {
+                sink.path_down(info.id, info.inst, DownReason::ShutdownDone);
+            }
+            return;
+        };
+        *conn.requested.lock() = Some(DownReason::ShutdownDone);
+        match conn.state() {
+            CONNECTING => self.close_conn(&conn, DownReason::ShutdownDone, false),
+            UP => {
+                {
+                    let _tx = conn.tx.lock();
+                    conn.state.store(DRAINING, SeqCst);
+                }
+                let _ = conn.stream.shutdown(Shutdown::Write);
+                self.drains.push((Instant::now() + self.inner.cfg.shutdown_drain, conn.clone()));
+                self.read_conn(&conn);
+            }
+            _ => {}
+        }
+    }
+
+    fn expire_drains(&mut self, now: Instant) {
+        if !self.drains.iter().any(|d| d.0 <= now) {
+            return;
+        }
+        let (due, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut self.drains).into_iter().partition(|d| d.0 <= now);
+        self.drains = keep;
+        for (_, c) in due {
+            if c.state() != CLOSED {
+                // Deliver whatever arrived before giving up on the FIN.
+                self.read_conn(&c);
+                if c.state() != CLOSED {
+                    let why = down_reason(&c, DownReason::Closed);
+                    self.close_conn(&c, why, false);
+                }
+            }
+        }
+    }
+
+    fn watch(&mut self, conn: Arc<Conn>) {
+        if conn.state() == CLOSED {
+            conn.tx.lock().watched = false;
+            return;
+        }
+        if !self.watch.iter().any(|c| Arc::ptr_eq(c, &conn)) {
+            self.watch.push(conn);
+        }
+        self.ack_interval = self.inner.cfg.ack_poll_min;
+        let at = Instant::now() + self.ack_interval;
+        if self.next_ack_poll.is_none_or(|t| t > at) {
+            self.next_ack_poll = Some(at);
+        }
+    }
+
+    /// Polls `SIOCOUTQ` of every connection with messages awaiting acks.
+    fn poll_watched(&mut self) {
+        let mut progress = false;
+        let mut reports = Vec::new();
+        self.watch.retain(|c| {
+            let mut tx = c.tx.lock();
+            let (seq, advanced) = tx.poll_acks(&c.stream);
+            progress |= advanced;
+            if let Some(s) = seq {
+                reports.push((c.clone(), s));
+            }
+            if !tx.has_unacked() || c.state() == CLOSED {
+                tx.watched = false;
+                false
+            } else {
+                true
+            }
+        });
+        if progress {
+            inc(&self.inner.stats.write_space_calls);
+        }
+        if let Some(sink) = self.inner.sink() {
+            for (c, s) in reports {
+                sink.acked(c.info.id, c.info.inst, s);
+            }
+        }
+        let (min, max) = (self.inner.cfg.ack_poll_min, self.inner.cfg.ack_poll_max);
+        self.ack_interval = if progress { min } else { (self.ack_interval * 2).min(max) };
+        self.next_ack_poll = (!self.watch.is_empty()).then(|| Instant::now() + self.ack_interval);
+    }
+
+    /// Acks of one connection (after it was readable or writable).
+    fn poll_one(&self, conn: &Arc<Conn>) {
+        let (seq, advanced) = {
+            let mut tx = conn.tx.lock();
+            if !tx.watched {
+                return;
+            }
+            tx.poll_acks(&conn.stream)
+        };
+        if advanced {
+            inc(&self.inner.stats.write_space_calls);
+        }
+        if let (Some(s), Some(sink)) = (seq, self.inner.sink()) {
+            sink.acked(conn.info.id, conn.info.inst, s);
+        }
+    }
+
+    fn conn_event(&mut self, conn: &Arc<Conn>, readable: bool, writable: bool) {
+        match conn.state() {
+            CONNECTING => {
+                if readable || writable {
+                    self.check_connect(conn, readable && !writable);
+                }
+            }
+            UP | DRAINING => {
+                if writable {
+                    conn.wr_gen.fetch_add(1, SeqCst);
+                    if conn.wait_writable.swap(false, SeqCst) {
+                        self.inner.xmit(conn);
+                    }
+                }
+                if readable {
+                    inc(&self.inner.stats.data_ready_calls);
+                    self.read_conn(conn);
+                }
+                if conn.state() != CLOSED {
+                    self.poll_one(conn);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Reads and delivers until `EAGAIN`, the budget, the end or an error;
+    /// closes the connection at the end of the stream or on an error.
+    fn read_conn(&mut self, conn: &Arc<Conn>) {
+        let Some(sink) = self.inner.sink() else { return };
+        let (id, inst) = (conn.info.id, conn.info.inst);
+        let budget = self.inner.cfg.read_budget;
+        let mut batch: Vec<RxMessage> = Vec::new();
+        let mut batch_bytes = 0usize;
+        let mut total = 0usize;
+        let end = loop {
+            if total >= budget {
+                break ReadEnd::Budget;
+            }
+            let step = {
+                let mut rx = conn.rx.lock();
+                let dec = &mut rx.decoder;
+                if dec.payload_remaining() >= DIRECT_MIN {
+                    let buf = dec.direct_buf(usize::MAX).unwrap_or_default();
+                    let offered = buf.len();
+                    match (&conn.stream).read(buf) {
+                        Ok(0) => {
+                            dec.commit_direct(0, offered);
+                            Err(ReadEnd::Eof)
+                        }
+                        Ok(n) => {
+                            if let Some(f) = dec.commit_direct(n, offered) {
+                                batch_bytes += f.payload.len();
+                                batch.push(rx_msg(f, rx_time_ns()));
+                            }
+                            Ok(n)
+                        }
+                        Err(e) => {
+                            dec.commit_direct(0, offered);
+                            match e.kind() {
+                                io::ErrorKind::WouldBlock => Err(ReadEnd::Drained),
+                                io::ErrorKind::Interrupted => Ok(0),
+                                _ => Err(ReadEnd::Error),
+                            }
+                        }
+                    }
+                } else {
+                    match (&conn.stream).read(&mut self.rbuf) {
+                        Ok(0) => Err(ReadEnd::Eof),
+                        Ok(n) => {
+                            let ts = rx_time_ns();
+                            let fed = dec.feed(&self.rbuf[..n], &mut |f| {
+                                batch_bytes += f.payload.len();
+                                batch.push(rx_msg(f, ts));
+                            });
+                            match fed {
+                                Ok(()) => Ok(n),
+                                Err(_) => Err(ReadEnd::Protocol),
+                            }
+                        }
+                        Err(e) => match e.kind() {
+                            io::ErrorKind::WouldBlock => Err(ReadEnd::Drained),
+                            io::ErrorKind::Interrupted => Ok(0),
+                            _ => Err(ReadEnd::Error),
+                        },
+                    }
+                }
+            };
+            match step {
+                Ok(n) => total += n,
+                Err(end) => break end,
+            }
+            if batch.len() >= BATCH_MSGS || batch_bytes >= BATCH_BYTES {
+                sink.received(id, inst, &mut batch);
+                batch.clear();
+                batch_bytes = 0;
+            }
+        };
+        if !batch.is_empty() {
+            sink.received(id, inst, &mut batch);
+        }
+        match end {
+            ReadEnd::Drained => {}
+            ReadEnd::Budget => self.rx_more.push(conn.clone()),
+            ReadEnd::Eof | ReadEnd::Error => {
+                let why = down_reason(conn, DownReason::Closed);
+                self.close_conn(conn, why, false);
+            }
+            ReadEnd::Protocol => self.close_conn(conn, DownReason::ProtocolError, true),
+        }
+    }
+
+    /// Closes a connection (reset when `rst`) and reports it down.
+    fn close_conn(&mut self, conn: &Arc<Conn>, why: DownReason, rst: bool) {
+        let (acked, was_up) = {
+            let mut tx = conn.tx.lock();
+            let prev = conn.state.swap(CLOSED, SeqCst);
+            if prev == CLOSED {
+                return;
+            }
+            tx.watched = false;
+            let acked = if prev == CONNECTING { None } else { tx.poll_acks(&conn.stream).0 };
+            (acked, prev != CONNECTING)
+        };
+        let _ = self.poll.registry().deregister(&mut SourceFd(&conn.stream.as_raw_fd()));
+        self.conns.remove(&conn.token);
+        self.watch.retain(|c| !Arc::ptr_eq(c, conn));
+        self.rx_more.retain(|c| !Arc::ptr_eq(c, conn));
+        self.drains.retain(|d| !Arc::ptr_eq(&d.1, conn));
+        if rst {
+            let _ = SockRef::from(&conn.stream).set_linger(Some(Duration::ZERO));
+        } else if was_up {
+            let _ = conn.stream.shutdown(Shutdown::Both);
+        }
+        {
+            let mut paths = self.inner.paths.lock();
+            if paths.get(&conn.info.id).is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                paths.remove(&conn.info.id);
+            }
+        }
+        if let Some(sink) = self.inner.sink() {
+            if let Some(s) = acked {
+                sink.acked(conn.info.id, conn.info.inst, s);
+            }
+            sink.path_down(conn.info.id, conn.info.inst, why);
+        }
+    }
+}

@@ -1,0 +1,331 @@
+//! RDS over real TCP sockets between two nodes on loopback addresses.
+//! Every test uses its own addresses and port so that tests run in parallel.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use common::{index_of, ip, pattern, Host};
+use rds_core::wire::{Header, MAX_MSG_SIZE};
+use rds_core::*;
+
+fn deadline(secs: u64) -> Instant {
+    Instant::now() + Duration::from_secs(secs)
+}
+
+fn path0(h: &Host, peer: IpAddr) -> PathId {
+    let conn = h.with(|n| n.find_conn(h.addr, peer, TransportKind::Tcp)).expect("connection exists");
+    PathId { conn, index: 0 }
+}
+
+/// Sends `count` messages with sizes from `sizes` (cycled) from `src` to
+/// `dst` and checks they arrive complete and in order.
+fn stream(src: &Arc<Host>, sp: u16, dst: &Arc<Host>, dp: u16, sizes: &[usize], count: u64, secs: u64) {
+    let d = deadline(secs);
+    let a = src.socket(sp);
+    let b = dst.socket(dp);
+    let to = SocketAddr::new(dst.addr, dp);
+    let sizes2 = sizes.to_vec();
+    let src2 = src.clone();
+    let tx = std::thread::spawn(move || {
+        for i in 0..count {
+            let len = sizes2[i as usize % sizes2.len()].max(8);
+            src2.send(a, to, &Payload::new(pattern(i, len)), d);
+        }
+    });
+    for i in 0..count {
+        let inc = dst.recv(b, d);
+        let len = sizes[i as usize % sizes.len()].max(8);
+        assert_eq!(inc.from, SocketAddr::new(src.addr, sp));
+        assert_eq!(inc.payload.len(), len, "message {i}");
+        assert_eq!(index_of(&inc.payload), i, "order");
+        assert!(inc.payload[..] == pattern(i, len)[..], "content of message {i}");
+    }
+    tx.join().unwrap();
+    src.wait_for(d, "all acked", |n| n.snd_bytes(a) == 0);
+}
+
+#[test]
+fn sizes_zero_to_one_mib_both_ways() {
+    let a = Host::new(ip("127.0.10.1"), 17101, 11);
+    let b = Host::new(ip("127.0.10.2"), 17101, 12);
+    let sizes = [0, 1, 47, 48, 49, 1000, 4095, 4096, 65535, 65536, 100_000, 262_144, 1 << 20];
+    // Zero-byte messages too (the pattern needs 8 bytes, so send them apart).
+    let d = deadline(60);
+    let sa = a.socket(6000);
+    let sb = b.socket(6001);
+    a.send(sa, SocketAddr::new(b.addr, 6001), &Payload::empty(), d);
+    b.send(sb, SocketAddr::new(a.addr, 6000), &Payload::empty(), d);
+    assert!(b.recv(sb, d).payload.is_empty());
+    assert!(a.recv(sa, d).payload.is_empty());
+    let (a2, b2) = (a.clone(), b.clone());
+    let t = std::thread::spawn(move || stream(&b2, 5001, &a2, 4001, &sizes, 120, 90));
+    stream(&a, 5000, &b, 4000, &sizes, 120, 90);
+    t.join().unwrap();
+    assert_eq!(MAX_MSG_SIZE, 1 << 20);
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn larger_address_sends_first() {
+    let a = Host::new(ip("127.0.11.1"), 17102, 21);
+    let b = Host::new(ip("127.0.11.2"), 17102, 22);
+    let d = deadline(30);
+    let sa = a.socket(4000);
+    let sb = b.socket(5000);
+    b.send(sb, SocketAddr::new(a.addr, 4000), &Payload::copy_from(b"from the larger"), d);
+    let inc = a.recv(sa, d);
+    assert_eq!(&inc.payload[..], b"from the larger");
+    assert_eq!(inc.from, SocketAddr::new(b.addr, 5000));
+    assert!(inc.timestamp_ns.is_none());
+    // The connection runs from the smaller address to the larger's port.
+    let p = path0(&a, b.addr);
+    let (local, peer) = a.tcp.path_sockets(p).expect("a has the connection");
+    assert_eq!(local.unwrap().ip(), a.addr);
+    assert_eq!(peer, SocketAddr::new(b.addr, 17102));
+    a.send(sa, SocketAddr::new(b.addr, 5000), &Payload::copy_from(b"reply"), d);
+    assert_eq!(&b.recv(sb, d).payload[..], b"reply");
+    b.wait_for(d, "acked", |n| n.snd_bytes(sb) == 0);
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn burst_of_ten_thousand_small_messages() {
+    let a = Host::new(ip("127.0.12.1"), 17103, 31);
+    let b = Host::new(ip("127.0.12.2"), 17103, 32);
+    let d = deadline(60);
+    let sa = a.plain_socket(5000);
+    let sb = b.socket(4000);
+    let to = SocketAddr::new(b.addr, 4000);
+    let start = Instant::now();
+    let a2 = a.clone();
+    let tx = std::thread::spawn(move || {
+        for i in 0..10_000u64 {
+            a2.send(sa, to, &Payload::new(pattern(i, 8 + (i % 57) as usize)), d);
+        }
+    });
+    for i in 0..10_000u64 {
+        let inc = b.recv(sb, d);
+        assert_eq!(index_of(&inc.payload), i);
+        assert_eq!(inc.payload[..], pattern(i, 8 + (i % 57) as usize)[..]);
+    }
+    tx.join().unwrap();
+    a.wait_for(d, "acked", |n| n.snd_bytes(sa) == 0);
+    eprintln!("10k small messages in {:?}", start.elapsed());
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn connection_killed_mid_stream_loses_nothing() {
+    let a = Host::new(ip("127.0.13.1"), 17104, 41);
+    let b = Host::new(ip("127.0.13.2"), 17104, 42);
+    let d = deadline(90);
+    let sa = a.socket(5000);
+    let sb = b.socket(4000);
+    let to = SocketAddr::new(b.addr, 4000);
+    const N: u64 = 3000;
+    let a2 = a.clone();
+    let tx = std::thread::spawn(move || {
+        for i in 0..N {
+            a2.send(sa, to, &Payload::new(pattern(i, 8 + (i as usize * 97) % 20_000)), d);
+        }
+    });
+    let mut kills = 0;
+    for i in 0..N {
+        let inc = b.recv(sb, d);
+        assert_eq!(index_of(&inc.payload), i, "each message once, in order");
+        assert_eq!(inc.payload[..], pattern(i, 8 + (i as usize * 97) % 20_000)[..]);
+        if i % 700 == 350 {
+            // Alternate sides: the sender's socket, then the receiver's.
+            let (h, peer) = if kills % 2 == 0 { (&a, b.addr) } else { (&b, a.addr) };
+            let p = path0(h, peer);
+            if h.tcp.abort_path(p) {
+                kills += 1;
+            }
+        }
+    }
+    tx.join().unwrap();
+    a.wait_for(d, "acked", |n| n.snd_bytes(sa) == 0);
+    assert!(kills >= 3, "killed {kills} times");
+    assert!(a.with(|n| n.counters().conn_reset) >= 3);
+    assert!(b.with(|n| n.recv(sb, false)).is_err(), "nothing extra");
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn hostile_client_is_reset_and_node_keeps_serving() {
+    let b = Host::new(ip("127.0.14.2"), 17105, 52);
+    let d = deadline(30);
+    let sb = b.socket(4000);
+    // A raw client from a smaller address: one valid message, then h_len 2 MiB.
+    let sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+    sock.bind(&SocketAddr::new(ip("127.0.14.1"), 0).into()).unwrap();
+    sock.connect(&SocketAddr::new(b.addr, 17105).into()).unwrap();
+    let mut raw: TcpStream = sock.into();
+    let mut h = Header::data(999, 4000, 5);
+    h.sequence = 1;
+    raw.write_all(&h.to_bytes()).unwrap();
+    raw.write_all(b"hello").unwrap();
+    let mut bad = Header::data(999, 4000, 2 << 20);
+    bad.sequence = 2;
+    raw.write_all(&bad.to_bytes()).unwrap();
+    let _ = raw.write_all(&[0xAB; 4096]);
+    raw.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 65536];
+    let got_reset = loop {
+        match raw.read(&mut buf) {
+            Ok(0) => break false,
+            Ok(_) => continue, // the node's congestion map, probe replies...
+            Err(e) => break e.kind() == std::io::ErrorKind::ConnectionReset,
+        }
+    };
+    assert!(got_reset, "the connection was reset");
+    let inc = b.recv(sb, d);
+    assert_eq!(&inc.payload[..], b"hello", "the frame before the bad one was delivered");
+    assert_eq!(inc.from, SocketAddr::new(ip("127.0.14.1"), 999));
+    b.wait_for(d, "bad frame counted", |n| n.counters().recv_drop_bad_frame == 1);
+    // Garbage that is not even a full header, then EOF: nothing delivered.
+    let mut raw2 = TcpStream::connect(SocketAddr::new(b.addr, 17105)).unwrap();
+    raw2.write_all(&[1, 2, 3]).unwrap();
+    drop(raw2);
+    // The node still serves a real peer.
+    let a = Host::new(ip("127.0.14.3"), 17105, 51);
+    let sa = a.socket(5000);
+    b.send(sb, SocketAddr::new(a.addr, 5000), &Payload::copy_from(b"still here"), d);
+    assert_eq!(&a.recv(sa, d).payload[..], b"still here");
+    a.send(sa, SocketAddr::new(b.addr, 4000), &Payload::copy_from(b"and back"), d);
+    assert_eq!(&b.recv(sb, d).payload[..], b"and back");
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn eight_paths_come_up() {
+    let a = Host::new(ip("127.0.15.1"), 17106, 61);
+    let b = Host::new(ip("127.0.15.2"), 17106, 62);
+    let d = deadline(30);
+    let sa = a.socket(5000);
+    let sb = b.socket(4000);
+    a.send(sa, SocketAddr::new(b.addr, 4000), &Payload::copy_from(b"x"), d);
+    b.recv(sb, d);
+    for (h, peer) in [(&a, b.addr), (&b, a.addr)] {
+        let conn = path0(h, peer).conn;
+        h.wait_for(d, "8 paths up", |n| {
+            (0..8).all(|i| n.path_state(PathId { conn, index: i }) == Some(PathState::Up))
+        });
+        let rows = h.tcp.conn_info();
+        assert_eq!(rows.len(), 8, "one TCP connection per path");
+        for r in &rows {
+            assert_eq!(r.local.unwrap().ip(), h.addr);
+            assert_eq!(r.peer.unwrap().ip(), peer);
+            assert_eq!((r.hdr_rem, r.data_rem), (48, 0));
+        }
+    }
+    // Traffic from sockets on every lane.
+    let mut socks = Vec::new();
+    for p in 0..8u16 {
+        let s = a.socket(7000 + p);
+        socks.push(s);
+        a.send(s, SocketAddr::new(b.addr, 4000), &Payload::new(pattern(u64::from(p), 100)), d);
+    }
+    let mut seen: Vec<u64> = (0..8).map(|_| index_of(&b.recv(sb, d).payload)).collect();
+    seen.sort();
+    assert_eq!(seen, (0..8).collect::<Vec<_>>());
+    for s in socks {
+        a.wait_for(d, "acked", |n| n.snd_bytes(s) == 0);
+    }
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn acks_free_the_send_buffer() {
+    let a = Host::new(ip("127.0.16.1"), 17107, 71);
+    let b = Host::new(ip("127.0.16.2"), 17107, 72);
+    let d = deadline(30);
+    let sa = a.plain_socket(5000);
+    let sb = b.socket(4000);
+    let to = SocketAddr::new(b.addr, 4000);
+    for i in 0..50u64 {
+        a.send(sa, to, &Payload::new(pattern(i, 8192)), d);
+    }
+    for i in 0..50u64 {
+        assert_eq!(index_of(&b.recv(sb, d).payload), i);
+    }
+    a.wait_for(d, "send buffer empty", |n| n.snd_bytes(sa) == 0);
+    assert!(a.counter("tcp_write_space_calls") > 0);
+    let p = path0(&a, b.addr);
+    let row = a.tcp.conn_info().into_iter().find(|r| r.path == Some(p)).unwrap();
+    assert_eq!(row.last_seen_una, row.last_sent_nxt, "everything written was acked");
+    assert_eq!(row.last_expected_una, row.last_sent_nxt, "the last message ends the stream");
+    assert!(row.last_sent_nxt as usize >= 50 * (8192 + 48));
+    a.shutdown();
+    b.shutdown();
+}
+
+#[test]
+fn listener_and_address_checks() {
+    use rds_core::RdsTransport;
+    let t1 = rds_tcp::TcpTransport::new(rds_tcp::TcpConfig { port: 17108, ..Default::default() }).unwrap();
+    let t2 = rds_tcp::TcpTransport::new(rds_tcp::TcpConfig { port: 17108, ..Default::default() }).unwrap();
+    let addr = ip("127.0.17.1");
+    t1.laddr_check(addr).unwrap();
+    t1.start_local(addr).unwrap();
+    t1.start_local(addr).unwrap();
+    assert_eq!(t2.start_local(addr).unwrap_err().raw_os_error(), Some(libc::EADDRINUSE));
+    assert_eq!(t1.laddr_check(ip("192.0.2.77")).unwrap_err().raw_os_error(), Some(libc::EADDRNOTAVAIL));
+    t1.stop_local(addr);
+    // Once stopped, the address can be served again.
+    let until = deadline(5);
+    while t2.start_local(addr).is_err() {
+        assert!(Instant::now() < until, "listener released");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let names: Vec<&str> = t1.counters().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        names,
+        ["tcp_data_ready_calls", "tcp_write_space_calls", "tcp_sndbuf_full", "tcp_connect_raced", "tcp_listen_closed_stale"]
+    );
+    t1.close();
+    t2.close();
+}
+
+/// A global IPv6 address of this host other than ::1, if there is one.
+fn second_ipv6() -> Option<IpAddr> {
+    let text = std::fs::read_to_string("/proc/net/if_inet6").ok()?;
+    text.lines().find_map(|l| {
+        let hex = l.split_whitespace().next()?;
+        let v = u128::from_str_radix(hex, 16).ok()?;
+        let a = std::net::Ipv6Addr::from(v);
+        let link_local = a.segments()[0] & 0xffc0 == 0xfe80;
+        (!a.is_loopback() && !link_local && !a.is_unspecified()).then_some(IpAddr::V6(a))
+    })
+}
+
+#[test]
+fn ipv6_pair() {
+    let Some(other) = second_ipv6() else {
+        eprintln!("no second IPv6 address on this host: only the listener on [::1] is checked");
+        let t = rds_tcp::TcpTransport::new(rds_tcp::TcpConfig { port: 17109, ..Default::default() }).unwrap();
+        rds_core::RdsTransport::start_local(&*t, ip("::1")).unwrap();
+        TcpStream::connect("[::1]:17109").unwrap();
+        rds_core::RdsTransport::close(&*t);
+        return;
+    };
+    let a = Host::new(ip("::1"), 17109, 81);
+    let b = Host::new(other, 17109, 82);
+    let sizes = [0, 10, 5000, 300_000];
+    let (a2, b2) = (a.clone(), b.clone());
+    let t = std::thread::spawn(move || stream(&b2, 5001, &a2, 4001, &sizes, 40, 60));
+    stream(&a, 5000, &b, 4000, &sizes, 40, 60);
+    t.join().unwrap();
+    a.shutdown();
+    b.shutdown();
+}
