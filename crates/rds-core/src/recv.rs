@@ -66,7 +66,7 @@ impl Node {
             self.counters.recv_drop_old_seq += 1;
             return RecvOutcome::DupDropped;
         }
-        path.next_rx_seq = hdr.sequence + 1;
+        path.next_rx_seq = hdr.sequence.wrapping_add(1);
 
         if self.cfg.ping_enable && hdr.dport == 0 {
             if hdr.sport == 0 {
