@@ -440,6 +440,10 @@ impl Node {
         if sock.bound.is_some() {
             return Err(Errno::EINVAL);
         }
+        // rds_add_bound: port 1 is the handshake probe's source port.
+        if addr.port() == crate::wire::PROBE_PORT {
+            return Err(Errno::EINVAL);
+        }
         let forced = sock.transport;
         let kinds = self.locals.get(&ip).ok_or(Errno::EADDRNOTAVAIL)?;
         let kind = match forced {
