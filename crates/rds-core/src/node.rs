@@ -424,8 +424,9 @@ impl Node {
     }
 
     /// `bind`. Rules and errno as `rds_bind`: a specific unicast address
-    /// (EINVAL for any/broadcast/multicast), once (EINVAL), on an address
-    /// this node serves with the socket's transport (EADDRNOTAVAIL), on a
+    /// (EINVAL for any/broadcast/multicast), once (EINVAL), not port 1
+    /// (EINVAL), on an address this node serves (EADDRNOTAVAIL; ENOPROTOOPT
+    /// when SO_RDS_TRANSPORT chose a transport that does not serve it), on a
     /// free port (EADDRINUSE); port 0 picks a free port.
     pub fn bind(&mut self, s: SockId, addr: SocketAddr) -> Result<SocketAddr, Errno> {
         let ip = addr.ip();
@@ -445,10 +446,11 @@ impl Node {
             return Err(Errno::EINVAL);
         }
         let forced = sock.transport;
-        let kinds = self.locals.get(&ip).ok_or(Errno::EADDRNOTAVAIL)?;
+        let kinds = self.locals.get(&ip).map(Vec::as_slice).unwrap_or_default();
         let kind = match forced {
             Some(k) if kinds.contains(&k) => k,
-            Some(_) => return Err(Errno::EADDRNOTAVAIL),
+            // The transport set with SO_RDS_TRANSPORT fails its laddr_check.
+            Some(_) => return Err(Errno::ENOPROTOOPT),
             // The preferred transport: IB where the address has an RDMA device.
             None if kinds.contains(&TransportKind::Ib) => TransportKind::Ib,
             None => *kinds.first().ok_or(Errno::EADDRNOTAVAIL)?,
