@@ -460,12 +460,14 @@ impl Node {
             (0..65535u32)
                 .map(|i| ((start + i) % 65535 + 1) as u16)
                 .find(|p| *p > 1 && !self.bound.contains_key(&SocketAddr::new(ip, *p)))
-                .ok_or(Errno::EADDRINUSE)?
         } else {
-            if self.bound.contains_key(&addr) {
-                return Err(Errno::EADDRINUSE);
-            }
-            addr.port()
+            (!self.bound.contains_key(&addr)).then_some(addr.port())
+        };
+        let Some(port) = port else {
+            // rds_bind forgets the transport when rds_add_bound fails, even
+            // one set with SO_RDS_TRANSPORT.
+            self.sock_mut(s).unwrap().transport = None;
+            return Err(Errno::EADDRINUSE);
         };
         let local = SocketAddr::new(ip, port);
         self.bound.insert(local, s);
