@@ -62,8 +62,10 @@ impl Node {
             None => sock.conn_addr.ok_or(Errno::ENOTCONN)?,
         };
         let bound = sock.bound.ok_or(Errno::ENOTCONN)?;
+        // rds_sendmsg: an IPv4 source cannot send to an IPv6 address or the
+        // reverse (EOPNOTSUPP).
         if bound.is_ipv4() != dst.is_ipv4() {
-            return Err(Errno::EAFNOSUPPORT);
+            return Err(Errno::EOPNOTSUPP);
         }
         let len = payload.len();
         // rds_rdma_bytes: the size limit applies to the remote vector's length.
