@@ -581,22 +581,18 @@ impl Node {
 
     /// `recvmsg` (non-blocking; the driver waits). Notifications come first,
     /// then a congestion update, then data, as in `rds_recvmsg`. With `peek`
-    /// the datagram stays queued.
+    /// the datagram stays queued; notifications and congestion updates are
+    /// consumed even then (the kernel hands them out without looking at
+    /// MSG_PEEK).
     pub fn recv(&mut self, s: SockId, peek: bool) -> Result<Received, Errno> {
         let sock = self.sock_mut(s).ok_or(Errno::EINVAL)?;
         sock.cong_poll_pending = false;
-        if let Some(n) = sock.notify_queue.front().copied() {
-            if !peek {
-                sock.notify_queue.pop_front();
-            }
+        if let Some(n) = sock.notify_queue.pop_front() {
             self.wake(s, false);
             return Ok(Received::RdmaStatus { user_token: n.user_token, status: n.status });
         }
         if sock.cong_notify != 0 {
-            let mask = sock.cong_notify;
-            if !peek {
-                sock.cong_notify = 0;
-            }
+            let mask = std::mem::take(&mut sock.cong_notify);
             self.wake(s, false);
             return Ok(Received::CongUpdate { mask });
         }
