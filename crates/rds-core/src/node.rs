@@ -603,8 +603,9 @@ impl Node {
                 Errno::EAGAIN
             })?
         };
+        // s_recv_delivered counts every copy to the user, peeks included.
+        self.counters.recv_delivered += 1;
         if !peek {
-            self.counters.recv_delivered += 1;
             self.rcvbuf_delta(s, -(inc.payload.len() as i64));
         }
         self.wake(s, false);
