@@ -530,11 +530,20 @@ impl Node {
             SockOpt::CongMonitor(on) => sock.cong_monitor = on,
             SockOpt::RecvErr(on) => sock.recverr = on,
             SockOpt::Timestamp(on) => sock.timestamp = on,
+            // SIOCRDSSETTOS: the transport maps the value (TCP: everything
+            // to 0, IB: as is; loopback and an unbound socket without
+            // SO_RDS_TRANSPORT have no map: ENOTTY); once a non-zero TOS is
+            // set or the socket has a connection, EINVAL.
             SockOpt::Tos(t) => {
-                if sock.last_conn.is_some() {
+                let tos = match sock.transport {
+                    Some(TransportKind::Tcp) => 0,
+                    Some(TransportKind::Ib) => t,
+                    Some(TransportKind::Loop) | None => return Err(Errno::ENOTTY),
+                };
+                if sock.tos != 0 || sock.last_conn.is_some() {
                     return Err(Errno::EINVAL);
                 }
-                sock.tos = t
+                sock.tos = tos
             }
             SockOpt::Transport(_) => unreachable!(),
         }

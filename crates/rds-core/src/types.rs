@@ -138,6 +138,7 @@ impl Errno {
     pub const ENOMEM: Errno = Errno(12);
     pub const EFAULT: Errno = Errno(14);
     pub const EINVAL: Errno = Errno(22);
+    pub const ENOTTY: Errno = Errno(25);
     pub const ENOSPC: Errno = Errno(28);
     pub const EPIPE: Errno = Errno(32);
     pub const EDESTADDRREQ: Errno = Errno(89);
@@ -166,6 +167,7 @@ impl Errno {
             12 => "ENOMEM",
             14 => "EFAULT",
             22 => "EINVAL",
+            25 => "ENOTTY",
             28 => "ENOSPC",
             32 => "EPIPE",
             89 => "EDESTADDRREQ",
