@@ -478,12 +478,23 @@ impl Node {
     }
 
     /// `connect`: sets the default destination of `send` without an address.
+    /// Errno as `rds_connect`: IPv4 any is EDESTADDRREQ, IPv4 broadcast or
+    /// multicast EINVAL; an IPv6 address that is not unicast (any,
+    /// multicast, or a v4-mapped any/broadcast/multicast) is EPROTOTYPE.
     pub fn connect(&mut self, s: SockId, dst: SocketAddr) -> Result<(), Errno> {
-        if dst.ip().is_unspecified() {
-            return Err(Errno::EDESTADDRREQ);
-        }
-        if dst.ip().is_multicast() || matches!(dst.ip(), IpAddr::V4(v4) if v4.is_broadcast()) {
-            return Err(Errno::EINVAL);
+        match dst.ip() {
+            IpAddr::V4(v4) if v4.is_unspecified() => return Err(Errno::EDESTADDRREQ),
+            IpAddr::V4(v4) if v4.is_multicast() || v4.is_broadcast() => return Err(Errno::EINVAL),
+            IpAddr::V6(v6) => {
+                let bad = match v6.to_ipv4_mapped() {
+                    Some(v4) => v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast(),
+                    None => v6.is_unspecified() || v6.is_multicast(),
+                };
+                if bad {
+                    return Err(Errno::EPROTOTYPE);
+                }
+            }
+            IpAddr::V4(_) => {}
         }
         self.sock_mut(s).ok_or(Errno::EINVAL)?.conn_addr = Some(dst);
         Ok(())

@@ -142,6 +142,7 @@ impl Errno {
     pub const ENOSPC: Errno = Errno(28);
     pub const EPIPE: Errno = Errno(32);
     pub const EDESTADDRREQ: Errno = Errno(89);
+    pub const EPROTOTYPE: Errno = Errno(91);
     pub const EMSGSIZE: Errno = Errno(90);
     pub const ENOPROTOOPT: Errno = Errno(92);
     pub const EOPNOTSUPP: Errno = Errno(95);
@@ -171,6 +172,7 @@ impl Errno {
             28 => "ENOSPC",
             32 => "EPIPE",
             89 => "EDESTADDRREQ",
+            91 => "EPROTOTYPE",
             90 => "EMSGSIZE",
             92 => "ENOPROTOOPT",
             95 => "EOPNOTSUPP",
