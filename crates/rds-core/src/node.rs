@@ -432,7 +432,10 @@ impl Node {
         let ip = addr.ip();
         let bad = match ip {
             IpAddr::V4(v4) => v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast(),
-            IpAddr::V6(v6) => v6.is_unspecified() || v6.is_multicast(),
+            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                        Some(v4) => v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast(),
+                        None => v6.is_unspecified() || v6.is_multicast(),
+                    },
         };
         if bad {
             return Err(Errno::EINVAL);

@@ -52,7 +52,10 @@ impl Node {
             Some(d) => {
                 let bad = match d.ip() {
                     IpAddr::V4(v4) => v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast(),
-                    IpAddr::V6(v6) => v6.is_unspecified() || v6.is_multicast(),
+                    IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+                        Some(v4) => v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast(),
+                        None => v6.is_unspecified() || v6.is_multicast(),
+                    },
                 };
                 if bad {
                     return Err(Errno::EINVAL);
