@@ -1,14 +1,57 @@
-pub fn add(left: u64, right: u64) -> u64 {
-    left + right
-}
+//! # rds-sock: RDS sockets in userspace
+//!
+//! Reliable Datagram Sockets without the kernel module: a socket binds to an
+//! address of this host and a port, and sends datagrams to any RDS socket
+//! on any node; each arrives exactly once and in order per pair of sockets.
+//! Peers may be other processes using this library or Linux kernels running
+//! the `rds_tcp` module: the wire format is the kernel's.
+//!
+//! ```no_run
+//! use rds_sock::RdsSocket;
+//! let s = RdsSocket::new()?;                      // the process-wide engine
+//! s.bind("127.0.0.1:4000".parse().unwrap())?;     // this process now serves 127.0.0.1
+//! s.send_to(b"ping", "127.0.0.2:4000".parse().unwrap())?;
+//! let mut buf = vec![0u8; 1 << 20];
+//! let (n, from) = s.recv_from(&mut buf)?;
+//! # Ok::<(), std::io::Error>(())
+//! ```
+//!
+//! ## How a process becomes a node
+//!
+//! An [`Engine`] is one RDS node: the addresses it serves, their
+//! connections and its sockets. The first `bind` to an address makes the
+//! engine serve it: it listens on `address:16385` (the kernel's RDS-TCP
+//! port, `RDS_TCP_PORT` in the environment changes it for the global
+//! engine). Only one process can serve an address: a second one gets
+//! EADDRINUSE. Datagrams between addresses served by the same engine never
+//! touch TCP (the kernel's loopback transport); anything else goes over TCP,
+//! one connection per path, up to 8 paths per peer (mprds).
+//!
+//! Most programs use [`RdsSocket::new`], which starts the process-wide
+//! [`Engine::global`] on first use. [`Engine::new`] starts further
+//! independent nodes (tests, tools, several nodes in one process);
+//! [`Engine::shutdown`] stops one and reports what was still unsent.
+//!
+//! ## Semantics
+//!
+//! Errors are `std::io::Error`s carrying the kernel's errno (see each
+//! method). A message counts against the sender's send buffer until the
+//! peer acknowledged it; blocking sends wait for room or for a congested
+//! destination port to clear, non-blocking ones fail with EAGAIN or ENOBUFS.
+//! A socket's descriptor ([`std::os::fd::AsRawFd`]) is readable and
+//! writable exactly when the socket is, so it works with poll, epoll, mio
+//! and tokio.
+//!
+//! Threads: the TCP transport runs a fixed number of reactor threads
+//! (`TcpConfig::threads`) whatever the number of peers, plus one timer
+//! thread per engine. Sends are written by the calling thread when the
+//! connection has room, as the kernel does.
 
-#[cfg(test)]
-mod tests {
-    use super::*;
+mod engine;
+mod readiness;
+mod socket;
 
-    #[test]
-    fn it_works() {
-        let result = add(2, 2);
-        assert_eq!(result, 4);
-    }
-}
+pub use engine::{Engine, EngineConfig, ShutdownReport};
+pub use rds_core::{Errno, HandshakeExts, NodeConfig, Payload, Readiness, TransportKind};
+pub use rds_tcp::TcpConfig;
+pub use socket::{RdsSocket, RecvFlags, RecvMeta, SendFlags};

@@ -1,0 +1,433 @@
+//! The engine: one RDS node of this process with its threads.
+//!
+//! It owns an [`rds_core::Node`] behind one mutex and drives it: API calls
+//! from sockets, events from the transports (which run their own reactor
+//! threads), and a timer thread for reconnect backoff. Every call into the
+//! node drains its outputs while holding the lock and dispatches them after
+//! releasing it, so no system call ever runs under the node lock.
+
+use std::collections::HashMap;
+use std::io;
+use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex, RwLock};
+use rds_core::loopback::LoopTransport;
+use rds_core::{
+    Accept, DownReason, Errno, Node, NodeConfig, Output, PathId, RdsTransport, RxMessage,
+    SockId, TransportCaps, TransportKind, TransportSink, TxMessage, Unsent,
+};
+use rds_tcp::{TcpConfig, TcpTransport};
+
+use crate::readiness::ReadyFd;
+
+/// Settings of an engine.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// The general layer's settings (paths, buffers, backoff, ...).
+    pub node: NodeConfig,
+    /// RDS over TCP (port 16385 by default, reactor threads).
+    pub tcp: TcpConfig,
+}
+
+impl Default for EngineConfig {
+    /// Kernel defaults; buffer limits read from this host's
+    /// `net.core.{w,r}mem_{default,max}`; a random generation number; the TCP
+    /// port from `RDS_TCP_PORT` if set.
+    fn default() -> Self {
+        let mut node = NodeConfig::default();
+        let read = |name: &str, dflt: u32| {
+            std::fs::read_to_string(format!("/proc/sys/net/core/{name}"))
+                .ok()
+                .and_then(|s| s.trim().parse().ok())
+                .unwrap_or(dflt)
+        };
+        node.wmem_default = read("wmem_default", node.wmem_default);
+        node.wmem_max = read("wmem_max", node.wmem_max);
+        node.rmem_default = read("rmem_default", node.rmem_default);
+        node.rmem_max = read("rmem_max", node.rmem_max);
+        let r = random_u64();
+        node.gen_num = (r as u32).max(1);
+        node.seed = r;
+        let mut tcp = TcpConfig::default();
+        if let Some(p) = std::env::var("RDS_TCP_PORT").ok().and_then(|v| v.parse().ok()) {
+            tcp.port = p;
+        }
+        EngineConfig { node, tcp }
+    }
+}
+
+/// 64 random bits from the kernel.
+pub(crate) fn random_u64() -> u64 {
+    let mut b = [0u8; 8];
+    // SAFETY: getrandom writes at most b.len() bytes into b.
+    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
+    if n != 8 {
+        // Never fatal: fall back to the clock.
+        return std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
+    }
+    u64::from_ne_bytes(b)
+}
+
+/// What [`Engine::shutdown`] found still queued when it stopped.
+#[derive(Clone, Debug, Default)]
+pub struct ShutdownReport {
+    /// Per connection: messages never sent, sent but unacked, and bytes.
+    pub unsent: Vec<Unsent>,
+}
+
+impl ShutdownReport {
+    /// Messages that may not have reached their peer.
+    pub fn messages(&self) -> usize {
+        self.unsent.iter().map(|u| u.queued + u.unacked).sum()
+    }
+}
+
+struct State {
+    node: Node,
+    /// Sequence for readiness updates (orders them across threads).
+    seq: u64,
+    /// Deadline the timer thread sleeps until.
+    timer_deadline: Option<Instant>,
+    stopped: bool,
+}
+
+/// Per-socket state shared between the socket handle and the engine.
+pub(crate) struct SockShared {
+    events: Mutex<u64>,
+    cond: Condvar,
+    fd: OnceLock<ReadyFd>,
+    fd_active: AtomicBool,
+}
+
+impl SockShared {
+    fn new() -> SockShared {
+        SockShared { events: Mutex::new(0), cond: Condvar::new(), fd: OnceLock::new(), fd_active: AtomicBool::new(false) }
+    }
+
+    fn wake(&self, seq: u64, readable: bool, writable: bool) {
+        *self.events.lock() += 1;
+        self.cond.notify_all();
+        if self.fd_active.load(Ordering::Acquire) {
+            if let Some(fd) = self.fd.get() {
+                fd.update(seq, readable, writable);
+            }
+        }
+    }
+
+    /// Current event count; a later [`SockShared::wait`] returns once it moved.
+    pub fn snapshot(&self) -> u64 {
+        *self.events.lock()
+    }
+
+    /// Waits until an event after `snap`; false on timeout.
+    pub fn wait(&self, snap: u64, deadline: Option<Instant>) -> bool {
+        let mut g = self.events.lock();
+        while *g == snap {
+            match deadline {
+                Some(d) => {
+                    if self.cond.wait_until(&mut g, d).timed_out() && *g == snap {
+                        return false;
+                    }
+                }
+                None => self.cond.wait(&mut g),
+            }
+        }
+        true
+    }
+}
+
+enum Work {
+    Out(Output),
+    Wake(Arc<SockShared>, u64, bool, bool),
+}
+
+pub(crate) struct Inner {
+    state: Mutex<State>,
+    timer_cond: Condvar,
+    socks: RwLock<HashMap<SockId, Arc<SockShared>>>,
+    tcp: Arc<TcpTransport>,
+    lo: Arc<LoopTransport>,
+    serve_lock: Mutex<()>,
+    timer: Mutex<Option<JoinHandle<()>>>,
+}
+
+thread_local! {
+    static WORK: std::cell::RefCell<Vec<Work>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+impl Inner {
+    /// Runs `f` on the node, then dispatches what it asked for.
+    pub(crate) fn run<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R {
+        let mut work = WORK.with(|w| std::mem::take(&mut *w.borrow_mut()));
+        let r = {
+            let mut st = self.state.lock();
+            let r = f(&mut st.node);
+            self.collect(&mut st, &mut work);
+            r
+        };
+        self.dispatch(&mut work);
+        WORK.with(|w| {
+            let mut w = w.borrow_mut();
+            if w.capacity() < work.capacity() {
+                *w = work;
+            }
+        });
+        r
+    }
+
+    fn collect(&self, st: &mut State, work: &mut Vec<Work>) {
+        while let Some(o) = st.node.poll_output() {
+            match o {
+                Output::Wake(s) => {
+                    if let Some(sh) = self.socks.read().get(&s) {
+                        st.seq += 1;
+                        let r = st.node.readiness(s);
+                        work.push(Work::Wake(sh.clone(), st.seq, r.readable, r.writable));
+                    }
+                }
+                o => work.push(Work::Out(o)),
+            }
+        }
+        let next = st.node.poll_timeout();
+        if next.is_some() && (st.timer_deadline.is_none() || next < st.timer_deadline) {
+            self.timer_cond.notify_one();
+        }
+    }
+
+    fn dispatch(&self, work: &mut Vec<Work>) {
+        for w in work.drain(..) {
+            match w {
+                Work::Out(Output::Connect(info)) => self.transport(info.kind).connect(info),
+                Work::Out(Output::Shutdown(info)) => self.transport(info.kind).shutdown(info),
+                Work::Out(Output::Kick(info)) => self.transport(info.kind).kick(info),
+                Work::Out(Output::Wake(_)) => {}
+                Work::Wake(sh, seq, r, w) => sh.wake(seq, r, w),
+            }
+        }
+    }
+
+    fn transport(&self, kind: TransportKind) -> &dyn RdsTransport {
+        match kind {
+            TransportKind::Tcp => &*self.tcp,
+            // IB is not available in this build; the node never creates IB
+            // connections without a registered IB transport.
+            TransportKind::Loop | TransportKind::Ib => &*self.lo,
+        }
+    }
+
+    fn timer_loop(self: Arc<Self>) {
+        loop {
+            self.run(|n| n.handle_timeout(Instant::now()));
+            let mut st = self.state.lock();
+            if st.stopped {
+                return;
+            }
+            let deadline = st.node.poll_timeout();
+            st.timer_deadline = deadline;
+            match deadline {
+                Some(d) if d <= Instant::now() => continue,
+                Some(d) => {
+                    self.timer_cond.wait_until(&mut st, d);
+                }
+                None => self.timer_cond.wait(&mut st),
+            }
+            st.timer_deadline = None;
+        }
+    }
+
+    pub(crate) fn sock_shared(&self, s: SockId) -> Option<Arc<SockShared>> {
+        self.socks.read().get(&s).cloned()
+    }
+
+    /// Starts the readiness descriptor of a socket (once) and syncs it.
+    pub(crate) fn ready_fd(&self, s: SockId) -> io::Result<i32> {
+        let sh = self.sock_shared(s).ok_or_else(|| io::Error::from(Errno(libc::EBADF)))?;
+        let fd = match sh.fd.get() {
+            Some(fd) => fd,
+            None => {
+                let fd = ReadyFd::new()?;
+                let _ = sh.fd.set(fd);
+                sh.fd.get().unwrap()
+            }
+        };
+        if !sh.fd_active.swap(true, Ordering::AcqRel) {
+            let (seq, r) = {
+                let mut st = self.state.lock();
+                st.seq += 1;
+                (st.seq, st.node.readiness(s))
+            };
+            fd.update(seq, r.readable, r.writable);
+        }
+        Ok(fd.raw())
+    }
+}
+
+impl TransportSink for Inner {
+    fn accept(&self, kind: TransportKind, laddr: IpAddr, faddr: IpAddr, peer_port: u16) -> Accept {
+        self.run(|n| n.accept(kind, laddr, faddr, peer_port))
+    }
+
+    fn path_up(&self, path: PathId, inst: u64) {
+        self.run(|n| n.path_up(path, inst))
+    }
+
+    fn path_down(&self, path: PathId, inst: u64, reason: DownReason) {
+        self.run(|n| n.path_down(path, inst, reason, Instant::now()))
+    }
+
+    fn received(&self, path: PathId, inst: u64, msgs: &mut Vec<RxMessage>) {
+        self.run(|n| {
+            for m in msgs.drain(..) {
+                n.received(path, inst, m);
+            }
+        })
+    }
+
+    fn acked(&self, path: PathId, inst: u64, seq: u64) {
+        self.run(|n| n.acked(path, inst, seq))
+    }
+
+    fn pull(&self, path: PathId, inst: u64, budget: usize, out: &mut Vec<TxMessage>) -> bool {
+        self.run(|n| n.pull(path, inst, budget, out))
+    }
+}
+
+/// An RDS node in this process: owns the addresses it serves, their
+/// connections and sockets. Cheap to clone (a handle).
+///
+/// A process usually needs one: [`Engine::global`], which
+/// [`crate::RdsSocket::new`] uses. Tests and tools create several to run
+/// several nodes (each with its own addresses) in one process.
+#[derive(Clone)]
+pub struct Engine {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine").finish_non_exhaustive()
+    }
+}
+
+static GLOBAL: OnceLock<Engine> = OnceLock::new();
+
+impl Engine {
+    /// Starts an engine: the TCP transport's reactor threads and a timer
+    /// thread. It serves no address until a socket binds one (or
+    /// [`Engine::serve`] is called).
+    pub fn new(cfg: EngineConfig) -> io::Result<Engine> {
+        let mut node = Node::new(cfg.node);
+        node.register_transport(TransportCaps::tcp());
+        node.register_transport(TransportCaps::loopback());
+        let tcp = TcpTransport::new(cfg.tcp)?;
+        let lo = LoopTransport::new();
+        let inner = Arc::new(Inner {
+            state: Mutex::new(State { node, seq: 0, timer_deadline: None, stopped: false }),
+            timer_cond: Condvar::new(),
+            socks: RwLock::new(HashMap::new()),
+            tcp,
+            lo,
+            serve_lock: Mutex::new(()),
+            timer: Mutex::new(None),
+        });
+        let sink: Weak<dyn TransportSink> = Arc::downgrade(&inner) as Weak<dyn TransportSink>;
+        inner.tcp.set_sink(sink.clone());
+        inner.lo.set_sink(sink);
+        let t = inner.clone();
+        let h = std::thread::Builder::new().name("rds-timer".into()).spawn(move || t.timer_loop())?;
+        *inner.timer.lock() = Some(h);
+        Ok(Engine { inner })
+    }
+
+    /// The process-wide engine, started with [`EngineConfig::default`] on
+    /// first use.
+    pub fn global() -> io::Result<Engine> {
+        if let Some(e) = GLOBAL.get() {
+            return Ok(e.clone());
+        }
+        let e = Engine::new(EngineConfig::default())?;
+        Ok(GLOBAL.get_or_init(|| e).clone())
+    }
+
+    /// A new unbound socket of this engine.
+    pub fn socket(&self) -> io::Result<crate::RdsSocket> {
+        crate::RdsSocket::with_engine(self.clone())
+    }
+
+    pub(crate) fn register_sock(&self) -> (SockId, Arc<SockShared>) {
+        let sh = Arc::new(SockShared::new());
+        let id = self.inner.run(|n| n.socket());
+        self.inner.socks.write().insert(id, sh.clone());
+        (id, sh)
+    }
+
+    pub(crate) fn unregister_sock(&self, id: SockId) {
+        self.inner.run(|n| n.close(id));
+        self.inner.socks.write().remove(&id);
+    }
+
+    /// Makes this node serve `ip` (over TCP: listen on `ip`:16385).
+    /// EADDRNOTAVAIL when the host does not have the address, EADDRINUSE
+    /// when another process serves it.
+    pub fn serve(&self, ip: IpAddr) -> io::Result<()> {
+        let _g = self.inner.serve_lock.lock();
+        if self.inner.run(|n| n.is_local(&ip)) {
+            return Ok(());
+        }
+        self.inner.tcp.laddr_check(ip).map_err(|_| io::Error::from(Errno::EADDRNOTAVAIL))?;
+        self.inner.tcp.start_local(ip)?;
+        self.inner.run(|n| n.add_local(ip, TransportKind::Tcp));
+        Ok(())
+    }
+
+    /// Runs `f` on the node (for introspection and tests).
+    pub fn with_node<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R {
+        self.inner.run(f)
+    }
+
+    /// The node's counters followed by the transports' (as `rds-info -c`).
+    pub fn counters(&self) -> Vec<(String, u64)> {
+        let mut v: Vec<(String, u64)> =
+            self.inner.run(|n| n.counters().iter().map(|(k, v)| (k.to_string(), v)).collect());
+        v.extend(self.inner.tcp.counters().into_iter().map(|(k, v)| (k.to_string(), v)));
+        v
+    }
+
+    /// Connections of the TCP transport (as `rds-info -T`).
+    pub fn tcp_connections(&self) -> Vec<rds_core::TransportConnInfo> {
+        self.inner.tcp.conn_info()
+    }
+
+    /// Stops the engine: waits up to `drain` for queued messages to be
+    /// acked, then closes every connection and listener. Reports what was
+    /// still unsent. Sockets of this engine fail afterwards with ESHUTDOWN.
+    pub fn shutdown(&self, drain: Duration) -> ShutdownReport {
+        let deadline = Instant::now() + drain;
+        loop {
+            let unsent = self.inner.run(|n| n.unsent());
+            if unsent.is_empty() || Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        let unsent = self.inner.run(|n| n.unsent());
+        {
+            let mut st = self.inner.state.lock();
+            st.stopped = true;
+            self.inner.timer_cond.notify_all();
+        }
+        if let Some(h) = self.inner.timer.lock().take() {
+            let _ = h.join();
+        }
+        self.inner.tcp.close();
+        ShutdownReport { unsent }
+    }
+
+    pub(crate) fn is_stopped(&self) -> bool {
+        self.inner.state.lock().stopped
+    }
+}

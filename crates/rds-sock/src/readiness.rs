@@ -1,0 +1,155 @@
+//! A file descriptor whose poll state mirrors an RDS socket's readiness.
+//!
+//! An RDS socket here is not a kernel socket, yet programs want to put it in
+//! `poll`, `epoll`, mio or tokio. We give each socket one end (`user`) of a
+//! Unix stream socket pair and steer its state from the other end (`peer`):
+//!
+//! * readable: one byte sits in `user`'s receive queue (written from `peer`);
+//!   not readable: we read it back out of `user`.
+//! * writable: `user`'s send buffer has room; not writable: we fill it
+//!   (write from `user` until EAGAIN, never reading at `peer`); writable
+//!   again: we drain `peer`.
+//!
+//! Readable and writable are thus independent and exact: POLLIN exactly
+//! when the RDS socket would report POLLIN, POLLOUT exactly when it would
+//! report POLLOUT. Every change is an edge for edge-triggered epoll.
+//!
+//! Keeping the pair in sync costs syscalls, so it is only done once somebody
+//! asked for the descriptor (`as_fd` / `as_raw_fd`).
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+
+use parking_lot::Mutex;
+
+pub(crate) struct ReadyFd {
+    user: OwnedFd,
+    peer: OwnedFd,
+    state: Mutex<State>,
+}
+
+struct State {
+    readable: bool,
+    writable: bool,
+    /// Sequence of the last applied update (older updates are ignored).
+    applied: u64,
+}
+
+fn cvt(r: libc::ssize_t) -> io::Result<usize> {
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r as usize) }
+}
+
+impl ReadyFd {
+    pub fn new() -> io::Result<ReadyFd> {
+        let mut fds = [0 as libc::c_int; 2];
+        // SAFETY: socketpair writes two descriptors into the array we pass.
+        let r = unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                0,
+                fds.as_mut_ptr(),
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: both descriptors were just created and are owned by nobody else.
+        let (user, peer) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        // A small send buffer makes "not writable" cheap to reach.
+        let small: libc::c_int = 4096;
+        // SAFETY: setsockopt reads sizeof(int) bytes from a valid pointer.
+        unsafe {
+            libc::setsockopt(
+                user.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_SNDBUF,
+                (&small as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            );
+        }
+        Ok(ReadyFd { user, peer, state: Mutex::new(State { readable: false, writable: true, applied: 0 }) })
+    }
+
+    pub fn raw(&self) -> RawFd {
+        self.user.as_raw_fd()
+    }
+
+    /// Applies readiness computed at sequence `seq`; stale updates are ignored.
+    pub fn update(&self, seq: u64, readable: bool, writable: bool) {
+        let mut st = self.state.lock();
+        if seq < st.applied {
+            return;
+        }
+        st.applied = seq;
+        if readable != st.readable {
+            if readable {
+                let _ = write_some(self.peer.as_raw_fd(), &[1u8]);
+            } else {
+                drain(self.user.as_raw_fd());
+            }
+            st.readable = readable;
+        }
+        if writable != st.writable {
+            if writable {
+                drain(self.peer.as_raw_fd());
+            } else {
+                fill(self.user.as_raw_fd());
+            }
+            st.writable = writable;
+        }
+    }
+}
+
+fn write_some(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
+    // SAFETY: writes from a valid buffer of the given length.
+    cvt(unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) })
+}
+
+/// Reads everything queued on `fd`.
+fn drain(fd: RawFd) {
+    let mut buf = [0u8; 4096];
+    loop {
+        // SAFETY: reads into a valid buffer of the given length.
+        let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
+        if r <= 0 {
+            break;
+        }
+    }
+}
+
+/// Writes to `fd` until its send buffer is full.
+fn fill(fd: RawFd) {
+    let buf = [0u8; 16384];
+    while write_some(fd, &buf).is_ok() {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn poll(fd: RawFd) -> (bool, bool) {
+        let mut p = libc::pollfd { fd, events: libc::POLLIN | libc::POLLOUT, revents: 0 };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, 0) };
+        assert!(r >= 0);
+        (p.revents & libc::POLLIN != 0, p.revents & libc::POLLOUT != 0)
+    }
+
+    #[test]
+    fn all_four_states() {
+        let r = ReadyFd::new().unwrap();
+        assert_eq!(poll(r.raw()), (false, true));
+        r.update(1, true, true);
+        assert_eq!(poll(r.raw()), (true, true));
+        r.update(2, true, false);
+        assert_eq!(poll(r.raw()), (true, false));
+        r.update(3, false, false);
+        assert_eq!(poll(r.raw()), (false, false));
+        r.update(4, false, true);
+        assert_eq!(poll(r.raw()), (false, true));
+        // A stale update is ignored.
+        r.update(3, true, false);
+        assert_eq!(poll(r.raw()), (false, true));
+    }
+}

@@ -1,0 +1,435 @@
+//! `RdsSocket`: the public socket, shaped after the kernel's AF_RDS socket.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime};
+
+use parking_lot::Mutex;
+use rds_core::{Errno, Payload, Readiness, Received, SendOptions, SockId, SockOpt, TransportKind};
+
+use crate::engine::{Engine, SockShared};
+
+/// Flags of one `recvmsg` call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RecvFlags {
+    /// MSG_PEEK: leave the message queued.
+    pub peek: bool,
+    /// MSG_TRUNC: return the real length of a message longer than the buffer.
+    pub trunc: bool,
+    /// MSG_DONTWAIT: do not block even on a blocking socket.
+    pub dontwait: bool,
+}
+
+/// Flags and ancillary data of one `sendmsg` call.
+#[derive(Clone, Debug, Default)]
+pub struct SendFlags {
+    /// MSG_DONTWAIT.
+    pub dontwait: bool,
+    /// `RDS_CMSG_RDMA_DEST`: an RDMA cookie to announce to the peer.
+    pub rdma_dest: Option<u64>,
+    /// `RDS_CMSG_RDMA_ARGS`: an RDMA operation (EOPNOTSUPP over TCP).
+    pub rdma: Option<rds_core::RdmaOp>,
+}
+
+/// What `recvmsg` returned besides the bytes.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RecvMeta {
+    /// The return value: bytes copied, or with [`RecvFlags::trunc`] the
+    /// message's full length. 0 for a notification.
+    pub len: usize,
+    /// Sender (`msg_name`); `None` for a notification.
+    pub from: Option<SocketAddr>,
+    /// MSG_TRUNC in `msg_flags`: the message was longer than the buffer.
+    pub truncated: bool,
+    /// SO_TIMESTAMP: when the message was queued to the socket.
+    pub timestamp: Option<SystemTime>,
+    /// `RDS_CMSG_CONG_UPDATE`: port groups that became uncongested.
+    pub cong_update: Option<u64>,
+    /// `RDS_CMSG_RDMA_STATUS`: (user token, status) of an RDMA operation.
+    pub rdma_status: Option<(u64, i32)>,
+    /// `RDS_CMSG_RDMA_DEST`: cookie the sender announced.
+    pub rdma_dest: Option<u64>,
+}
+
+#[derive(Default)]
+struct Local {
+    nonblocking: bool,
+    read_timeout: Option<Duration>,
+    write_timeout: Option<Duration>,
+}
+
+/// A reliable datagram socket (AF_RDS, SOCK_SEQPACKET).
+///
+/// One socket talks to any number of peers: bind it to a local address and
+/// port, then send datagrams to any `address:port`; each datagram arrives
+/// exactly once, in order per (source socket, destination socket), or not at
+/// all if the destination never becomes reachable. Errors carry the Linux
+/// kernel's errno values.
+///
+/// ```no_run
+/// use rds_sock::RdsSocket;
+/// let a = RdsSocket::new()?;
+/// a.bind("127.0.0.1:4000".parse().unwrap())?;
+/// a.send_to(b"hello", "127.0.0.2:5000".parse().unwrap())?;
+/// let mut buf = [0u8; 1024];
+/// let (n, from) = a.recv_from(&mut buf)?;
+/// # Ok::<(), std::io::Error>(())
+/// ```
+pub struct RdsSocket {
+    engine: Engine,
+    id: SockId,
+    shared: Arc<SockShared>,
+    local: Mutex<Local>,
+}
+
+impl std::fmt::Debug for RdsSocket {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RdsSocket").field("local", &self.local_addr().ok()).finish()
+    }
+}
+
+fn err(e: Errno) -> io::Error {
+    io::Error::from_raw_os_error(e.0)
+}
+
+impl RdsSocket {
+    /// A socket of the process-wide engine ([`Engine::global`]).
+    pub fn new() -> io::Result<RdsSocket> {
+        Engine::global()?.socket()
+    }
+
+    pub(crate) fn with_engine(engine: Engine) -> io::Result<RdsSocket> {
+        if engine.is_stopped() {
+            return Err(err(Errno::ESHUTDOWN));
+        }
+        let (id, shared) = engine.register_sock();
+        Ok(RdsSocket { engine, id, shared, local: Mutex::new(Local::default()) })
+    }
+
+    /// The engine (node) this socket belongs to.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    fn run<R>(&self, f: impl FnOnce(&mut rds_core::Node) -> R) -> R {
+        self.engine.inner.run(f)
+    }
+
+    fn live(&self) -> io::Result<()> {
+        if self.engine.is_stopped() { Err(err(Errno::ESHUTDOWN)) } else { Ok(()) }
+    }
+
+    /// Binds to a local address and port (port 0 picks a free one). The
+    /// engine starts serving the address if it does not yet. EINVAL for an
+    /// unspecified, broadcast or multicast address or a second bind;
+    /// EADDRNOTAVAIL for an address this host does not have; EADDRINUSE for
+    /// a taken port, or an address another process serves.
+    pub fn bind(&self, addr: SocketAddr) -> io::Result<()> {
+        self.live()?;
+        match self.run(|n| n.bind(self.id, addr)) {
+            Err(Errno::EADDRNOTAVAIL) if !self.run(|n| n.is_local(&addr.ip())) => {
+                self.engine.serve(addr.ip())?;
+                self.run(|n| n.bind(self.id, addr)).map(|_| ()).map_err(err)
+            }
+            r => r.map(|_| ()).map_err(err),
+        }
+    }
+
+    /// The bound address; 0.0.0.0:0 before `bind`.
+    pub fn local_addr(&self) -> io::Result<SocketAddr> {
+        Ok(self.run(|n| n.local_addr(self.id)).unwrap_or(SocketAddr::new(IpAddr::V4(Ipv4Addr::UNSPECIFIED), 0)))
+    }
+
+    /// Sets the default destination for [`RdsSocket::send`].
+    pub fn connect(&self, addr: SocketAddr) -> io::Result<()> {
+        self.run(|n| n.connect(self.id, addr)).map_err(err)
+    }
+
+    /// The destination set by `connect`; ENOTCONN if none.
+    pub fn peer_addr(&self) -> io::Result<SocketAddr> {
+        self.run(|n| n.peer_addr(self.id)).ok_or_else(|| err(Errno::ENOTCONN))
+    }
+
+    /// Sends one datagram to `dst`.
+    pub fn send_to(&self, buf: &[u8], dst: SocketAddr) -> io::Result<usize> {
+        self.send_msg(buf, Some(dst), &SendFlags::default())
+    }
+
+    /// Sends one datagram to the `connect`ed destination.
+    pub fn send(&self, buf: &[u8]) -> io::Result<usize> {
+        self.send_msg(buf, None, &SendFlags::default())
+    }
+
+    /// `sendmsg`. Blocking sockets wait while the send buffer is full or the
+    /// destination port is congested (up to the write timeout: ETIMEDOUT);
+    /// non-blocking ones fail with EAGAIN or ENOBUFS. EMSGSIZE above 1 MiB
+    /// or above half the send buffer (the kernel's accounting).
+    pub fn send_msg(&self, buf: &[u8], dst: Option<SocketAddr>, flags: &SendFlags) -> io::Result<usize> {
+        self.live()?;
+        self.send_payload(Payload::copy_from(buf), dst, flags)
+    }
+
+    /// Sends a payload the caller already owns (no copy).
+    pub fn send_payload(&self, payload: Payload, dst: Option<SocketAddr>, flags: &SendFlags) -> io::Result<usize> {
+        let (blocking, timeout) = {
+            let l = self.local.lock();
+            (!l.nonblocking && !flags.dontwait, l.write_timeout)
+        };
+        let opts = SendOptions { rdma: flags.rdma.clone(), rdma_dest: flags.rdma_dest, blocking };
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let snap = self.shared.snapshot();
+            match self.run(|n| n.send(self.id, dst, &payload, &opts)) {
+                Err(e @ (Errno::EAGAIN | Errno::ENOBUFS)) if blocking => {
+                    let _ = e;
+                    if !self.shared.wait(snap, deadline) {
+                        return Err(err(Errno::ETIMEDOUT));
+                    }
+                    self.live()?;
+                }
+                r => return r.map_err(err),
+            }
+        }
+    }
+
+    fn recv_inner(&self, flags: RecvFlags) -> io::Result<Received> {
+        self.live()?;
+        let (blocking, timeout) = {
+            let l = self.local.lock();
+            (!l.nonblocking && !flags.dontwait, l.read_timeout)
+        };
+        let deadline = timeout.map(|t| Instant::now() + t);
+        loop {
+            let snap = self.shared.snapshot();
+            match self.run(|n| n.recv(self.id, flags.peek)) {
+                Err(Errno::EAGAIN) if blocking => {
+                    if !self.shared.wait(snap, deadline) {
+                        return Err(err(Errno::ETIMEDOUT));
+                    }
+                    self.live()?;
+                }
+                r => return r.map_err(err),
+            }
+        }
+    }
+
+    /// `recvmsg`: copies the next datagram into `buf` (truncating, see
+    /// [`RecvMeta`]), or returns a notification with `len` 0.
+    pub fn recv_msg(&self, buf: &mut [u8], flags: RecvFlags) -> io::Result<RecvMeta> {
+        Ok(match self.recv_inner(flags)? {
+            Received::Data(inc) => {
+                let n = inc.payload.len().min(buf.len());
+                buf[..n].copy_from_slice(&inc.payload[..n]);
+                let truncated = inc.payload.len() > buf.len();
+                RecvMeta {
+                    len: if flags.trunc { inc.payload.len() } else { n },
+                    from: Some(inc.from),
+                    truncated,
+                    timestamp: inc.timestamp_ns.map(|ns| SystemTime::UNIX_EPOCH + Duration::from_nanos(ns)),
+                    rdma_dest: inc.rdma_dest,
+                    ..RecvMeta::default()
+                }
+            }
+            Received::CongUpdate { mask } => RecvMeta { cong_update: Some(mask), ..RecvMeta::default() },
+            Received::RdmaStatus { user_token, status } => {
+                RecvMeta { rdma_status: Some((user_token, status)), ..RecvMeta::default() }
+            }
+        })
+    }
+
+    /// Receives one datagram: (bytes copied, sender). A longer datagram is
+    /// truncated to the buffer (and consumed), as with a kernel socket.
+    /// Notifications (congestion updates, RDMA status) are skipped here;
+    /// use [`RdsSocket::recv_msg`] to see them.
+    pub fn recv_from(&self, buf: &mut [u8]) -> io::Result<(usize, SocketAddr)> {
+        loop {
+            let m = self.recv_msg(buf, RecvFlags::default())?;
+            if let Some(from) = m.from {
+                return Ok((m.len, from));
+            }
+        }
+    }
+
+    /// Receives one datagram without copying it: (payload, sender).
+    pub fn recv_payload(&self) -> io::Result<(Payload, SocketAddr)> {
+        loop {
+            if let Received::Data(inc) = self.recv_inner(RecvFlags::default())? {
+                return Ok((inc.payload, inc.from));
+            }
+        }
+    }
+
+    /// Non-blocking mode (O_NONBLOCK): EAGAIN instead of waiting.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        self.local.lock().nonblocking = on;
+        Ok(())
+    }
+
+    /// SO_RCVTIMEO; a timed-out receive fails with ETIMEDOUT, as the kernel's
+    /// RDS does. `None` waits forever.
+    pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        if t == Some(Duration::ZERO) {
+            return Err(err(Errno::EINVAL));
+        }
+        self.local.lock().read_timeout = t;
+        Ok(())
+    }
+
+    /// SO_SNDTIMEO; a timed-out send fails with ETIMEDOUT.
+    pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
+        if t == Some(Duration::ZERO) {
+            return Err(err(Errno::EINVAL));
+        }
+        self.local.lock().write_timeout = t;
+        Ok(())
+    }
+
+    pub fn read_timeout(&self) -> io::Result<Option<Duration>> {
+        Ok(self.local.lock().read_timeout)
+    }
+
+    pub fn write_timeout(&self) -> io::Result<Option<Duration>> {
+        Ok(self.local.lock().write_timeout)
+    }
+
+    fn setopt(&self, o: SockOpt) -> io::Result<()> {
+        self.run(|n| n.setsockopt(self.id, o)).map_err(err)
+    }
+
+    fn getopt(&self, o: SockOpt) -> io::Result<u64> {
+        self.run(|n| n.getsockopt(self.id, o)).map_err(err)
+    }
+
+    /// SO_SNDBUF: the kernel doubles the value and caps it at
+    /// `net.core.wmem_max`; at most half of it may be queued (unacked).
+    pub fn set_send_buffer_size(&self, n: usize) -> io::Result<()> {
+        self.setopt(SockOpt::SndBuf(n.min(u32::MAX as usize) as u32))
+    }
+
+    /// SO_SNDBUFFORCE: as SO_SNDBUF without the `wmem_max` cap.
+    pub fn set_send_buffer_size_force(&self, n: usize) -> io::Result<()> {
+        self.setopt(SockOpt::SndBufForce(n.min(u32::MAX as usize) as u32))
+    }
+
+    /// SO_SNDBUF as getsockopt reports it (doubled).
+    pub fn send_buffer_size(&self) -> io::Result<usize> {
+        self.getopt(SockOpt::SndBuf(0)).map(|v| v as usize)
+    }
+
+    /// SO_RCVBUF: doubled and capped at `net.core.rmem_max`; the socket is
+    /// congested while more than half of it is queued.
+    pub fn set_recv_buffer_size(&self, n: usize) -> io::Result<()> {
+        self.setopt(SockOpt::RcvBuf(n.min(u32::MAX as usize) as u32))
+    }
+
+    /// SO_RCVBUFFORCE.
+    pub fn set_recv_buffer_size_force(&self, n: usize) -> io::Result<()> {
+        self.setopt(SockOpt::RcvBufForce(n.min(u32::MAX as usize) as u32))
+    }
+
+    pub fn recv_buffer_size(&self) -> io::Result<usize> {
+        self.getopt(SockOpt::RcvBuf(0)).map(|v| v as usize)
+    }
+
+    /// SO_RDS_TRANSPORT with the uapi number: once, before bind
+    /// (EOPNOTSUPP after), EINVAL out of range, ENOPROTOOPT for a transport
+    /// this build cannot use.
+    pub fn set_transport_raw(&self, v: i32) -> io::Result<()> {
+        self.setopt(SockOpt::Transport(v))
+    }
+
+    /// SO_RDS_TRANSPORT.
+    pub fn set_transport(&self, kind: TransportKind) -> io::Result<()> {
+        self.set_transport_raw(kind.uapi() as i32)
+    }
+
+    /// SO_RDS_TRANSPORT as getsockopt reports it: the uapi number, or
+    /// `RDS_TRANS_NONE` (0xffffffff) before bind.
+    pub fn transport_raw(&self) -> io::Result<u32> {
+        self.getopt(SockOpt::Transport(0)).map(|v| v as u32)
+    }
+
+    /// RDS_CONG_MONITOR: congestion-update notifications through recv_msg.
+    pub fn set_cong_monitor(&self, on: bool) -> io::Result<()> {
+        self.setopt(SockOpt::CongMonitor(on))
+    }
+
+    /// RDS_RECVERR.
+    pub fn set_recverr(&self, on: bool) -> io::Result<()> {
+        self.setopt(SockOpt::RecvErr(on))
+    }
+
+    /// SO_TIMESTAMP: receive times in [`RecvMeta::timestamp`].
+    pub fn set_timestamp(&self, on: bool) -> io::Result<()> {
+        self.setopt(SockOpt::Timestamp(on))
+    }
+
+    /// SIOCRDSSETTOS; only before the socket has a connection.
+    pub fn set_tos(&self, tos: u8) -> io::Result<()> {
+        self.setopt(SockOpt::Tos(tos))
+    }
+
+    /// RDS_CANCEL_SENT_TO: drops every message of this socket to `dst`
+    /// still queued or unacked; returns how many.
+    pub fn cancel_sent_to(&self, dst: SocketAddr) -> io::Result<usize> {
+        if self.run(|n| n.local_addr(self.id)).is_none() {
+            return Err(err(Errno::ENOTCONN));
+        }
+        Ok(self.run(|n| n.drop_messages(self.id, Some(dst))))
+    }
+
+    /// The socket's readiness as `poll` would report it.
+    pub fn readiness(&self) -> Readiness {
+        self.run(|n| n.readiness(self.id))
+    }
+
+    /// Messages dropped because their peer restarted before acking them.
+    pub fn flushed(&self) -> u64 {
+        self.run(|n| n.flushed(self.id))
+    }
+
+    /// Waits until every message this socket sent was acked by its peer
+    /// (or dropped), at most `timeout`. Returns whether it got there.
+    pub fn flush(&self, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if self.run(|n| n.pending_messages(self.id)) == 0 {
+                return true;
+            }
+            if Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    /// The socket's id in its engine.
+    pub fn id(&self) -> SockId {
+        self.id
+    }
+}
+
+impl AsRawFd for RdsSocket {
+    /// A descriptor that is readable and writable exactly when the socket
+    /// is (see the readiness module): usable with poll, epoll, mio, tokio.
+    /// Reading or writing it does nothing useful; use the socket's methods.
+    fn as_raw_fd(&self) -> RawFd {
+        self.engine.inner.ready_fd(self.id).expect("readiness descriptor")
+    }
+}
+
+impl AsFd for RdsSocket {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        // SAFETY: the descriptor lives as long as the socket's shared state,
+        // which this socket keeps alive.
+        unsafe { BorrowedFd::borrow_raw(self.as_raw_fd()) }
+    }
+}
+
+impl Drop for RdsSocket {
+    fn drop(&mut self) {
+        self.engine.unregister_sock(self.id);
+    }
+}

@@ -1,0 +1,204 @@
+//! rds-bench: datagram throughput of the userspace RDS over loopback TCP,
+//! against a raw TCP stream carrying the same bytes, measured in one run.
+
+use std::io::{Read, Write};
+use std::net::{IpAddr, SocketAddr, TcpListener, TcpStream};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use rds_sock::{Engine, EngineConfig};
+use rds_tools::{parse, parse_size};
+
+const HELP: &str = "\
+usage: rds-bench [options]
+
+Streams datagrams from one node to another over TCP on this host and
+prints messages/s, MB/s and the ratio to a raw TCP stream of the same
+bytes, measured in the same run (raw TCP first, then RDS, per size).
+
+  -s, --sizes LIST     message sizes, comma separated (default 1K,8K)
+  -t, --seconds N      seconds per measurement (default 3)
+  -b, --sndbuf SIZE    RDS SO_SNDBUF/SO_RCVBUF (forced; default 4M)
+  -a, --from ADDR      sending node address (default 127.0.0.1)
+  -d, --to ADDR        receiving node address (default 127.0.0.2)
+  -p, --port N         RDS-TCP port of both nodes (default 16385)
+  -r, --repeat N       repeat each measurement N times, report the best (default 1)
+  -h, --help           this text
+";
+
+struct Result {
+    msgs: u64,
+    bytes: u64,
+    secs: f64,
+}
+
+impl Result {
+    fn mbps(&self) -> f64 {
+        self.bytes as f64 / 1e6 / self.secs
+    }
+    fn mps(&self) -> f64 {
+        self.msgs as f64 / self.secs
+    }
+}
+
+/// A raw TCP stream: the sender writes `size`-byte chunks, the receiver
+/// reads into a 256 KiB buffer.
+fn raw_tcp(from: IpAddr, to: IpAddr, size: usize, secs: f64) -> std::io::Result<Result> {
+    let l = TcpListener::bind(SocketAddr::new(to, 0))?;
+    let target = l.local_addr()?;
+    let rx = std::thread::spawn(move || -> std::io::Result<(u64, Instant)> {
+        let (mut s, _) = l.accept()?;
+        let mut buf = vec![0u8; 256 << 10];
+        let mut total = 0u64;
+        loop {
+            let n = s.read(&mut buf)?;
+            if n == 0 {
+                return Ok((total, Instant::now()));
+            }
+            total += n as u64;
+        }
+    });
+    let sock = socket2::Socket::new(socket2::Domain::for_address(target), socket2::Type::STREAM, None)?;
+    sock.bind(&SocketAddr::new(from, 0).into())?;
+    sock.connect(&target.into())?;
+    sock.set_nodelay(true)?;
+    let mut s: TcpStream = sock.into();
+    let msg = vec![0x5au8; size];
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(secs);
+    let mut msgs = 0u64;
+    while Instant::now() < end {
+        for _ in 0..64 {
+            s.write_all(&msg)?;
+        }
+        msgs += 64;
+    }
+    drop(s);
+    let (bytes, done) = rx.join().unwrap()?;
+    assert_eq!(bytes, msgs * size as u64);
+    Ok(Result { msgs, bytes, secs: (done - start).as_secs_f64() })
+}
+
+/// RDS: two engines (nodes) in this process, one socket each; a blocking
+/// sender and a receiver copying each datagram into its buffer.
+fn rds(from: IpAddr, to: IpAddr, port: u16, size: usize, secs: f64, buf: usize) -> std::io::Result<Result> {
+    let mut cfg = EngineConfig::default();
+    cfg.tcp.port = port;
+    let ea = Engine::new(cfg.clone())?;
+    let eb = Engine::new(cfg)?;
+    let a = ea.socket()?;
+    let b = eb.socket()?;
+    a.bind(SocketAddr::new(from, 4000))?;
+    b.bind(SocketAddr::new(to, 4000))?;
+    for s in [&a, &b] {
+        s.set_send_buffer_size_force(buf)?;
+        s.set_recv_buffer_size_force(buf)?;
+    }
+    let dst = SocketAddr::new(to, 4000);
+    // Warm up: connection, handshake and paths.
+    a.send_to(b"warm", dst)?;
+    let mut rbuf = vec![0u8; size.max(16)];
+    b.recv_from(&mut rbuf)?;
+
+    let done = Arc::new(AtomicBool::new(false));
+    let sent = Arc::new(AtomicU64::new(0));
+    let b = Arc::new(b);
+    let rx = {
+        let (b, done, sent) = (b.clone(), done.clone(), sent.clone());
+        std::thread::spawn(move || -> std::io::Result<(u64, u64, Instant)> {
+            let mut buf = vec![0u8; size.max(16)];
+            let (mut msgs, mut bytes) = (0u64, 0u64);
+            loop {
+                if done.load(Ordering::Acquire) && msgs == sent.load(Ordering::Acquire) {
+                    return Ok((msgs, bytes, Instant::now()));
+                }
+                b.set_read_timeout(Some(Duration::from_millis(200)))?;
+                match b.recv_from(&mut buf) {
+                    Ok((n, _)) => {
+                        msgs += 1;
+                        bytes += n as u64;
+                    }
+                    Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+        })
+    };
+    let msg = vec![0x5au8; size];
+    let start = Instant::now();
+    let end = start + Duration::from_secs_f64(secs);
+    let mut n = 0u64;
+    while Instant::now() < end {
+        for _ in 0..64 {
+            a.send_to(&msg, dst)?;
+        }
+        n += 64;
+    }
+    sent.store(n, Ordering::Release);
+    done.store(true, Ordering::Release);
+    let (msgs, bytes, t) = rx.join().unwrap()?;
+    assert_eq!(msgs, n, "every datagram arrives");
+    ea.shutdown(Duration::from_secs(1));
+    eb.shutdown(Duration::from_secs(1));
+    Ok(Result { msgs, bytes, secs: (t - start).as_secs_f64() })
+}
+
+fn main() {
+    let args = match parse(std::env::args().skip(1), &["s", "sizes", "t", "seconds", "b", "sndbuf", "a", "from", "d", "to", "p", "port", "r", "repeat"]) {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("rds-bench: {e}\n{HELP}");
+            std::process::exit(2);
+        }
+    };
+    if args.has("h") || args.has("help") {
+        print!("{HELP}");
+        return;
+    }
+    let get = |s: &str, l: &str| args.get(s).or(args.get(l));
+    let run = || -> std::result::Result<(), String> {
+        args.check(&["s", "sizes", "t", "seconds", "b", "sndbuf", "a", "from", "d", "to", "p", "port", "r", "repeat", "h", "help"])?;
+        let sizes: Vec<usize> = get("s", "sizes")
+            .unwrap_or("1K,8K")
+            .split(',')
+            .map(|s| parse_size(s).map(|v| v as usize))
+            .collect::<std::result::Result<_, _>>()?;
+        let secs: f64 = get("t", "seconds").unwrap_or("3").parse().map_err(|_| "bad --seconds")?;
+        let buf = parse_size(get("b", "sndbuf").unwrap_or("4M"))? as usize;
+        let from: IpAddr = get("a", "from").unwrap_or("127.0.0.1").parse().map_err(|_| "bad --from")?;
+        let to: IpAddr = get("d", "to").unwrap_or("127.0.0.2").parse().map_err(|_| "bad --to")?;
+        let port: u16 = get("p", "port").unwrap_or("16385").parse().map_err(|_| "bad --port")?;
+        let repeat: usize = get("r", "repeat").unwrap_or("1").parse().map_err(|_| "bad --repeat")?;
+        println!("{:>8} {:>10} {:>12} {:>10} {:>12} {:>10} {:>7}", "size", "transport", "msgs/s", "MB/s", "raw msgs/s", "raw MB/s", "ratio");
+        for &size in &sizes {
+            let best = |f: &dyn Fn() -> std::io::Result<Result>| -> std::result::Result<Result, String> {
+                let mut best: Option<Result> = None;
+                for _ in 0..repeat.max(1) {
+                    let r = f().map_err(|e| e.to_string())?;
+                    if best.as_ref().is_none_or(|b| r.mbps() > b.mbps()) {
+                        best = Some(r);
+                    }
+                }
+                Ok(best.unwrap())
+            };
+            let raw = best(&|| raw_tcp(from, to, size, secs))?;
+            let r = best(&|| rds(from, to, port, size, secs, buf))?;
+            println!(
+                "{:>8} {:>10} {:>12.0} {:>10.1} {:>12.0} {:>10.1} {:>6.1}%",
+                size,
+                "rds-tcp",
+                r.mps(),
+                r.mbps(),
+                raw.mps(),
+                raw.mbps(),
+                100.0 * r.mbps() / raw.mbps()
+            );
+        }
+        Ok(())
+    };
+    if let Err(e) = run() {
+        eprintln!("rds-bench: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,95 @@
+//! rds-sink: receives RDS datagrams on one address and port and prints,
+//! per source, how many messages and bytes arrived and their SHA-256.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use rds_sock::RdsSocket;
+use rds_tools::{bind_error, catch_signals, parse, FlowDigest, STOP};
+
+const HELP: &str = "\
+usage: rds-sink -s addr:port [--digest] [-l count] [-t seconds]
+
+Binds an RDS socket to addr:port and receives datagrams. On exit (SIGINT,
+SIGTERM, after -l messages or -t seconds without any) it prints one line per
+source:
+
+    <addr>:<port> <messages> <bytes> <sha256 of the concatenated payloads>
+
+(the digest column is '-' without --digest). rds-gen prints the same line
+for what it sent, so the two can be compared by a script.
+
+  -s addr:port   where to receive (this process serves addr as an RDS node)
+  --digest       compute the SHA-256 of each source's payloads
+  -l count       exit after count messages
+  -t seconds     exit after this long without a message (default: never)
+  -b size        SO_RCVBUF (forced; K/M suffixes)
+  -h             this text
+";
+
+fn main() {
+    let args = match parse(std::env::args().skip(1), &["s", "l", "t", "b"]) {
+        Ok(a) => a,
+        Err(e) => usage(&e),
+    };
+    if args.has("h") || args.has("help") {
+        print!("{HELP}");
+        return;
+    }
+    if let Err(e) = args.check(&["s", "l", "t", "b", "digest", "h", "help"]) {
+        usage(&e);
+    }
+    let addr: SocketAddr = args
+        .get("s")
+        .unwrap_or_else(|| usage("-s addr:port is required"))
+        .parse()
+        .unwrap_or_else(|_| usage("bad -s addr:port"));
+    let limit: Option<u64> = args.get("l").map(|v| v.parse().unwrap_or_else(|_| usage("bad -l count")));
+    let idle: Option<Duration> =
+        args.get("t").map(|v| Duration::from_secs_f64(v.parse().unwrap_or_else(|_| usage("bad -t seconds"))));
+    let digest = args.has("digest");
+    catch_signals();
+
+    let sock = RdsSocket::new().unwrap_or_else(|e| fail(&format!("socket: {e}")));
+    if let Some(b) = args.get("b") {
+        let n = rds_tools::parse_size(b).unwrap_or_else(|e| usage(&e));
+        sock.set_recv_buffer_size_force(n as usize).unwrap_or_else(|e| fail(&format!("SO_RCVBUF: {e}")));
+    }
+    sock.bind(addr).unwrap_or_else(|e| fail(&bind_error(addr, &e)));
+    // Poll for signals and the idle limit.
+    sock.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+    eprintln!("rds-sink: receiving on {addr}");
+    let mut flows: BTreeMap<SocketAddr, FlowDigest> = BTreeMap::new();
+    let mut total = 0u64;
+    let mut quiet = Duration::ZERO;
+    while !STOP.load(std::sync::atomic::Ordering::SeqCst) && limit.is_none_or(|l| total < l) {
+        match sock.recv_payload() {
+            Ok((p, from)) => {
+                flows.entry(from).or_insert_with(|| FlowDigest::new(digest)).add(&p);
+                total += 1;
+                quiet = Duration::ZERO;
+            }
+            Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => {
+                quiet += Duration::from_millis(100);
+                if idle.is_some_and(|i| quiet >= i) {
+                    break;
+                }
+            }
+            Err(e) => fail(&format!("recv: {e}")),
+        }
+    }
+    for (from, d) in &flows {
+        println!("{}", d.line(*from));
+    }
+}
+
+fn usage(msg: &str) -> ! {
+    eprintln!("rds-sink: {msg}\n\n{HELP}");
+    std::process::exit(2)
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("rds-sink: {msg}");
+    std::process::exit(1)
+}
