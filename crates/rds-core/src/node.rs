@@ -195,7 +195,7 @@ impl Node {
     }
 
     pub(crate) fn caps_of(&self, kind: TransportKind) -> TransportCaps {
-        self.caps[kind.slot()].unwrap_or_else(|| TransportCaps::loopback())
+        self.caps[kind.slot()].unwrap_or_else(TransportCaps::loopback)
     }
 
     /// The node now serves `addr` with transport `kind` (the driver has set
@@ -622,9 +622,7 @@ impl Node {
         let inc: Incoming = if peek {
             sock.recv_queue.front().cloned().ok_or(Errno::EAGAIN)?
         } else {
-            sock.recv_queue.pop_front().ok_or_else(|| {
-                Errno::EAGAIN
-            })?
+            sock.recv_queue.pop_front().ok_or(Errno::EAGAIN)?
         };
         // s_recv_delivered counts every copy to the user, peeks included.
         self.counters.recv_delivered += 1;

@@ -87,8 +87,7 @@ mod tests {
 
     #[test]
     fn names_and_order() {
-        let mut c = Counters::default();
-        c.recv_delivered = 3;
+        let c = Counters { recv_delivered: 3, ..Counters::default() };
         assert_eq!(Counters::NAMES[0], "conn_reset");
         let v: Vec<_> = c.iter().filter(|(_, v)| *v != 0).collect();
         assert_eq!(v, vec![("recv_delivered", 3)]);
