@@ -73,7 +73,6 @@ impl Node {
                 return RecvOutcome::Ignored;
             }
             self.counters.recv_ping += 1;
-            self.counters.send_pong += 1;
             self.send_probe(pid, 0, hdr.sport);
             if kind == Kind::ProbePing {
                 self.hs_exthdrs(conn, &msg);

@@ -209,13 +209,15 @@ impl Node {
     /// Probe pings and their pongs carry the handshake extension headers.
     pub(crate) fn send_probe(&mut self, pid: PathId, sport: u16, dport: u16) {
         let c = self.conn(pid.conn);
-        let faddr = c.faddr;
+        let (faddr, kind) = (c.faddr, c.kind);
         if self.maps.get(&faddr).is_some_and(|m| m.test(dport)) {
             return;
         }
+        // s_send_pong counts every probe queued: probe pings and all pongs.
+        self.counters.send_pong += 1;
         let mut hdr = Header::data(sport, dport, 0);
         let hs = (sport, dport) == (PROBE_PORT, 0) || (sport, dport) == (0, PROBE_PORT);
-        if hs && self.caps_of(c.kind).mp_capable {
+        if hs && self.caps_of(kind).mp_capable {
             let _ = hdr.push_extension(Ext::Npaths(u16::from(self.cfg.npaths)));
             if self.cfg.handshake_exts == HandshakeExts::Full {
                 let _ = hdr.push_extension(Ext::GenNum(self.cfg.gen_num));

@@ -121,6 +121,12 @@ fn ping_is_answered_with_a_pong_from_port_zero() {
     assert!(inc.payload.is_empty());
     // The multipath probe counts as a ping too, as in the kernel.
     assert_eq!(net.nodes[1].counters().recv_ping, 2);
+    assert_eq!(net.nodes[0].counters().recv_ping, 1, "node 1's probe");
+    // s_send_pong counts every probe queued: node 1 sent its own probe,
+    // the pong to node 0's probe and the pong to the ping; node 0 its probe
+    // and the pong to node 1's probe.
+    assert_eq!(net.nodes[1].counters().send_pong, 3);
+    assert_eq!(net.nodes[0].counters().send_pong, 2);
 }
 
 #[test]
