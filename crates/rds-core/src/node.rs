@@ -26,8 +26,10 @@ pub enum HandshakeExts {
     /// NPATHS only: what mainline kernels before 2026 put on the wire
     /// (their `rds_message_add_extension` refuses a second header).
     Mainline,
-    /// NPATHS, GEN_NUM and SPORT_IDX (the 2026 kernels): lets the peer detect
-    /// our restarts and map TCP connections to paths by source port.
+    /// NPATHS and GEN_NUM (as the 2026 kernels send them): lets the peer
+    /// detect our restarts. SPORT_IDX is not sent: it would promise that our
+    /// TCP source port encodes the path index, which rds-tcp does not do
+    /// (it binds port 0). A peer's SPORT_IDX is honoured on accept.
     Full,
 }
 
