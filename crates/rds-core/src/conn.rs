@@ -94,7 +94,10 @@ pub(crate) struct Path {
 }
 
 impl Path {
-    pub fn new(max_unacked_packets: u32, max_unacked_bytes: u64) -> Path {
+    /// A new path. Its ACK_REQUIRED pacing counters start at 0 (the kernel
+    /// allocates the connection zeroed), so the first message it transmits
+    /// asks for an ack; a path reset sets them to the maxima.
+    pub fn new() -> Path {
         Path {
             state: PathState::Down,
             inst: 0,
@@ -104,8 +107,8 @@ impl Path {
             retrans: VecDeque::new(),
             reconnect_delay: Duration::ZERO,
             reconnect_at: None,
-            unacked_packets: max_unacked_packets,
-            unacked_bytes: max_unacked_bytes,
+            unacked_packets: 0,
+            unacked_bytes: 0,
             kick_queued: false,
             connects: 0,
         }

@@ -367,7 +367,7 @@ impl Node {
         let caps = self.caps_of(kind);
         let n = if caps.mp_capable { usize::from(self.cfg.npaths.clamp(1, 8)) } else { 1 };
         let id = ConnId(self.conns.len() as u32);
-        let paths = (0..n).map(|_| Path::new(self.cfg.max_unacked_packets, self.cfg.max_unacked_bytes)).collect();
+        let paths = (0..n).map(|_| Path::new()).collect();
         self.conns.push(Conn {
             id,
             laddr,

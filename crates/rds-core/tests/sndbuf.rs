@@ -212,9 +212,10 @@ fn ack_required_every_max_unacked_packets() {
     }
     // On path 0: our probe, our pong to the peer's probe, and the 30
     // messages, numbered 1..=32 (the order of the first three depends on
-    // the driver). The counter starts at 8 and
-    // counts down per message; at 0 the next one is ACK_REQUIRED and the
-    // counter is reset without being decremented.
+    // the driver). A new path's counter starts at 0 (the kernel's zeroed
+    // allocation), so the first message is ACK_REQUIRED and resets it to 8
+    // without being counted; each later message counts it down, and at 0
+    // the next one is ACK_REQUIRED again: messages 1, 10, 19, 28.
     let p0: Vec<(u64, bool)> = net
         .sent_by(0)
         .iter()
@@ -223,8 +224,8 @@ fn ack_required_every_max_unacked_packets() {
         .collect();
     assert_eq!(p0.len(), 32);
     let flagged: Vec<u64> = p0.iter().filter(|(_, f)| *f).map(|(s, _)| *s).collect();
-    assert_eq!(flagged, [9, 18, 27]);
-    assert_eq!(net.nodes[0].counters().send_ack_required, 3);
+    assert_eq!(flagged, [1, 10, 19, 28]);
+    assert_eq!(net.nodes[0].counters().send_ack_required, 4);
 }
 
 #[test]
