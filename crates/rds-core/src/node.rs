@@ -671,6 +671,11 @@ impl Node {
     pub(crate) fn recheck_congestion(&mut self, s: SockId) {
         let Some(sock) = self.sock_mut(s) else { return };
         let Some(bound) = sock.bound else { return };
+        // Sockets of the loop transport (bound to 127/8 or ::1) are never
+        // congested (rds_recv_rcvbuf_delta).
+        if sock.transport == Some(TransportKind::Loop) {
+            return;
+        }
         let limit = sock.rcvbuf_limit();
         let change = if !sock.congested && sock.rcv_bytes > limit {
             sock.congested = true;
