@@ -230,6 +230,26 @@ fn local_congestion_is_seen_at_once_by_local_senders() {
 }
 
 #[test]
+fn loop_transport_sockets_are_never_congested() {
+    // Like a socket bound to 127.0.0.1 in the kernel: its transport is the
+    // loop transport, and its receive queue has no congestion limit.
+    let mut net = Net::new(1);
+    net.nodes[0].add_local(ip(50), TransportKind::Loop);
+    let a = net.bound(0, 5000);
+    let b = net.nodes[0].socket();
+    net.nodes[0].bind(b, sa(50, 4000)).unwrap();
+    assert_eq!(net.nodes[0].getsockopt(b, SockOpt::Transport(0)), Ok(3));
+    net.nodes[0].setsockopt(b, SockOpt::RcvBuf(2000)).unwrap();
+    for _ in 0..5 {
+        assert_eq!(net.send(0, a, sa(50, 4000), &[0; 3000]), Ok(3000));
+        net.run();
+    }
+    assert_eq!(net.drain(0, b).len(), 5);
+    assert_eq!(net.nodes[0].counters().cong_update_queued, 0);
+    assert_eq!(net.nodes[0].counters().recv_bytes_added_to_socket, 15_000);
+}
+
+#[test]
 fn recv_order_is_notifications_then_cong_update_then_data() {
     // IB: the transport that runs RDMA ops (and so completion notifications).
     let mut net = Net::with_configs(vec![config(0), config(1)], TransportKind::Ib);
