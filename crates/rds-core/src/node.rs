@@ -543,7 +543,15 @@ impl Node {
                 let v = if v > i32::MAX as u32 { 0 } else { v };
                 sock.rcvbuf = v.min(i32::MAX as u32 / 2).saturating_mul(2).max(bufs::SOCK_MIN_RCVBUF)
             }
-            SockOpt::CongMonitor(on) => sock.cong_monitor = on,
+            // rds_cong_monitor: switching it off forgets the recorded port
+            // groups and any pending notification.
+            SockOpt::CongMonitor(on) => {
+                sock.cong_monitor = on;
+                if !on {
+                    sock.cong_mask = 0;
+                    sock.cong_notify = 0;
+                }
+            }
             SockOpt::RecvErr(on) => sock.recverr = on,
             SockOpt::Timestamp(on) => sock.timestamp = on,
             // SIOCRDSSETTOS: the transport maps the value (TCP: everything
