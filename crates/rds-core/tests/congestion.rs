@@ -191,6 +191,34 @@ fn cong_monitor_notifies_exactly_the_blocked_port_group_when_it_clears() {
 }
 
 #[test]
+fn switching_cong_monitor_off_forgets_masks_and_notifications() {
+    let mut net = Net::new(2);
+    let a = net.bound(0, 5000);
+    let b = net.bound(1, 4003);
+    net.nodes[1].setsockopt(b, SockOpt::RcvBuf(2000)).unwrap();
+    net.nodes[0].setsockopt(a, SockOpt::CongMonitor(true)).unwrap();
+    net.send(0, a, sa(2, 4003), &[0; 2001]).unwrap();
+    net.run();
+    assert_eq!(net.send(0, a, sa(2, 4003), b"x"), Err(Errno::ENOBUFS));
+    net.drain(1, b);
+    net.run();
+    // A notification is pending; switching the option off drops it.
+    assert!(net.nodes[0].readiness(a).readable);
+    net.nodes[0].setsockopt(a, SockOpt::CongMonitor(false)).unwrap();
+    net.nodes[0].setsockopt(a, SockOpt::CongMonitor(true)).unwrap();
+    assert_eq!(net.nodes[0].recv(a, false).unwrap_err(), Errno::EAGAIN);
+    // The recorded group is gone too: the next update notifies nothing.
+    net.send(0, a, sa(2, 4003), &[0; 2001]).unwrap();
+    net.run();
+    assert_eq!(net.send(0, a, sa(2, 4003), b"x"), Err(Errno::ENOBUFS));
+    net.nodes[0].setsockopt(a, SockOpt::CongMonitor(false)).unwrap();
+    net.nodes[0].setsockopt(a, SockOpt::CongMonitor(true)).unwrap();
+    net.drain(1, b);
+    net.run();
+    assert_eq!(net.nodes[0].recv(a, false).unwrap_err(), Errno::EAGAIN);
+}
+
+#[test]
 fn blocking_sender_is_counted_and_woken_by_the_update() {
     let mut net = Net::new(2);
     let a = net.bound(0, 5000);
