@@ -669,9 +669,9 @@ impl Node {
         let Some(sock) = self.sock_mut(s) else { return };
         sock.rcv_bytes = (sock.rcv_bytes as i64 + delta).max(0) as u64;
         if delta > 0 {
-            self.counters.recv_bytes_added_to_socket += delta as u64;
+            self.counters.recv_bytes_added_to_sock += delta as u64;
         } else {
-            self.counters.recv_bytes_removed_from_socket += (-delta) as u64;
+            self.counters.recv_bytes_freed_fromsock += (-delta) as u64;
         }
         self.recheck_congestion(s);
     }

@@ -90,6 +90,12 @@ impl Node {
         if opts.rdma.is_some() && !caps.rdma {
             return Err(Errno::EOPNOTSUPP);
         }
+        // An RDMA_DEST cookie names an MR of this socket; only transports with
+        // RDMA have any (the kernel answers EINVAL for an unknown key). It must
+        // never go out over TCP: a 6.1 receiver crashes on it in recvmsg.
+        if opts.rdma_dest.is_some() && !caps.rdma {
+            return Err(Errno::EINVAL);
+        }
 
         let (index, pre_hs, gated) = self.select_path(s, conn, bound.port());
         let pid = PathId { conn, index: index as u8 };

@@ -60,8 +60,8 @@ counters! {
         cong_update_received,
         cong_send_error,
         cong_send_blocked,
-        recv_bytes_added_to_socket,
-        recv_bytes_removed_from_socket,
+        recv_bytes_added_to_sock,
+        recv_bytes_freed_fromsock,
         send_stuck_rm,
         // --- ours (not in the kernel) ---
         /// Frames that violated the protocol (bad length, bad map, ...); the path was reset.

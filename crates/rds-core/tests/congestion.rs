@@ -82,8 +82,8 @@ fn hysteresis_congested_above_half_rcvbuf_uncongested_below_a_quarter() {
     net.run();
     let c = net.nodes[1].counters();
     // To 4000: 5001, 4999, 1 and the last 1; to 4001: 1.
-    assert_eq!(c.recv_bytes_added_to_socket, 5001 + 4999 + 1 + 1 + 1);
-    assert_eq!(c.recv_bytes_removed_from_socket, 5001 + 4999);
+    assert_eq!(c.recv_bytes_added_to_sock, 5001 + 4999 + 1 + 1 + 1);
+    assert_eq!(c.recv_bytes_freed_fromsock, 5001 + 4999);
     // Two changes queued an update each, plus those of the connection
     // start; node 0 received each of them.
     assert_eq!(c.cong_update_queued, start.len() as u64 + 2);
@@ -274,7 +274,7 @@ fn loop_transport_sockets_are_never_congested() {
     }
     assert_eq!(net.drain(0, b).len(), 5);
     assert_eq!(net.nodes[0].counters().cong_update_queued, 0);
-    assert_eq!(net.nodes[0].counters().recv_bytes_added_to_socket, 15_000);
+    assert_eq!(net.nodes[0].counters().recv_bytes_added_to_sock, 15_000);
 }
 
 #[test]
