@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+pub mod stress;
+
 /// A parsed command line: short options with or without values, long
 /// options (`--name` or `--name=value` or `--name value`), and operands.
 pub struct Args {
@@ -109,39 +111,6 @@ pub fn parse_interval(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v))
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn v(s: &[&str]) -> Vec<String> {
-        s.iter().map(|x| x.to_string()).collect()
-    }
-
-    #[test]
-    fn getopt_forms() {
-        let a = parse(v(&["-c5", "-i", "0.2", "-vz", "--show-histogram", "--port=9", "dst"]), &["c", "i", "port"]).unwrap();
-        assert_eq!(a.get("c"), Some("5"));
-        assert_eq!(a.get("i"), Some("0.2"));
-        assert!(a.has("v") && a.has("z") && a.has("show-histogram"));
-        assert_eq!(a.get("port"), Some("9"));
-        assert_eq!(a.operands, vec!["dst"]);
-        assert!(a.check(&["c", "i", "v", "z", "show-histogram", "port"]).is_ok());
-        assert!(a.check(&["c"]).is_err());
-        assert!(parse(v(&["-c"]), &["c"]).is_err());
-    }
-
-    #[test]
-    fn sizes_and_intervals() {
-        assert_eq!(parse_size("8K").unwrap(), 8192);
-        assert_eq!(parse_size("1m").unwrap(), 1 << 20);
-        assert_eq!(parse_size("63").unwrap(), 63);
-        assert!(parse_size("x").is_err());
-        assert_eq!(parse_interval("0.5").unwrap(), Duration::from_millis(500));
-        assert_eq!(parse_interval("20msec").unwrap(), Duration::from_millis(20));
-        assert_eq!(parse_interval("100us").unwrap(), Duration::from_micros(100));
-        assert!(parse_interval("-1").is_err());
-    }
-}
 
 /// The source address the host would use to reach `dst` (what rds-ping
 /// does: connect a UDP socket and read its local address).
@@ -212,5 +181,48 @@ impl FlowDigest {
             None => "-".to_string(),
         };
         format!("{who} {} {} {hex}", self.messages, self.bytes)
+    }
+}
+
+/// An error as strerror() words it, without Rust's " (os error N)".
+pub fn errstr(e: &std::io::Error) -> String {
+    let s = e.to_string();
+    match s.find(" (os error ") {
+        Some(i) => s[..i].to_string(),
+        None => s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v(s: &[&str]) -> Vec<String> {
+        s.iter().map(|x| x.to_string()).collect()
+    }
+
+    #[test]
+    fn getopt_forms() {
+        let a = parse(v(&["-c5", "-i", "0.2", "-vz", "--show-histogram", "--port=9", "dst"]), &["c", "i", "port"]).unwrap();
+        assert_eq!(a.get("c"), Some("5"));
+        assert_eq!(a.get("i"), Some("0.2"));
+        assert!(a.has("v") && a.has("z") && a.has("show-histogram"));
+        assert_eq!(a.get("port"), Some("9"));
+        assert_eq!(a.operands, vec!["dst"]);
+        assert!(a.check(&["c", "i", "v", "z", "show-histogram", "port"]).is_ok());
+        assert!(a.check(&["c"]).is_err());
+        assert!(parse(v(&["-c"]), &["c"]).is_err());
+    }
+
+    #[test]
+    fn sizes_and_intervals() {
+        assert_eq!(parse_size("8K").unwrap(), 8192);
+        assert_eq!(parse_size("1m").unwrap(), 1 << 20);
+        assert_eq!(parse_size("63").unwrap(), 63);
+        assert!(parse_size("x").is_err());
+        assert_eq!(parse_interval("0.5").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_interval("20msec").unwrap(), Duration::from_millis(20));
+        assert_eq!(parse_interval("100us").unwrap(), Duration::from_micros(100));
+        assert!(parse_interval("-1").is_err());
     }
 }
