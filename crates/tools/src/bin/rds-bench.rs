@@ -156,9 +156,12 @@ fn main() {
         print!("{HELP}");
         return;
     }
+    if let Err(e) = args.check(&["s", "sizes", "t", "seconds", "b", "sndbuf", "a", "from", "d", "to", "p", "port", "r", "repeat", "h", "help"]) {
+        eprintln!("rds-bench: {e}\n{HELP}");
+        std::process::exit(2);
+    }
     let get = |s: &str, l: &str| args.get(s).or(args.get(l));
     let run = || -> std::result::Result<(), String> {
-        args.check(&["s", "sizes", "t", "seconds", "b", "sndbuf", "a", "from", "d", "to", "p", "port", "r", "repeat", "h", "help"])?;
         let sizes: Vec<usize> = get("s", "sizes")
             .unwrap_or("1K,8K")
             .split(',')

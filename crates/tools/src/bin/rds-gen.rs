@@ -27,7 +27,7 @@ for what it sent (the line rds-sink --digest prints for this source).
   -f file        send this file ('-' for standard input)
   -i interval    pause between messages (seconds, or msec/usec suffix)
   -b size        SO_SNDBUF (forced; default 4M)
-  -h             this text
+  -h, --help     this text
 
 Exit status 0 when everything was acknowledged, 1 otherwise.
 ";

@@ -22,7 +22,7 @@ nodes of this userspace RDS and Linux kernel RDS nodes.
   -I local_addr  the local address to ping from (default: the address the
                  host routes dst from); this process serves it as an RDS node
   -Q tos         type of service of the connection (0-255)
-  -h             this text
+  -h, --help     this text
 
 Exit status 0 if at least one reply arrived, 1 otherwise, 2 on bad usage.
 ";

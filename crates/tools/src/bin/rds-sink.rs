@@ -25,7 +25,7 @@ for what it sent, so the two can be compared by a script.
   -l count       exit after count messages
   -t seconds     exit after this long without a message (default: never)
   -b size        SO_RCVBUF (forced; K/M suffixes)
-  -h             this text
+  -h, --help     this text
 ";
 
 fn main() {
