@@ -68,6 +68,8 @@ struct Slot {
     sock: RdsSocket,
     /// (ping number, send time) awaiting its pong.
     pending: Option<(u64, Instant)>,
+    /// The last ping sent on this socket (for duplicate replies).
+    last: Option<(u64, Instant)>,
 }
 
 fn run(src: IpAddr, dst: IpAddr, count: Option<u64>, interval: Duration, tos: Option<u8>) -> i32 {
@@ -80,7 +82,7 @@ fn run(src: IpAddr, dst: IpAddr, count: Option<u64>, interval: Duration, tos: Op
         let a = SocketAddr::new(src, 0);
         sock.bind(a).unwrap_or_else(|e| fail(&bind_error(a, &e)));
         sock.set_nonblocking(true).unwrap();
-        slots.push(Slot { sock, pending: None });
+        slots.push(Slot { sock, pending: None, last: None });
     }
     let target = SocketAddr::new(dst, 0);
     let mut sent = 0u64;
@@ -107,15 +109,16 @@ fn run(src: IpAddr, dst: IpAddr, count: Option<u64>, interval: Duration, tos: Op
             if let Some(k) = (0..NSOCKETS).map(|i| (next + i) % NSOCKETS).find(|k| slots[*k].pending.is_none()) {
                 sent += 1;
                 match slots[k].sock.send_to(&[], target) {
-                    Ok(_) => slots[k].pending = Some((sent, Instant::now())),
+                    Ok(_) => {
+                        slots[k].pending = Some((sent, Instant::now()));
+                        slots[k].last = slots[k].pending;
+                    }
                     Err(e) => {
-                        let hint = if first_error && e.raw_os_error() == Some(libc::EINVAL) {
-                            " (Maybe your kernel does not support rds ping yet)"
-                        } else {
-                            ""
-                        };
+                        println!(" {sent:>3}: ERROR: {}", rds_tools::errstr(&e));
+                        if first_error && e.raw_os_error() == Some(libc::EINVAL) {
+                            println!("      Maybe your kernel does not support rds ping yet");
+                        }
                         first_error = false;
-                        println!("{sent:>4}: ERROR: {e}{hint}");
                     }
                 }
                 next = (k + 1) % NSOCKETS;
@@ -146,9 +149,12 @@ fn run(src: IpAddr, dst: IpAddr, count: Option<u64>, interval: Duration, tos: Op
                 match slot.pending.take() {
                     Some((n, t)) => {
                         replies += 1;
-                        println!("{n:>4}: {} usec{other}", t.elapsed().as_micros());
+                        println!(" {n:>3}: {} usec{other}", t.elapsed().as_micros());
                     }
-                    None => println!("{:>4}: DUP!{other}", sent),
+                    None => match slot.last {
+                        Some((n, t)) => println!(" {n:>3}: {} usec{other} DUP!", t.elapsed().as_micros()),
+                        None => println!(" {sent:>3}: DUP!{other}"),
+                    },
                 }
             }
         }
