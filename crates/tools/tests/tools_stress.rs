@@ -144,18 +144,25 @@ fn passive_and_active_stop_after_t_seconds() {
 }
 
 #[test]
-fn verify_with_megabyte_requests_and_summary_only() {
+fn verify_with_megabyte_requests_summary_only_and_cpu() {
     let (t, port) = (2, 4102);
     let mut pas = passive(t, port);
     let mut act = Proc::spawn(
         "rds-stress",
         &[
             "-r", &ip(t, 2).to_string(), "-s", &ip(t, 1).to_string(), "-p", &port.to_string(),
-            "-T", "2", "-v", "-q", "1M", "-t", "2", "-d", "2", "-z",
+            "-T", "2", "-v", "-q", "1M", "-t", "2", "-d", "2", "-z", "-c",
         ],
     );
     assert_eq!(act.code(LONG), 0, "{}", act.dump());
     assert_eq!(pas.code(Duration::from_secs(20)), 0, "{}", pas.dump());
+    // -c (local to the active side): soak threads measure the CPU use.
+    let out = act.stdout();
+    assert!(out[0].starts_with("started ") && out[0].ends_with(" cycle soaking threads"), "{}", act.dump());
+    let (_, a) = stats(&out);
+    assert!((0.0..=100.0).contains(&a.cpu), "{}", act.dump());
+    let (_, p) = stats(&pas.stdout());
+    assert_eq!(p.cpu, -1.0, "{}", pas.dump());
     for p in [&act, &pas] {
         let out = p.stdout();
         // -z (also for the passive side: it runs with the active side's
@@ -171,13 +178,15 @@ fn verify_with_megabyte_requests_and_summary_only() {
     }
 }
 
+/// Also -Q: a TOS makes the active side send the second version of the
+/// options block (with a version string), which the passive side reads.
 #[test]
-fn one_way_with_perfdata() {
+fn one_way_with_perfdata_and_tos() {
     let (t, port) = (3, 4103);
     let mut pas = passive(t, port);
     let mut act = Proc::spawn(
         "rds-stress",
-        &["-r", &ip(t, 2).to_string(), "-s", &ip(t, 1).to_string(), "-p", &port.to_string(), "-T", "2", "-o", "-d", "4", "--show-perfdata"],
+        &["-r", &ip(t, 2).to_string(), "-s", &ip(t, 1).to_string(), "-p", &port.to_string(), "-T", "2", "-o", "-d", "4", "--show-perfdata", "-Q", "1"],
     );
     assert_eq!(act.code(LONG), 0, "{}", act.dump());
     assert_eq!(pas.code(Duration::from_secs(20)), 0, "{}", pas.dump());
