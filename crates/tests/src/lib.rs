@@ -8,7 +8,7 @@ use rds_sock::{Engine, EngineConfig};
 
 /// A fresh 127.x.y.0/24 block per call, so tests in one binary can run in
 /// parallel without sharing addresses. `group` separates test binaries.
-pub fn addr_block(group: u8) -> impl Fn(u8) -> IpAddr {
+pub fn addr_block(group: u8) -> impl Fn(u8) -> IpAddr + Copy + Send + 'static {
     static NEXT: AtomicU8 = AtomicU8::new(1);
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
     move |host| IpAddr::V4(Ipv4Addr::new(127, group, n, host))

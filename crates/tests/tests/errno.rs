@@ -163,16 +163,62 @@ fn blocking_send_completes_once_the_peer_acks() {
     let b = e2.socket().unwrap();
     a.bind(sa(ip(1), 4001)).unwrap();
     b.bind(sa(ip(2), 4001)).unwrap();
+    // 20000 usable bytes: five 4000-byte messages in flight at most, so the
+    // sender blocks on the buffer and on the receiver's congestion in turn.
     a.set_send_buffer_size(20_000).unwrap();
+    let rx = std::thread::spawn(move || {
+        let mut buf = vec![0u8; 8192];
+        for i in 0..200u32 {
+            let (n, from) = b.recv_from(&mut buf).unwrap();
+            assert_eq!(from, sa(ip(1), 4001));
+            assert_eq!(&buf[..n], &i.to_le_bytes().repeat(1000)[..]);
+        }
+    });
     for i in 0..200u32 {
         a.send_to(&i.to_le_bytes().repeat(1000), sa(ip(2), 4001)).unwrap();
     }
-    let mut buf = vec![0u8; 8192];
-    for i in 0..200u32 {
-        let (n, from) = b.recv_from(&mut buf).unwrap();
-        assert_eq!(from, sa(ip(1), 4001));
-        assert_eq!(&buf[..n], &i.to_le_bytes().repeat(1000)[..]);
+    rx.join().unwrap();
+    assert!(a.flush(Duration::from_secs(5)));
+}
+
+#[test]
+fn blocking_send_waits_for_a_congested_port_then_delivers() {
+    let ip = addr_block(42);
+    let (e1, e2) = (engine(), engine());
+    let a = e1.socket().unwrap();
+    let b = e2.socket().unwrap();
+    a.bind(sa(ip(1), 4001)).unwrap();
+    b.bind(sa(ip(2), 4001)).unwrap();
+    b.set_recv_buffer_size(10_000).unwrap(); // congested above 10000 queued bytes
+    a.set_nonblocking(true).unwrap();
+    let mut sent = 0u32;
+    let err = loop {
+        match a.send_to(&[sent as u8; 3000], sa(ip(2), 4001)) {
+            Ok(_) => sent += 1,
+            Err(e) => break e,
+        }
+        // Let the map update arrive before deciding the port is not congested.
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(sent < 50, "never congested");
+    };
+    assert_eq!(err.raw_os_error(), Some(libc::ENOBUFS));
+    assert_eq!(sent, 4, "the fourth 3000-byte message crossed 10000 queued bytes");
+    a.set_nonblocking(false).unwrap();
+    let t = std::thread::spawn(move || {
+        a.send_to(b"after", sa(ip(2), 4001)).unwrap();
+        a
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(!t.is_finished(), "a blocking send waits while the port is congested");
+    let mut buf = [0u8; 4096];
+    for i in 0..sent {
+        let (n, _) = b.recv_from(&mut buf).unwrap();
+        assert_eq!(&buf[..n], &[i as u8; 3000][..]);
     }
+    let a = t.join().unwrap();
+    let (n, _) = b.recv_from(&mut buf).unwrap();
+    assert_eq!(&buf[..n], b"after");
+    drop(a);
 }
 
 #[test]
