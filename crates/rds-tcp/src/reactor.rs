@@ -111,6 +111,9 @@ struct Reactor {
     rbuf: Vec<u8>,
     timer: Option<crate::sys::TimerFd>,
     timer_at: Option<Instant>,
+    /// Listeners whose accept failed for lack of resources (EMFILE,
+    /// ENOBUFS...), retried at this time.
+    accept_retry: Option<Instant>,
 }
 
 pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
@@ -134,6 +137,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         rbuf: vec![0; RBUF],
         timer,
         timer_at: None,
+        accept_retry: None,
     };
     let mut events = Events::with_capacity(1024);
     loop {
@@ -191,6 +195,13 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
             r.poll_watched();
         }
         r.expire_drains(now);
+        if r.accept_retry.is_some_and(|t| t <= now) {
+            r.accept_retry = None;
+            let toks: Vec<Token> = r.listeners.keys().copied().collect();
+            for tok in toks {
+                r.accept_all(tok);
+            }
+        }
     }
 }
 
@@ -215,7 +226,10 @@ impl Reactor {
         if self.watch.is_empty() {
             self.next_ack_poll = None;
         }
-        let next = [self.next_ack_poll, self.drains.iter().map(|d| d.0).min()].into_iter().flatten().min();
+        let next = [self.next_ack_poll, self.drains.iter().map(|d| d.0).min(), self.accept_retry]
+            .into_iter()
+            .flatten()
+            .min();
         let Some(at) = next else {
             if let Some(t) = &mut self.timer {
                 let _ = t.disarm();
@@ -387,7 +401,11 @@ impl Reactor {
                 // ECONNABORTED and the like concern one connection; EMFILE
                 // and ENOBUFS leave it queued: try again on the next event.
                 Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {}
-                Err(_) => return,
+                Err(_) => {
+                    // The edge is consumed: come back for the queued ones.
+                    self.accept_retry = Some(Instant::now() + Duration::from_millis(100));
+                    return;
+                }
             }
         }
     }
@@ -564,9 +582,14 @@ impl Reactor {
 
     fn conn_event(&mut self, conn: &Arc<Conn>, readable: bool, writable: bool) {
         match conn.state() {
-            CONNECTING => {
-                if readable || writable {
-                    self.check_connect(conn, readable && !writable);
+            CONNECTING if readable || writable => {
+                self.check_connect(conn, readable && !writable);
+                // Data the peer sent right after accepting came with this
+                // (edge-triggered) event: read it now, or nothing will ever
+                // announce it again once the window is full.
+                if conn.state() == UP {
+                    inc(&self.inner.stats.data_ready_calls);
+                    self.read_conn(conn);
                 }
             }
             UP | DRAINING => {

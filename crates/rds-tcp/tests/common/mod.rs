@@ -140,7 +140,10 @@ impl Host {
             match self.with(|n| n.send(s, Some(dst), payload, &opts)) {
                 Ok(_) => return,
                 Err(Errno::EAGAIN) | Err(Errno::ENOBUFS) => {
-                    assert!(Instant::now() < deadline, "send timed out");
+                    if Instant::now() >= deadline {
+                        self.dump();
+                        panic!("send timed out");
+                    }
                     self.wait(seen, Duration::from_millis(10));
                 }
                 Err(e) => panic!("send: {e}"),
@@ -156,7 +159,10 @@ impl Host {
                 Ok(Received::Data(i)) => return i,
                 Ok(_) => {}
                 Err(Errno::EAGAIN) => {
-                    assert!(Instant::now() < deadline, "recv timed out");
+                    if Instant::now() >= deadline {
+                        self.dump();
+                        panic!("recv timed out");
+                    }
                     self.wait(seen, Duration::from_millis(10));
                 }
                 Err(e) => panic!("recv: {e}"),
@@ -172,6 +178,17 @@ impl Host {
             }
             assert!(Instant::now() < deadline, "timed out waiting for {what}");
             std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    /// Prints the state of the node and the transport (on a timeout).
+    pub fn dump(&self) {
+        let (unsent, counters) = self.with(|n| (n.unsent(), n.counters().clone()));
+        eprintln!("== {} unsent {:?}", self.addr, unsent);
+        eprintln!("== {} node {:?}", self.addr, counters);
+        eprintln!("== {} tcp {:?}", self.addr, self.tcp.counters());
+        for r in self.tcp.conn_info() {
+            eprintln!("== {} conn {:?}", self.addr, r);
         }
     }
 
