@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use crate::cong::CongMap;
 use crate::conn::{Conn, Path, PathInfo, PathState};
-use crate::message::{Received, Incoming};
+use crate::message::Received;
 use crate::sock::{bufs, Readiness, Sock};
 use crate::stats::Counters;
 use crate::transport::TransportCaps;
@@ -629,10 +629,12 @@ impl Node {
             self.wake(s, false);
             return Ok(Received::CongUpdate { mask });
         }
-        let inc: Incoming = if peek {
-            sock.recv_queue.front().cloned().ok_or(Errno::EAGAIN)?
-        } else {
-            sock.recv_queue.pop_front().ok_or(Errno::EAGAIN)?
+        let inc = if peek { sock.recv_queue.front().cloned() } else { sock.recv_queue.pop_front() };
+        let Some(inc) = inc else {
+            // Clearing the congestion-update flag may have changed readiness:
+            // report it, or a later delivery would look like no change.
+            self.wake(s, false);
+            return Err(Errno::EAGAIN);
         };
         // s_recv_delivered counts every copy to the user, peeks included.
         self.counters.recv_delivered += 1;
@@ -756,5 +758,56 @@ impl Node {
     /// Whether the node is the active (connecting) side towards `faddr`.
     pub fn is_smaller(laddr: &IpAddr, faddr: &IpAddr) -> bool {
         addr_cmp(laddr, faddr) == std::cmp::Ordering::Less
+    }
+}
+
+impl Node {
+    /// A human-readable dump of connections, paths, sockets and congestion
+    /// maps, for debugging and test failure reports.
+    pub fn dump(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        for c in &self.conns {
+            let _ = writeln!(
+                s,
+                "conn {} {} -> {} {:?} npaths {} ping_triggered {} map_queued {} peer_gen {}",
+                c.id.0, c.laddr, c.faddr, c.kind, c.npaths, c.ping_triggered, c.map_queued, c.peer_gen
+            );
+            for (i, p) in c.paths.iter().enumerate() {
+                if p.state == PathState::Down && p.send_queue.is_empty() && p.retrans.is_empty() && p.connects == 0 {
+                    continue;
+                }
+                let _ = writeln!(
+                    s,
+                    "  path {i} {:?} inst {} tx {} rx {} sendq {} retrans {} kick_queued {} reconnect_at {:?} connects {}",
+                    p.state,
+                    p.inst,
+                    p.next_tx_seq,
+                    p.next_rx_seq,
+                    p.send_queue.len(),
+                    p.retrans.len(),
+                    p.kick_queued,
+                    p.reconnect_at.is_some(),
+                    p.connects
+                );
+            }
+        }
+        for slot in &self.socks {
+            if let Some(k) = &slot.sock {
+                let _ = writeln!(
+                    s,
+                    "sock {:?} snd {} rcv {} congested {} wants_write {} recvq {} lane0 {:?}",
+                    k.bound, k.snd_bytes, k.rcv_bytes, k.congested, k.wants_write, k.recv_queue.len(), k.lane0_backlog
+                );
+            }
+        }
+        for (a, m) in &self.maps {
+            let ports: Vec<u16> = m.congested_ports().take(20).collect();
+            if !ports.is_empty() {
+                let _ = writeln!(s, "map {a}: congested {ports:?}");
+            }
+        }
+        let _ = writeln!(s, "write_waiters {:?} outputs {}", self.write_waiters.len(), self.outputs.len());
+        s
     }
 }

@@ -99,8 +99,26 @@ fn three_nodes_all_to_all_100k() {
         }));
     }
     let mut sent_bytes = 0;
+    let mut failure = None;
     for t in threads {
-        sent_bytes += t.join().unwrap().unwrap();
+        match t.join().unwrap() {
+            Ok(b) => sent_bytes += b,
+            Err(e) => failure = failure.or(Some(e)),
+        }
+    }
+    if let Some(e) = failure {
+        // A receiver that stopped early makes senders block: report it first.
+        for (i, r) in receivers.into_iter().enumerate() {
+            if r.is_finished() {
+                if let Err(re) = r.join().unwrap() {
+                    eprintln!("receiver {i}: {re}");
+                }
+            }
+        }
+        for (i, en) in engines.iter().enumerate() {
+            eprintln!("--- engine {i}\n{}", en.with_node(|n| n.dump()));
+        }
+        panic!("{e}");
     }
     let mut got = 0;
     let mut got_bytes = 0;

@@ -1,0 +1,37 @@
+//! Wake outputs: every change of a socket's readiness is reported, so a
+//! blocked receiver or sender is never left waiting.
+
+mod common;
+use common::*;
+use rds_core::*;
+
+/// Regression: a socket that hit congestion as a sender becomes readable on
+/// the next map update (the kernel's "historical" POLLIN). A recv that finds
+/// nothing clears that; it must report the change, or the next datagram's
+/// arrival would look like no change and a blocked receiver would sleep on.
+#[test]
+fn data_after_a_consumed_congestion_update_wakes_the_receiver() {
+    let mut net = Net::new(2);
+    let a = net.bound(0, 4000);
+    let b = net.bound(1, 4000);
+    net.nodes[1].setsockopt(b, SockOpt::RcvBuf(2000)).unwrap(); // congested above 2000
+    for _ in 0..2 {
+        net.send(0, a, sa(2, 4000), &[1; 1500]).unwrap();
+        net.run();
+    }
+    assert_eq!(net.send(0, a, sa(2, 4000), &[1; 1500]), Err(Errno::ENOBUFS));
+    // b drains: the map update makes a readable without data.
+    net.drain(1, b);
+    net.run();
+    assert!(net.nodes[0].readiness(a).readable, "congestion update is readable");
+    assert_eq!(net.nodes[0].recv(a, false).unwrap_err(), Errno::EAGAIN);
+    net.run();
+    assert!(!net.nodes[0].readiness(a).readable);
+    net.wakes.clear();
+    // Now a datagram for a must produce a Wake of a.
+    let b2 = net.bound(1, 4001);
+    net.send(1, b2, sa(1, 4000), b"data").unwrap();
+    net.run();
+    assert!(net.wakes.contains(&(0, a)), "no Wake for the arriving datagram: {:?}", net.wakes);
+    assert_eq!(&data(net.nodes[0].recv(a, false).unwrap()).payload[..], b"data");
+}
