@@ -86,6 +86,14 @@ impl TxState {
         tracked
     }
 
+    pub fn queued_len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn unacked_len(&self) -> usize {
+        self.unacked.len()
+    }
+
     pub fn has_unacked(&self) -> bool {
         !self.unacked.is_empty()
     }

@@ -58,9 +58,27 @@
 //! is covered. Congestion-map updates (sequence 0) are written but never
 //! tracked. The kernel learns of acks in `sk_write_space`; we poll
 //! `SIOCOUTQ` instead: after every write, whenever the connection is
-//! readable, and, while messages await their ack, on a reactor timer (a
-//! `timerfd`) that starts at [`TcpConfig::ack_poll_min`] and backs off to
-//! [`TcpConfig::ack_poll_max`] while nothing changes.
+//! readable or writable, and, while messages await their ack, on a reactor
+//! timer (a `timerfd`, finer than epoll's milliseconds) that starts at
+//! [`TcpConfig::ack_poll_min`] and backs off to [`TcpConfig::ack_poll_max`]
+//! while nothing changes. A transmitting thread that starts the wait for
+//! acks arms that timer itself rather than waking the reactor.
+//!
+//! ## Introspection
+//!
+//! [`RdsTransport::conn_info`] gives one row per path connection like
+//! `RDS_INFO_TCP_SOCKETS`: the socket addresses, the receive decoder's
+//! `hdr_rem` / `data_rem`, and `last_sent_nxt` / `last_expected_una` /
+//! `last_seen_una` as 32-bit offsets in the connection's byte stream (not
+//! TCP sequence numbers), plus a `detail` string with the transmit state.
+//! [`RdsTransport::counters`] uses the kernel's `tcp_*` names for what
+//! corresponds here: `tcp_data_ready_calls` counts readable events handled,
+//! `tcp_write_space_calls` the times the acked offset was seen to advance,
+//! `tcp_sndbuf_full` writes that hit `EAGAIN`, `tcp_connect_raced` accepted
+//! connections that replaced our own connect in progress on the same path,
+//! and `tcp_listen_closed_stale` accepted connections reset because the
+//! core did not take them. [`TcpTransport::abort_path`] is a fault-injection
+//! hook for tests.
 //!
 //! ## Receive
 //!
@@ -337,7 +355,7 @@ impl Inner {
                 }
             };
             if notify {
-                self.reactors[conn.reactor].send(Cmd::Watch(conn.clone()));
+                self.reactors[conn.reactor].watch(conn.clone(), self.cfg.ack_poll_min);
             }
         }
     }
@@ -355,9 +373,9 @@ impl TcpTransport {
         let n = cfg.threads.max(1);
         let mut polls = Vec::with_capacity(n);
         let mut handles = Vec::with_capacity(n);
-        for i in 0..n {
+        for _ in 0..n {
             let poll = mio::Poll::new()?;
-            handles.push(ReactorHandle::new(i, &poll)?);
+            handles.push(ReactorHandle::new(&poll)?);
             polls.push(poll);
         }
         let inner = Arc::new(Inner {
@@ -518,6 +536,20 @@ impl RdsTransport for TcpTransport {
                     (rx.decoder.header_remaining() as u64, rx.decoder.payload_remaining() as u64)
                 };
                 let tx = c.tx.lock();
+                let detail = format!(
+                    "state={} in_xmit={} wait_writable={} queued={} unacked={} watched={}",
+                    match c.state() {
+                        conn::CONNECTING => "connecting",
+                        UP => "up",
+                        conn::DRAINING => "draining",
+                        _ => "closed",
+                    },
+                    c.in_xmit.load(Relaxed),
+                    c.wait_writable.load(Relaxed),
+                    tx.queued_len(),
+                    tx.unacked_len(),
+                    tx.watched,
+                );
                 TransportConnInfo {
                     path: Some(c.info.id),
                     local: c.local,
@@ -527,7 +559,7 @@ impl RdsTransport for TcpTransport {
                     last_sent_nxt: tx.written as u32,
                     last_expected_una: tx.expected_una as u32,
                     last_seen_una: tx.acked as u32,
-                    detail: String::new(),
+                    detail,
                 }
             })
             .collect();

@@ -31,6 +31,10 @@ const RBUF: usize = 256 << 10;
 /// Payload bytes still missing above which reads go straight into the
 /// message's buffer.
 const DIRECT_MIN: usize = 16 << 10;
+/// Bytes offered per direct read: `FrameDecoder::direct_buf` zero-fills
+/// what it offers, so offering a whole 1 MiB payload per read would clear
+/// it again and again while it trickles in.
+const DIRECT_MAX: usize = 256 << 10;
 /// Messages handed to the sink per call at most.
 const BATCH_MSGS: usize = 1024;
 const BATCH_BYTES: usize = 4 << 20;
@@ -51,24 +55,60 @@ pub(crate) enum Cmd {
     Shutdown(PathInfo),
     /// Continue transmitting (handed over by an application thread).
     Xmit(Arc<Conn>),
-    /// The connection has messages awaiting their ack.
-    Watch(Arc<Conn>),
     /// A write failed.
     Failed(Arc<Conn>),
+    /// Fallback of [`ReactorHandle::watch`] without a timerfd.
+    Watch(Arc<Conn>),
     Listen(IpAddr, TcpListener),
     Unlisten(IpAddr),
     Stop,
+}
+
+/// The reactor's timer, shared so that a transmitting thread can start ack
+/// polling without waking the reactor.
+struct TimerShared {
+    fd: Option<crate::sys::TimerFd>,
+    /// When the timerfd fires, if armed.
+    at: Option<Instant>,
+    /// Connections that started awaiting acks, not yet seen by the reactor.
+    watch_in: Vec<Arc<Conn>>,
+}
+
+impl TimerShared {
+    fn arm_at(&mut self, at: Instant, now: Instant) -> bool {
+        match &mut self.fd {
+            Some(fd) => {
+                if self.at != Some(at) {
+                    if fd.arm(at.saturating_duration_since(now)).is_err() {
+                        return false;
+                    }
+                    self.at = Some(at);
+                }
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// What other threads hold of a reactor.
 pub(crate) struct ReactorHandle {
     waker: Waker,
     cmds: Mutex<Vec<Cmd>>,
+    timer: Mutex<TimerShared>,
 }
 
 impl ReactorHandle {
-    pub fn new(_idx: usize, poll: &Poll) -> io::Result<ReactorHandle> {
-        Ok(ReactorHandle { waker: Waker::new(poll.registry(), WAKER)?, cmds: Mutex::new(Vec::new()) })
+    pub fn new(poll: &Poll) -> io::Result<ReactorHandle> {
+        let fd = crate::sys::TimerFd::new().ok();
+        if let Some(t) = &fd {
+            poll.registry().register(&mut SourceFd(&t.fd()), TIMER, Interest::READABLE)?;
+        }
+        Ok(ReactorHandle {
+            waker: Waker::new(poll.registry(), WAKER)?,
+            cmds: Mutex::new(Vec::new()),
+            timer: Mutex::new(TimerShared { fd, at: None, watch_in: Vec::new() }),
+        })
     }
 
     pub fn send(&self, c: Cmd) {
@@ -79,6 +119,24 @@ impl ReactorHandle {
         };
         if first {
             let _ = self.waker.wake();
+        }
+    }
+
+    /// The connection has messages awaiting their TCP ack: have the reactor
+    /// poll it within `within`. Arms the reactor's timer instead of waking
+    /// the reactor now (one wake-up saved per message in request/response
+    /// traffic).
+    pub fn watch(&self, conn: Arc<Conn>, within: Duration) {
+        let now = Instant::now();
+        let at = now + within;
+        let armed = {
+            let mut t = self.timer.lock();
+            t.watch_in.push(conn.clone());
+            if t.at.is_some_and(|x| x <= at) { true } else { t.arm_at(at, now) }
+        };
+        if !armed {
+            // No timerfd: fall back to a command wake-up.
+            self.send(Cmd::Watch(conn));
         }
     }
 }
@@ -109,8 +167,6 @@ struct Reactor {
     /// Connections that hit the read budget.
     rx_more: Vec<Arc<Conn>>,
     rbuf: Vec<u8>,
-    timer: Option<crate::sys::TimerFd>,
-    timer_at: Option<Instant>,
     /// Listeners whose accept failed for lack of resources (EMFILE,
     /// ENOBUFS...), retried at this time.
     accept_retry: Option<Instant>,
@@ -118,10 +174,6 @@ struct Reactor {
 
 pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
     ON_REACTOR.with(|c| c.set(true));
-    let timer = crate::sys::TimerFd::new().ok();
-    if let Some(t) = &timer {
-        let _ = poll.registry().register(&mut SourceFd(&t.fd()), TIMER, Interest::READABLE);
-    }
     let ack_interval = inner.cfg.ack_poll_min;
     let mut r = Reactor {
         inner,
@@ -135,8 +187,6 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         drains: Vec::new(),
         rx_more: Vec::new(),
         rbuf: vec![0; RBUF],
-        timer,
-        timer_at: None,
         accept_retry: None,
     };
     let mut events = Events::with_capacity(1024);
@@ -160,10 +210,11 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
             match ev.token() {
                 WAKER => {}
                 TIMER => {
-                    if let Some(t) = &mut r.timer {
-                        t.clear();
+                    let mut t = r.inner.reactors[r.idx].timer.lock();
+                    if let Some(fd) = &mut t.fd {
+                        fd.clear();
                     }
-                    r.timer_at = None;
+                    t.at = None;
                 }
                 tok => {
                     if r.listeners.contains_key(&tok) {
@@ -220,39 +271,39 @@ impl Reactor {
     /// (through the timerfd, whose resolution is finer than epoll's
     /// milliseconds).
     fn timeout(&mut self) -> Option<Duration> {
-        if !self.rx_more.is_empty() || !self.inner.reactors[self.idx].cmds.lock().is_empty() {
-            return Some(Duration::ZERO);
+        let handle = &self.inner.reactors[self.idx];
+        let mut t = handle.timer.lock();
+        let now = Instant::now();
+        if !t.watch_in.is_empty() {
+            for c in std::mem::take(&mut t.watch_in) {
+                if c.state() != CLOSED && !self.watch.iter().any(|w| Arc::ptr_eq(w, &c)) {
+                    self.watch.push(c);
+                }
+            }
+            self.ack_interval = self.inner.cfg.ack_poll_min;
+            let at = t.at.unwrap_or(now + self.ack_interval);
+            if self.next_ack_poll.is_none_or(|x| x > at) {
+                self.next_ack_poll = Some(at);
+            }
         }
         if self.watch.is_empty() {
             self.next_ack_poll = None;
+        }
+        if !self.rx_more.is_empty() || !handle.cmds.lock().is_empty() {
+            return Some(Duration::ZERO);
         }
         let next = [self.next_ack_poll, self.drains.iter().map(|d| d.0).min(), self.accept_retry]
             .into_iter()
             .flatten()
             .min();
         let Some(at) = next else {
-            if let Some(t) = &mut self.timer {
-                let _ = t.disarm();
-            }
-            self.timer_at = None;
+            // A stale expiry at most wakes us once for nothing.
             return None;
         };
-        let now = Instant::now();
         if at <= now {
             return Some(Duration::ZERO);
         }
-        match &mut self.timer {
-            Some(t) => {
-                if self.timer_at != Some(at) {
-                    if t.arm(at - now).is_err() {
-                        return Some(at - now);
-                    }
-                    self.timer_at = Some(at);
-                }
-                None
-            }
-            None => Some(at - now),
-        }
+        if t.arm_at(at, now) { None } else { Some(at - now) }
     }
 
     /// Runs queued commands; false on Stop.
@@ -628,7 +679,7 @@ impl Reactor {
                 let mut rx = conn.rx.lock();
                 let dec = &mut rx.decoder;
                 if dec.payload_remaining() >= DIRECT_MIN {
-                    let buf = dec.direct_buf(usize::MAX).unwrap_or_default();
+                    let buf = dec.direct_buf(DIRECT_MAX).unwrap_or_default();
                     let offered = buf.len();
                     match (&conn.stream).read(buf) {
                         Ok(0) => {

@@ -21,7 +21,6 @@ pub(crate) fn outq(fd: RawFd) -> io::Result<u64> {
 /// A non-blocking monotonic one-shot timer usable as a mio source.
 pub(crate) struct TimerFd {
     file: File,
-    armed: bool,
 }
 
 impl TimerFd {
@@ -33,7 +32,7 @@ impl TimerFd {
         }
         // SAFETY: `fd` was just returned by timerfd_create and is owned by nobody else.
         let owned = unsafe { OwnedFd::from_raw_fd(fd) };
-        Ok(TimerFd { file: File::from(owned), armed: false })
+        Ok(TimerFd { file: File::from(owned) })
     }
 
     pub(crate) fn fd(&self) -> RawFd {
@@ -43,17 +42,7 @@ impl TimerFd {
     /// Fires once after `after` (at least 1 µs), replacing any earlier setting.
     pub(crate) fn arm(&mut self, after: Duration) -> io::Result<()> {
         let after = after.max(Duration::from_micros(1));
-        self.set(after)?;
-        self.armed = true;
-        Ok(())
-    }
-
-    pub(crate) fn disarm(&mut self) -> io::Result<()> {
-        if self.armed {
-            self.set(Duration::ZERO)?;
-            self.armed = false;
-        }
-        Ok(())
+        self.set(after)
     }
 
     fn set(&self, after: Duration) -> io::Result<()> {
@@ -75,8 +64,6 @@ impl TimerFd {
     /// Consumes an expiration (after the fd polled readable).
     pub(crate) fn clear(&mut self) {
         let mut buf = [0u8; 8];
-        if (&self.file).read(&mut buf).is_ok() {
-            self.armed = false;
-        }
+        let _ = (&self.file).read(&mut buf);
     }
 }
