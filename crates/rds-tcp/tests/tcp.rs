@@ -392,3 +392,76 @@ fn stale_instances_are_ignored() {
     a.shutdown();
     b.shutdown();
 }
+
+#[test]
+fn three_nodes_on_two_reactor_threads() {
+    let cfg = |port| rds_tcp::TcpConfig { port, threads: 2, ..Default::default() };
+    let hosts: Vec<Arc<Host>> = (1..=3u8)
+        .map(|i| {
+            let addr = ip(&format!("127.0.21.{i}"));
+            Host::with_config(addr, cfg(17112), common::node_config(110 + u32::from(i)))
+        })
+        .collect();
+    let d = deadline(60);
+    let socks: Vec<SockId> = hosts.iter().map(|h| h.socket(4000)).collect();
+    // Everyone sends 50 messages to everyone else, concurrently.
+    let mut senders = Vec::new();
+    for (i, h) in hosts.iter().enumerate() {
+        let h = h.clone();
+        let s = h.socket(5000);
+        let peers: Vec<IpAddr> = (1..=3u8).filter(|j| usize::from(*j) != i + 1).map(|j| ip(&format!("127.0.21.{j}"))).collect();
+        senders.push(std::thread::spawn(move || {
+            for k in 0..50u64 {
+                for p in &peers {
+                    h.send(s, SocketAddr::new(*p, 4000), &Payload::new(pattern(k, 1000 + k as usize * 50)), d);
+                }
+            }
+        }));
+    }
+    for (j, h) in hosts.iter().enumerate() {
+        let mut next: std::collections::HashMap<SocketAddr, u64> = Default::default();
+        for _ in 0..100 {
+            let inc = h.recv(socks[j], d);
+            let k = next.entry(inc.from).or_default();
+            assert_eq!(index_of(&inc.payload), *k, "order per sender");
+            assert_eq!(inc.payload[..], pattern(*k, 1000 + *k as usize * 50)[..]);
+            *k += 1;
+        }
+        assert_eq!(next.len(), 2);
+    }
+    for s in senders {
+        s.join().unwrap();
+    }
+    for h in &hosts {
+        h.shutdown();
+    }
+}
+
+#[test]
+fn peer_that_starts_late_gets_the_messages() {
+    let b = Host::new(ip("127.0.22.2"), 17113, 122);
+    let d = deadline(30);
+    let sb = b.socket(4000);
+    // The larger address sends first and nobody listens yet: its pokes fail
+    // and are retried with backoff while the message waits.
+    b.send(sb, SocketAddr::new(ip("127.0.22.1"), 5000), &Payload::copy_from(b"early"), d);
+    std::thread::sleep(Duration::from_millis(300));
+    let a = Host::new(ip("127.0.22.1"), 17113, 121);
+    let sa = a.socket(5000);
+    // The first message may have gone before the socket was bound (dropped
+    // as no socket, as the kernel does): send again until one arrives.
+    let mut got = None;
+    for _ in 0..50 {
+        b.send(sb, SocketAddr::new(a.addr, 5000), &Payload::copy_from(b"late"), d);
+        if let Ok(Received::Data(inc)) = a.with(|n| n.recv(sa, false)) {
+            got = Some(inc);
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let inc = got.unwrap_or_else(|| a.recv(sa, d));
+    assert!(&inc.payload[..] == b"late" || &inc.payload[..] == b"early");
+    b.wait_for(d, "acked", |n| n.snd_bytes(sb) == 0);
+    a.shutdown();
+    b.shutdown();
+}
