@@ -3,7 +3,8 @@
 //! This crate is the I/O half of RDS-TCP (`net/rds/tcp*.c`): it implements
 //! [`rds_core::RdsTransport`] with real TCP sockets and reports to a
 //! [`rds_core::TransportSink`] (the driver that owns the sans-IO
-//! [`rds_core::Node`]). A Linux kernel speaking RDS-TCP can be the peer.
+//! [`rds_core::Node`]). The byte stream is the kernel's, so that a Linux
+//! kernel's RDS-TCP can be the peer.
 //!
 //! ## What goes on the wire
 //!
@@ -11,8 +12,10 @@
 //! source port) to the larger address's port [`TcpConfig::port`] (16385 by
 //! default). The stream is `[48-byte header][h_len payload bytes]`
 //! repeated, nothing else. Every RDS TCP socket has `TCP_NODELAY` and
-//! keepalive (5 s idle, 5 s interval, 5 probes by default); listeners use
-//! `SO_REUSEADDR` and a backlog of 64.
+//! keepalive (5 s idle, 5 s interval, 5 probes by default). There is one
+//! listener per local address served ([`RdsTransport::start_local`]; the
+//! kernel has one wildcard listener), with `SO_REUSEADDR` and a backlog of
+//! 64.
 //!
 //! * [`RdsTransport::connect`] opens a non-blocking connection bound to the
 //!   path's local address. Once established, if our address is the smaller
@@ -97,11 +100,15 @@
 //!
 //! [`RdsTransport::shutdown`] stops writing, sends a FIN and keeps reading
 //! and delivering until the peer's FIN (at most
-//! [`TcpConfig::shutdown_drain`]), then closes and reports
-//! [`DownReason::ShutdownDone`]; so does the side that saw the FIN first,
-//! which is how the kernel's graceful shutdown avoids losing messages that
-//! TCP acked but nobody read. Every report carries the instance of the
-//! connection it is about; the core ignores reports of older instances.
+//! [`TcpConfig::shutdown_drain`]; zero means "what is readable now"), then
+//! closes and reports [`DownReason::ShutdownDone`]. A side that reads a FIN
+//! has everything the peer sent; it closes at once (its own FIN follows
+//! what it had written, which the draining peer still reads) and reports
+//! [`DownReason::Closed`]. Like the kernel's graceful shutdown, this keeps
+//! messages that TCP acknowledged but nobody had read yet from being lost.
+//! Resets (`SO_LINGER` 0) are kept for the poke, rejected connections and
+//! protocol errors. Every report carries the instance of the connection it
+//! is about; the core ignores reports of older instances.
 
 mod conn;
 mod reactor;
