@@ -99,22 +99,22 @@ struct State {
 pub(crate) struct SockShared {
     events: Mutex<u64>,
     cond: Condvar,
-    fd: OnceLock<ReadyFd>,
+    /// Created with the socket (so handing it out cannot fail); kept in sync
+    /// only once somebody asked for it.
+    fd: ReadyFd,
     fd_active: AtomicBool,
 }
 
 impl SockShared {
-    fn new() -> SockShared {
-        SockShared { events: Mutex::new(0), cond: Condvar::new(), fd: OnceLock::new(), fd_active: AtomicBool::new(false) }
+    fn new() -> io::Result<SockShared> {
+        Ok(SockShared { events: Mutex::new(0), cond: Condvar::new(), fd: ReadyFd::new()?, fd_active: AtomicBool::new(false) })
     }
 
     fn wake(&self, seq: u64, readable: bool, writable: bool) {
         *self.events.lock() += 1;
         self.cond.notify_all();
         if self.fd_active.load(Ordering::Acquire) {
-            if let Some(fd) = self.fd.get() {
-                fd.update(seq, readable, writable);
-            }
+            self.fd.update(seq, readable, writable);
         }
     }
 
@@ -239,30 +239,18 @@ impl Inner {
         }
     }
 
-    pub(crate) fn sock_shared(&self, s: SockId) -> Option<Arc<SockShared>> {
-        self.socks.read().get(&s).cloned()
-    }
-
-    /// Starts the readiness descriptor of a socket (once) and syncs it.
-    pub(crate) fn ready_fd(&self, s: SockId) -> io::Result<i32> {
-        let sh = self.sock_shared(s).ok_or_else(|| io::Error::from(Errno(libc::EBADF)))?;
-        let fd = match sh.fd.get() {
-            Some(fd) => fd,
-            None => {
-                let fd = ReadyFd::new()?;
-                let _ = sh.fd.set(fd);
-                sh.fd.get().unwrap()
-            }
-        };
+    /// The readiness descriptor of a socket; the first call starts keeping
+    /// it in sync with the socket.
+    pub(crate) fn ready_fd(&self, sh: &SockShared, s: SockId) -> i32 {
         if !sh.fd_active.swap(true, Ordering::AcqRel) {
             let (seq, r) = {
                 let mut st = self.state.lock();
                 st.seq += 1;
                 (st.seq, st.node.readiness(s))
             };
-            fd.update(seq, r.readable, r.writable);
+            sh.fd.update(seq, r.readable, r.writable);
         }
-        Ok(fd.raw())
+        sh.fd.raw()
     }
 }
 
@@ -358,11 +346,11 @@ impl Engine {
         crate::RdsSocket::with_engine(self.clone())
     }
 
-    pub(crate) fn register_sock(&self) -> (SockId, Arc<SockShared>) {
-        let sh = Arc::new(SockShared::new());
+    pub(crate) fn register_sock(&self) -> io::Result<(SockId, Arc<SockShared>)> {
+        let sh = Arc::new(SockShared::new()?);
         let id = self.inner.run(|n| n.socket());
         self.inner.socks.write().insert(id, sh.clone());
-        (id, sh)
+        Ok((id, sh))
     }
 
     pub(crate) fn unregister_sock(&self, id: SockId) {

@@ -104,7 +104,7 @@ impl RdsSocket {
         if engine.is_stopped() {
             return Err(err(Errno::ESHUTDOWN));
         }
-        let (id, shared) = engine.register_sock();
+        let (id, shared) = engine.register_sock()?;
         Ok(RdsSocket { engine, id, shared, local: Mutex::new(Local::default()) })
     }
 
@@ -416,7 +416,7 @@ impl AsRawFd for RdsSocket {
     /// is (see the readiness module): usable with poll, epoll, mio, tokio.
     /// Reading or writing it does nothing useful; use the socket's methods.
     fn as_raw_fd(&self) -> RawFd {
-        self.engine.inner.ready_fd(self.id).expect("readiness descriptor")
+        self.engine.inner.ready_fd(&self.shared, self.id)
     }
 }
 
