@@ -31,10 +31,11 @@ const RBUF: usize = 256 << 10;
 /// Payload bytes still missing above which reads go straight into the
 /// message's buffer.
 const DIRECT_MIN: usize = 16 << 10;
-/// Bytes offered per direct read: `FrameDecoder::direct_buf` zero-fills
-/// what it offers, so offering a whole 1 MiB payload per read would clear
-/// it again and again while it trickles in.
-const DIRECT_MAX: usize = 256 << 10;
+/// Bytes offered per direct read (a whole maximal payload: one `read`
+/// takes all that is queued). `FrameDecoder::direct_buf` zero-fills what it
+/// offers, so a payload that trickles in is cleared more than once (a cost
+/// the decoder could avoid by remembering how much it already zeroed).
+const DIRECT_MAX: usize = 1 << 20;
 /// Messages handed to the sink per call at most.
 const BATCH_MSGS: usize = 1024;
 const BATCH_BYTES: usize = 4 << 20;
