@@ -30,14 +30,14 @@ impl Stream {
     pub fn new(seed: u64) -> Stream {
         Stream(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
     }
-    pub fn next(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.0 ^= self.0 >> 12;
         self.0 ^= self.0 << 25;
         self.0 ^= self.0 >> 27;
         self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
     }
     pub fn below(&mut self, n: u64) -> u64 {
-        self.next() % n.max(1)
+        self.next_u64() % n.max(1)
     }
 }
 
@@ -46,10 +46,10 @@ pub fn fill(seed: u64, buf: &mut [u8]) {
     let mut s = Stream::new(seed);
     let mut chunks = buf.chunks_exact_mut(8);
     for c in &mut chunks {
-        c.copy_from_slice(&s.next().to_le_bytes());
+        c.copy_from_slice(&s.next_u64().to_le_bytes());
     }
     let rest = chunks.into_remainder();
-    let last = s.next().to_le_bytes();
+    let last = s.next_u64().to_le_bytes();
     rest.copy_from_slice(&last[..rest.len()]);
 }
 

@@ -54,8 +54,8 @@ fn three_nodes_all_to_all_100k() {
 
     let start = Instant::now();
     let mut threads = Vec::new();
-    for src in 0..SOCKS {
-        let s = socks[src].clone();
+    for (src, s) in socks.iter().enumerate() {
+        let s = s.clone();
         let addrs = addrs.clone();
         threads.push(std::thread::spawn(move || -> Result<u64, String> {
             let mut rng = Stream::new(src as u64 + 1);
@@ -71,8 +71,8 @@ fn three_nodes_all_to_all_100k() {
         }));
     }
     let mut receivers = Vec::new();
-    for dst in 0..SOCKS {
-        let s = socks[dst].clone();
+    for (dst, s) in socks.iter().enumerate() {
+        let s = s.clone();
         let index_of = index_of.clone();
         let want = expect[dst].clone();
         receivers.push(std::thread::spawn(move || -> Result<(u64, u64), String> {
