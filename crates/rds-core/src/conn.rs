@@ -164,6 +164,14 @@ impl Conn {
         usize::from(self.npaths.max(1)).min(self.paths.len())
     }
 
+    /// The path that carries congestion-map updates: the lowest-numbered
+    /// path that is up. Map messages carry no sequence number, so they must
+    /// all travel on one TCP stream: maps sent on two paths can be applied
+    /// by the peer in the wrong order, leaving a stale "congested" bit.
+    pub fn map_lane(&self) -> Option<usize> {
+        self.paths.iter().position(|p| p.state == PathState::Up)
+    }
+
     pub fn all_down(&self) -> bool {
         self.paths.iter().all(|p| p.state == PathState::Down)
     }

@@ -286,14 +286,27 @@ impl Node {
 
     pub(crate) fn kick(&mut self, p: PathId) {
         let Some(c) = self.conns.get(p.conn.0 as usize) else { return };
-        let map_queued = c.map_queued;
+        let map_due = c.map_queued && c.map_lane() == Some(usize::from(p.index));
         let Some(path) = c.paths.get(usize::from(p.index)) else { return };
-        if path.kick_queued || path.state != PathState::Up || (path.send_queue.is_empty() && !map_queued) {
+        if path.kick_queued || path.state != PathState::Up || (path.send_queue.is_empty() && !map_due) {
             return;
         }
         let info = c.info(usize::from(p.index));
         self.path_mut(p).unwrap().kick_queued = true;
         self.outputs.push_back(Output::Kick(info));
+    }
+
+    /// Owes the peer our congestion map on this connection and kicks the
+    /// path that carries maps.
+    pub(crate) fn queue_map(&mut self, conn: ConnId) {
+        let c = self.conn_mut(conn);
+        if !c.map_queued {
+            c.map_queued = true;
+            self.counters.cong_update_queued += 1;
+        }
+        if let Some(lane) = self.conn(conn).map_lane() {
+            self.kick(PathId { conn, index: lane as u8 });
+        }
     }
 
     /// Queues a Wake if the socket's readiness changed since last reported,
@@ -710,21 +723,14 @@ impl Node {
     /// `rds_cong_queue_updates`: every connection from this address sends
     /// the map; local senders (loopback) see the change at once.
     pub(crate) fn cong_queue_updates(&mut self, addr: IpAddr, cleared: bool, port: u16) {
-        let mut kicks = Vec::new();
-        for c in self.conns.iter_mut().filter(|c| c.laddr == addr) {
-            if c.kind == TransportKind::Loop {
-                continue;
-            }
-            if !c.map_queued {
-                c.map_queued = true;
-                self.counters.cong_update_queued += 1;
-            }
-            if let Some(i) = c.paths.iter().position(|p| p.state == PathState::Up) {
-                kicks.push(c.path_id(i));
-            }
-        }
-        for p in kicks {
-            self.kick(p);
+        let conns: Vec<ConnId> = self
+            .conns
+            .iter()
+            .filter(|c| c.laddr == addr && c.kind != TransportKind::Loop)
+            .map(|c| c.id)
+            .collect();
+        for c in conns {
+            self.queue_map(c);
         }
         let mask = if cleared { crate::cong::monitor_mask(port) } else { 0 };
         self.cong_map_updated(mask);

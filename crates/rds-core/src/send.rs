@@ -252,7 +252,7 @@ impl Node {
             return false;
         }
         let conn = pid.conn;
-        if c.map_queued && self.caps_of(c.kind).sends_cong_map {
+        if c.map_queued && c.map_lane() == Some(usize::from(pid.index)) && self.caps_of(c.kind).sends_cong_map {
             let laddr = c.laddr;
             self.conn_mut(conn).map_queued = false;
             let map = self.maps.entry(laddr).or_default();
@@ -522,11 +522,9 @@ impl Node {
         path.reconnect_delay = Duration::ZERO;
         path.reconnect_at = None;
         path.connects += 1;
-        let c = self.conn_mut(pid.conn);
-        let kind = c.kind;
-        if self.caps_of(kind).sends_cong_map && !self.conn(pid.conn).map_queued {
-            self.conn_mut(pid.conn).map_queued = true;
-            self.counters.cong_update_queued += 1;
+        // Every path that comes up makes us send our map (on the map lane).
+        if self.caps_of(self.conn(pid.conn).kind).sends_cong_map {
+            self.queue_map(pid.conn);
         }
         if pid.index == 0 {
             self.maybe_probe(pid.conn);
@@ -583,10 +581,10 @@ impl Node {
             self.counters.conn_reset += 1;
         }
         self.send_path_reset(pid);
+        let conn = pid.conn;
         let path = self.path_mut(pid).unwrap();
         path.state = PathState::Down;
         path.inst += 1;
-        let conn = pid.conn;
         if self.conn(conn).paths.len() > 1 && self.conn(conn).all_down() {
             // The peer may come back as a new instance with other settings:
             // negotiate the path count again on the next connection.
@@ -622,7 +620,6 @@ impl Node {
     /// `rds_send_path_reset`.
     fn send_path_reset(&mut self, pid: PathId) {
         let (max_packets, max_bytes) = (self.cfg.max_unacked_packets, self.cfg.max_unacked_bytes);
-        self.conn_mut(pid.conn).map_queued = false;
         let path = self.path_mut(pid).unwrap();
         path.unacked_packets = max_packets;
         path.unacked_bytes = max_bytes;

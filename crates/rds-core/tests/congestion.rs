@@ -320,3 +320,53 @@ fn recv_order_is_notifications_then_cong_update_then_data() {
         .collect();
     assert_eq!(got, ["rdma 0xfeed 0", "cong 0x100000000", "data data-1", "data data-2"]);
 }
+
+/// Regression: congestion maps carry no sequence number, so they must all
+/// travel on one TCP stream (the map lane: the lowest path that is up). Maps
+/// sent on two paths can be applied by the peer in the wrong order, leaving
+/// a stale "congested" bit and a sender blocked forever (seen in rds-bench).
+#[test]
+fn maps_travel_only_on_the_map_lane() {
+    let mut net = Net::new(2);
+    let a = net.bound(0, 4000);
+    let b = net.bound(1, 4000);
+    let s3 = net.bound(1, 4003); // node 1's lane 3
+    net.send(0, a, sa(2, 4000), b"warm").unwrap();
+    net.run();
+    net.drain(1, b);
+    net.nodes[1].setsockopt(b, SockOpt::RcvBuf(3000)).unwrap();
+    let path3 = net.path(1, 0, 3);
+    let mark = net.wire.len();
+    for round in 0..20u8 {
+        // Congest b (a map with its bit goes out)...
+        for _ in 0..3 {
+            let _ = net.send(0, a, sa(2, 4000), &[round; 1500]);
+            net.run();
+        }
+        // ... then drain it without running node 1's outputs, so the
+        // clearing map is pending while path 3 transmits.
+        while net.nodes[1].recv(b, false).is_ok() {}
+        net.send(1, s3, sa(1, 4000), &[round]).unwrap();
+        net.pull_some(1, path3, 1 << 20);
+        net.run();
+        net.drain(0, a);
+    }
+    let lane = net.path(1, 0, 0);
+    let sent: Vec<_> = net.wire[mark..].iter().filter(|m| m.from == 1 && m.header.kind() == Kind::CongMap).collect();
+    assert!(sent.len() >= 20, "congestion toggled: {} maps", sent.len());
+    assert!(sent.iter().all(|m| m.path == lane), "a map left on another path than the lane");
+    // Node 0's view ends uncongested, like node 1's own map.
+    assert_eq!(net.send(0, a, sa(2, 4000), b"end"), Ok(3));
+    assert!(net.wire[mark..].iter().any(|m| m.from == 1 && m.path == path3), "path 3 transmitted");
+    // With path 0 gone, the next path up carries the maps.
+    net.cut(1, lane);
+    let a1 = net.bound(0, 4001); // lane 1: still connected
+    let mark = net.wire.len();
+    for _ in 0..3 {
+        let _ = net.send(0, a1, sa(2, 4000), &[9; 1500]);
+        net.run();
+    }
+    let after: Vec<_> = net.wire[mark..].iter().filter(|m| m.from == 1 && m.header.kind() == Kind::CongMap).collect();
+    assert!(!after.is_empty());
+    assert!(after.iter().all(|m| m.path.index == 1), "{:?}", after.iter().map(|m| m.path.index).collect::<Vec<_>>());
+}

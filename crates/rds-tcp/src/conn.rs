@@ -56,6 +56,8 @@ pub(crate) struct TxState {
     pub expected_una: u64,
     /// The reactor polls this connection's acks.
     pub watched: bool,
+    /// `written` when acks were last polled.
+    polled_at: u64,
 }
 
 /// How a write attempt ended.
@@ -98,6 +100,11 @@ impl TxState {
         !self.unacked.is_empty()
     }
 
+    /// Bytes written since acks were last polled.
+    pub fn written_since_poll(&self) -> u64 {
+        self.written - self.polled_at
+    }
+
     /// Reads `SIOCOUTQ` and returns the highest sequence now fully acked,
     /// plus whether the acked offset advanced. Called with the state locked,
     /// so `written` and the queue length are read consistently.
@@ -105,6 +112,7 @@ impl TxState {
         if self.unacked.is_empty() {
             return (None, false);
         }
+        self.polled_at = self.written;
         let Ok(outq) = sys::outq(stream.as_raw_fd()) else { return (None, false) };
         let acked = self.written.saturating_sub(outq);
         let advanced = acked > self.acked;
@@ -126,25 +134,22 @@ impl TxState {
     pub fn write(&mut self, stream: &TcpStream) -> io::Result<WriteRes> {
         while !self.queue.is_empty() {
             let res = {
-                let empty: &[u8] = &[];
-                let mut iov = [IoSlice::new(empty); IOV_BATCH];
-                let mut n = 0;
+                // Only as many slices as there are messages (two each).
+                let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity((2 * self.queue.len()).min(IOV_BATCH));
                 for (i, item) in self.queue.iter().enumerate() {
-                    if n + 2 > IOV_BATCH {
+                    if iov.len() + 2 > IOV_BATCH {
                         break;
                     }
                     let skip = if i == 0 { self.head_off } else { 0 };
                     if skip < HEADER_LEN {
-                        iov[n] = IoSlice::new(&item.hdr[skip..]);
-                        n += 1;
+                        iov.push(IoSlice::new(&item.hdr[skip..]));
                     }
                     let pskip = skip.saturating_sub(HEADER_LEN);
                     if pskip < item.payload.len() {
-                        iov[n] = IoSlice::new(&item.payload[pskip..]);
-                        n += 1;
+                        iov.push(IoSlice::new(&item.payload[pskip..]));
                     }
                 }
-                (&*stream).write_vectored(&iov[..n])
+                (&*stream).write_vectored(&iov)
             };
             match res {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),

@@ -317,10 +317,18 @@ impl Inner {
                 let before = tx.written;
                 let res = if tx.has_queued() { tx.write(&conn.stream) } else { Ok(WriteRes::Flushed) };
                 sent += tx.written - before;
-                let (acked, advanced) = tx.poll_acks(&conn.stream);
-                if advanced {
-                    inc(&self.stats.write_space_calls);
-                }
+                // Acks only free send-buffer space; the reactor's ack timer
+                // polls them too. Ask the kernel (an ioctl) once per
+                // ACK_POLL_BYTES written, not after every write.
+                let acked = if tx.written_since_poll() >= ACK_POLL_BYTES {
+                    let (acked, advanced) = tx.poll_acks(&conn.stream);
+                    if advanced {
+                        inc(&self.stats.write_space_calls);
+                    }
+                    acked
+                } else {
+                    None
+                };
                 (res, acked)
             };
             if let Some(seq) = acked {
@@ -367,6 +375,9 @@ impl Inner {
         }
     }
 }
+
+/// Bytes a transmitting thread writes between two polls of the acks.
+const ACK_POLL_BYTES: u64 = 256 << 10;
 
 /// The RDS-TCP transport. Create it with [`TcpTransport::new`], give it its
 /// sink with [`TcpTransport::set_sink`], then register it with the driver.

@@ -24,6 +24,7 @@ bytes, measured in the same run (raw TCP first, then RDS, per size).
   -d, --to ADDR        receiving node address (default 127.0.0.2)
   -p, --port N         RDS-TCP port of both nodes (default 16385)
   -r, --repeat N       repeat each measurement N times, report the best (default 1)
+      --only rds|raw   measure only one side (for profiling)
   -h, --help           this text
 ";
 
@@ -125,6 +126,28 @@ fn rds(from: IpAddr, to: IpAddr, port: u16, size: usize, secs: f64, buf: usize) 
             }
         })
     };
+    // A stall (no datagram sent for 5 s) is a bug: dump both nodes.
+    let progress = Arc::new(AtomicU64::new(0));
+    let watchdog = {
+        let (progress, done, ea, eb) = (progress.clone(), done.clone(), ea.clone(), eb.clone());
+        std::thread::spawn(move || {
+            let mut last = u64::MAX;
+            while !done.load(Ordering::Acquire) {
+                std::thread::sleep(Duration::from_secs(5));
+                let now = progress.load(Ordering::Relaxed);
+                if now == last && !done.load(Ordering::Acquire) {
+                    eprintln!("rds-bench: STALL after {now} datagrams");
+                    for (name, e) in [("sender", &ea), ("receiver", &eb)] {
+                        eprintln!("--- {name}\n{}", e.with_node(|n| n.dump()));
+                        for c in e.tcp_connections() {
+                            eprintln!("  tcp {:?} -> {:?} {}", c.local, c.peer, c.detail);
+                        }
+                    }
+                }
+                last = now;
+            }
+        })
+    };
     let msg = vec![0x5au8; size];
     let start = Instant::now();
     let end = start + Duration::from_secs_f64(secs);
@@ -134,10 +157,12 @@ fn rds(from: IpAddr, to: IpAddr, port: u16, size: usize, secs: f64, buf: usize) 
             a.send_to(&msg, dst)?;
         }
         n += 64;
+        progress.store(n, Ordering::Relaxed);
     }
     sent.store(n, Ordering::Release);
     done.store(true, Ordering::Release);
     let (msgs, bytes, t) = rx.join().unwrap()?;
+    let _ = watchdog.join();
     assert_eq!(msgs, n, "every datagram arrives");
     ea.shutdown(Duration::from_secs(1));
     eb.shutdown(Duration::from_secs(1));
@@ -145,7 +170,7 @@ fn rds(from: IpAddr, to: IpAddr, port: u16, size: usize, secs: f64, buf: usize) 
 }
 
 fn main() {
-    let args = match parse(std::env::args().skip(1), &["s", "sizes", "t", "seconds", "b", "sndbuf", "a", "from", "d", "to", "p", "port", "r", "repeat"]) {
+    let args = match parse(std::env::args().skip(1), &["s", "sizes", "t", "seconds", "b", "sndbuf", "a", "from", "d", "to", "p", "port", "r", "repeat", "only"]) {
         Ok(a) => a,
         Err(e) => {
             eprintln!("rds-bench: {e}\n{HELP}");
@@ -156,7 +181,7 @@ fn main() {
         print!("{HELP}");
         return;
     }
-    if let Err(e) = args.check(&["s", "sizes", "t", "seconds", "b", "sndbuf", "a", "from", "d", "to", "p", "port", "r", "repeat", "h", "help"]) {
+    if let Err(e) = args.check(&["s", "sizes", "t", "seconds", "b", "sndbuf", "a", "from", "d", "to", "p", "port", "r", "repeat", "only", "h", "help"]) {
         eprintln!("rds-bench: {e}\n{HELP}");
         std::process::exit(2);
     }
@@ -173,6 +198,10 @@ fn main() {
         let to: IpAddr = get("d", "to").unwrap_or("127.0.0.2").parse().map_err(|_| "bad --to")?;
         let port: u16 = get("p", "port").unwrap_or("16385").parse().map_err(|_| "bad --port")?;
         let repeat: usize = get("r", "repeat").unwrap_or("1").parse().map_err(|_| "bad --repeat")?;
+        let only = args.get("only");
+        if only.is_some_and(|o| o != "rds" && o != "raw") {
+            return Err("--only takes rds or raw".into());
+        }
         println!("{:>8} {:>10} {:>12} {:>10} {:>12} {:>10} {:>7}", "size", "transport", "msgs/s", "MB/s", "raw msgs/s", "raw MB/s", "ratio");
         for &size in &sizes {
             let best = |f: &dyn Fn() -> std::io::Result<Result>| -> std::result::Result<Result, String> {
@@ -185,8 +214,9 @@ fn main() {
                 }
                 Ok(best.unwrap())
             };
-            let raw = best(&|| raw_tcp(from, to, size, secs))?;
-            let r = best(&|| rds(from, to, port, size, secs, buf))?;
+            let skip = || Ok::<Result, String>(Result { msgs: 0, bytes: 0, secs: 1.0 });
+            let raw = if only == Some("rds") { skip()? } else { best(&|| raw_tcp(from, to, size, secs))? };
+            let r = if only == Some("raw") { skip()? } else { best(&|| rds(from, to, port, size, secs, buf))? };
             println!(
                 "{:>8} {:>10} {:>12.0} {:>10.1} {:>12.0} {:>10.1} {:>6.1}%",
                 size,
