@@ -85,33 +85,60 @@ pub const RDS_TRANS_COUNT: i32 = 3;
 
 /// A message payload, shared without copying between the send queue, the
 /// retransmit queue, a transport writing it, and (for loopback) the receiver.
-#[derive(Clone, Default, PartialEq, Eq)]
-pub struct Payload(Arc<Vec<u8>>);
+#[derive(Clone)]
+pub struct Payload(Repr);
+
+#[derive(Clone)]
+enum Repr {
+    /// One allocation: what a send copies the caller's bytes into.
+    Slice(Arc<[u8]>),
+    /// A buffer that was filled in place (a received message): kept as is.
+    Vec(Arc<Vec<u8>>),
+}
 
 impl Payload {
+    /// Takes ownership of a filled buffer (no copy).
     pub fn new(v: Vec<u8>) -> Payload {
-        Payload(Arc::new(v))
+        Payload(Repr::Vec(Arc::new(v)))
     }
 
+    /// Copies `s` into a new payload (one allocation).
     pub fn copy_from(s: &[u8]) -> Payload {
-        Payload(Arc::new(s.to_vec()))
+        Payload(Repr::Slice(Arc::from(s)))
     }
 
     pub fn empty() -> Payload {
-        Payload::default()
+        Payload::copy_from(&[])
+    }
+}
+
+impl Default for Payload {
+    fn default() -> Self {
+        Payload::empty()
     }
 }
 
 impl Deref for Payload {
     type Target = [u8];
     fn deref(&self) -> &[u8] {
-        &self.0
+        match &self.0 {
+            Repr::Slice(s) => s,
+            Repr::Vec(v) => v,
+        }
     }
 }
 
+impl PartialEq for Payload {
+    fn eq(&self, other: &Payload) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Payload {}
+
 impl AsRef<[u8]> for Payload {
     fn as_ref(&self) -> &[u8] {
-        &self.0
+        self
     }
 }
 
@@ -123,7 +150,7 @@ impl From<Vec<u8>> for Payload {
 
 impl fmt::Debug for Payload {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Payload({} bytes)", self.0.len())
+        write!(f, "Payload({} bytes)", self.len())
     }
 }
 

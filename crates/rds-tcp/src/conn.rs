@@ -183,6 +183,18 @@ pub(crate) struct RxState {
     pub decoder: FrameDecoder,
 }
 
+static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// Monotonic nanoseconds since the first call (for cheap atomics).
+pub(crate) fn now_ns() -> u64 {
+    EPOCH.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
+}
+
+/// The instant of a [`now_ns`] value.
+pub(crate) fn instant_of(ns: u64) -> std::time::Instant {
+    *EPOCH.get_or_init(std::time::Instant::now) + std::time::Duration::from_nanos(ns)
+}
+
 /// A TCP connection of one path instance.
 pub(crate) struct Conn {
     pub token: Token,
@@ -204,6 +216,10 @@ pub(crate) struct Conn {
     pub requested: Mutex<Option<DownReason>>,
     pub tx: Mutex<TxState>,
     pub rx: Mutex<RxState>,
+    /// [`now_ns`] of the last write (write coalescing).
+    pub last_write: AtomicU64,
+    /// The reactor will flush this connection at the end of a window.
+    pub flush_pending: AtomicBool,
 }
 
 impl Conn {
@@ -231,6 +247,8 @@ impl Conn {
             requested: Mutex::new(None),
             tx: Mutex::new(TxState::default()),
             rx: Mutex::new(RxState { decoder: FrameDecoder::default() }),
+            last_write: AtomicU64::new(0),
+            flush_pending: AtomicBool::new(false),
         }
     }
 

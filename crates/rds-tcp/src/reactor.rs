@@ -73,6 +73,8 @@ struct TimerShared {
     at: Option<Instant>,
     /// Connections that started awaiting acks, not yet seen by the reactor.
     watch_in: Vec<Arc<Conn>>,
+    /// Connections to flush at the end of their coalescing window.
+    flush_in: Vec<(Instant, Arc<Conn>)>,
 }
 
 impl TimerShared {
@@ -108,7 +110,7 @@ impl ReactorHandle {
         Ok(ReactorHandle {
             waker: Waker::new(poll.registry(), WAKER)?,
             cmds: Mutex::new(Vec::new()),
-            timer: Mutex::new(TimerShared { fd, at: None, watch_in: Vec::new() }),
+            timer: Mutex::new(TimerShared { fd, at: None, watch_in: Vec::new(), flush_in: Vec::new() }),
         })
     }
 
@@ -120,6 +122,21 @@ impl ReactorHandle {
         };
         if first {
             let _ = self.waker.wake();
+        }
+    }
+
+    /// Have the reactor transmit on the connection at `at` (the end of a
+    /// write-coalescing window), through its timer.
+    pub fn flush_at(&self, conn: Arc<Conn>, at: Instant) {
+        let now = Instant::now();
+        let armed = {
+            let mut t = self.timer.lock();
+            t.flush_in.push((at, conn.clone()));
+            if t.at.is_some_and(|x| x <= at) { true } else { t.arm_at(at.max(now), now) }
+        };
+        if !armed {
+            conn.flush_pending.store(false, std::sync::atomic::Ordering::SeqCst);
+            self.send(Cmd::Xmit(conn));
         }
     }
 
@@ -167,6 +184,8 @@ struct Reactor {
     drains: Vec<(Instant, Arc<Conn>)>,
     /// Connections that hit the read budget.
     rx_more: Vec<Arc<Conn>>,
+    /// Coalescing windows to close (flush at the time).
+    flushes: Vec<(Instant, Arc<Conn>)>,
     rbuf: Vec<u8>,
     /// Listeners whose accept failed for lack of resources (EMFILE,
     /// ENOBUFS...), retried at this time.
@@ -187,6 +206,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         next_ack_poll: None,
         drains: Vec::new(),
         rx_more: Vec::new(),
+        flushes: Vec::new(),
         rbuf: vec![0; RBUF],
         accept_retry: None,
     };
@@ -243,6 +263,15 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
             r.accept_all(tok);
         }
         let now = Instant::now();
+        if r.flushes.iter().any(|f| f.0 <= now) {
+            let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut r.flushes).into_iter().partition(|f| f.0 <= now);
+            r.flushes = later;
+            for (_, c) in due {
+                if c.flush_pending.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                    r.inner.xmit(&c);
+                }
+            }
+        }
         if r.next_ack_poll.is_some_and(|t| t <= now) {
             r.poll_watched();
         }
@@ -287,13 +316,19 @@ impl Reactor {
                 self.next_ack_poll = Some(at);
             }
         }
+        self.flushes.append(&mut t.flush_in);
         if self.watch.is_empty() {
             self.next_ack_poll = None;
         }
         if !self.rx_more.is_empty() || !handle.cmds.lock().is_empty() {
             return Some(Duration::ZERO);
         }
-        let next = [self.next_ack_poll, self.drains.iter().map(|d| d.0).min(), self.accept_retry]
+        let next = [
+            self.next_ack_poll,
+            self.drains.iter().map(|d| d.0).min(),
+            self.accept_retry,
+            self.flushes.iter().map(|f| f.0).min(),
+        ]
             .into_iter()
             .flatten()
             .min();

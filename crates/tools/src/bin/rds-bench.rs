@@ -164,6 +164,12 @@ fn rds(from: IpAddr, to: IpAddr, port: u16, size: usize, secs: f64, buf: usize) 
     let (msgs, bytes, t) = rx.join().unwrap()?;
     let _ = watchdog.join();
     assert_eq!(msgs, n, "every datagram arrives");
+    if std::env::var_os("RDS_BENCH_COUNTERS").is_some() {
+        for (name, e) in [("sender", &ea), ("receiver", &eb)] {
+            let c: Vec<_> = e.counters().into_iter().filter(|(_, v)| *v != 0).collect();
+            eprintln!("{name}: {c:?}");
+        }
+    }
     ea.shutdown(Duration::from_secs(1));
     eb.shutdown(Duration::from_secs(1));
     Ok(Result { msgs, bytes, secs: (t - start).as_secs_f64() })
