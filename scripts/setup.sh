@@ -29,8 +29,14 @@ if ! command -v cargo >/dev/null 2>&1; then
 fi
 
 # The VM rig: boots a stock Debian 6.1 kernel with RDS for the conformance
-# tests. Found at $VMRIG_DIR or ../shared/vmrig next to this repository.
-vmrig_dir="${VMRIG_DIR:-$here/../shared/vmrig}"
+# tests. Found at $VMRIG_DIR, ../shared/vmrig next to this repository, or
+# /work/shared/vmrig.
+vmrig_dir="${VMRIG_DIR:-}"
+if [ -z "$vmrig_dir" ]; then
+    for d in "$here/../shared/vmrig" /work/shared/vmrig; do
+        if [ -x "$d/vmrig" ]; then vmrig_dir="$d"; break; fi
+    done
+fi
 if [ -x "$vmrig_dir/vmrig" ]; then
     if [ ! -e /var/cache/vmrig/initrd.img ] || [ "${VMRIG_RESETUP:-}" = 1 ]; then
         echo "setup: preparing the VM rig ($vmrig_dir)"
@@ -38,5 +44,5 @@ if [ -x "$vmrig_dir/vmrig" ]; then
             || echo "setup: WARNING: vmrig setup failed (see /tmp/vmrig-setup.log); kernel conformance tests will be skipped" >&2
     fi
 else
-    echo "setup: no VM rig at $vmrig_dir; kernel conformance tests will be skipped" >&2
+    echo "setup: no VM rig found (set VMRIG_DIR); kernel conformance tests will be skipped" >&2
 fi

@@ -1,0 +1,84 @@
+//! The socket API beyond errno: readiness in mio, loopback delivery without
+//! TCP, and the engine's shutdown report.
+
+use std::os::fd::AsRawFd;
+use std::time::Duration;
+
+use mio::unix::SourceFd;
+use mio::{Events, Interest, Poll, Token};
+use rds_tests::*;
+
+#[test]
+fn the_descriptor_works_in_mio_edge_triggered() {
+    let ip = addr_block(43);
+    let (e1, e2) = (engine(), engine());
+    let a = e1.socket().unwrap();
+    let b = e2.socket().unwrap();
+    a.bind(sa(ip(1), 4001)).unwrap();
+    b.bind(sa(ip(2), 4001)).unwrap();
+    b.set_nonblocking(true).unwrap();
+    let mut poll = Poll::new().unwrap();
+    let fd = b.as_raw_fd();
+    poll.registry().register(&mut SourceFd(&fd), Token(7), Interest::READABLE).unwrap();
+    let mut events = Events::with_capacity(8);
+    let mut buf = [0u8; 64];
+    for round in 0..3u8 {
+        a.send_to(&[round; 10], sa(ip(2), 4001)).unwrap();
+        // One edge per arrival after the queue was drained.
+        let mut got = false;
+        for _ in 0..50 {
+            poll.poll(&mut events, Some(Duration::from_millis(100))).unwrap();
+            if events.iter().any(|e| e.token() == Token(7) && e.is_readable()) {
+                got = true;
+                break;
+            }
+        }
+        assert!(got, "no readable event in round {round}");
+        let (n, from) = b.recv_from(&mut buf).unwrap();
+        assert_eq!((&buf[..n], from), (&[round; 10][..], sa(ip(1), 4001)));
+        assert_eq!(b.recv_from(&mut buf).unwrap_err().raw_os_error(), Some(libc::EAGAIN));
+    }
+}
+
+#[test]
+fn loopback_between_addresses_of_one_node_never_touches_tcp() {
+    let ip = addr_block(43);
+    let e = engine();
+    let a = e.socket().unwrap();
+    let b = e.socket().unwrap();
+    a.bind(sa(ip(1), 4001)).unwrap();
+    b.bind(sa(ip(2), 4002)).unwrap();
+    for i in 0..100u32 {
+        a.send_to(&i.to_le_bytes(), sa(ip(2), 4002)).unwrap();
+    }
+    let mut buf = [0u8; 8];
+    for i in 0..100u32 {
+        let (n, from) = b.recv_from(&mut buf).unwrap();
+        assert_eq!((&buf[..n], from), (&i.to_le_bytes()[..], sa(ip(1), 4001)));
+    }
+    assert!(e.tcp_connections().is_empty(), "a TCP connection was opened: {:?}", e.tcp_connections());
+    let c = e.counters();
+    let get = |k: &str| c.iter().find(|(n, _)| n == k).unwrap().1;
+    assert_eq!(get("recv_delivered"), 100);
+    assert_eq!(get("tcp_data_ready_calls"), 0);
+    assert_eq!(get("cong_update_queued"), 0, "no map is sent to oneself");
+}
+
+#[test]
+fn shutdown_reports_what_was_never_delivered() {
+    let ip = addr_block(43);
+    let e = engine();
+    let a = e.socket().unwrap();
+    a.bind(sa(ip(1), 4001)).unwrap();
+    // Nobody serves ip(9): nothing can be delivered.
+    for _ in 0..3 {
+        a.send_to(&[1; 1000], sa(ip(9), 4001)).unwrap();
+    }
+    let report = e.shutdown(Duration::from_millis(100));
+    assert_eq!(report.messages(), 3, "{report:?}");
+    assert_eq!(report.unsent.len(), 1);
+    assert_eq!(report.unsent[0].faddr, Some(ip(9)));
+    assert_eq!(report.unsent[0].bytes, 3000);
+    assert_eq!(a.send_to(b"x", sa(ip(9), 4001)).unwrap_err().raw_os_error(), Some(libc::ESHUTDOWN));
+    assert_eq!(e.socket().unwrap_err().raw_os_error(), Some(libc::ESHUTDOWN));
+}
