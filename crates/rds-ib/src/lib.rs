@@ -16,15 +16,3 @@ use rds_core::TransportCaps;
 
 /// What the IB transport will be able to do (RDMA, no multipath).
 pub const CAPS: TransportCaps = TransportCaps::ib();
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn ib_is_rdma_capable_and_single_path() {
-        assert!(CAPS.rdma);
-        assert!(!CAPS.mp_capable);
-        assert_eq!(CAPS.kind, rds_core::TransportKind::Ib);
-    }
-}
