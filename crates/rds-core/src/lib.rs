@@ -17,7 +17,9 @@
 //!   implement, and the [`TransportSink`] through which they report; its
 //!   docs explain how TCP and InfiniBand (fragments, credits, piggybacked
 //!   acks, RDMA) map onto it;
-//! * [`loopback`]: the in-process transport for addresses one node serves.
+//! * [`loopback`]: the in-process transport for addresses one node serves;
+//! * [`info`]: snapshots of connections, paths, sockets, queues and
+//!   counters (what the kernel's `RDS_INFO_*` options report).
 //!
 //! Nothing here opens a socket, spawns a thread or reads a clock: every call
 //! takes the events and the current time as arguments, and the node returns
@@ -27,6 +29,7 @@
 
 pub mod cong;
 pub mod conn;
+pub mod info;
 pub mod loopback;
 pub mod message;
 pub mod node;
@@ -39,6 +42,7 @@ pub mod types;
 pub mod wire;
 
 pub use conn::{DownReason, PathInfo, PathState};
+pub use info::{ConnSnapshot, MsgSnapshot, PathSnapshot, Queue, SockSnapshot};
 pub use message::{Incoming, Notification, RdmaOp, Received, RxMessage, TxMessage};
 pub use node::{Accept, HandshakeExts, Node, NodeConfig, Output, SockOpt};
 pub use recv::RecvOutcome;

@@ -182,6 +182,8 @@ pub struct TransportConnInfo {
     pub last_sent_nxt: u32,
     pub last_expected_una: u32,
     pub last_seen_una: u32,
+    /// A thread is transmitting on the connection right now (`RDS_IN_XMIT`).
+    pub sending: bool,
     /// Free-form transport details (IB: device, GIDs, queue sizes).
     pub detail: String,
 }

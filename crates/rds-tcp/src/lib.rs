@@ -610,6 +610,7 @@ impl RdsTransport for TcpTransport {
                     last_sent_nxt: tx.written as u32,
                     last_expected_una: tx.expected_una as u32,
                     last_seen_una: tx.acked as u32,
+                    sending: c.in_xmit.load(Relaxed),
                     detail,
                 }
             })
