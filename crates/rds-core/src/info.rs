@@ -11,7 +11,7 @@ use std::net::{IpAddr, SocketAddr};
 use crate::conn::PathState;
 use crate::node::Node;
 use crate::stats::Counters;
-use crate::types::{ConnId, TransportKind};
+use crate::types::{ConnId, SockId, TransportKind};
 
 /// `RDS_INFO_CONNECTION_FLAG_*` bits of a connection row.
 pub mod conn_flags {
@@ -77,8 +77,8 @@ impl ConnSnapshot {
 /// A socket, as `RDS_INFO_SOCKETS` shows it plus our own details.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SockSnapshot {
-    /// A number unique among the node's sockets (the kernel shows the
-    /// socket's inode number).
+    /// A number unique among the node's sockets, never 0 ([`inum_of`]; the
+    /// kernel shows the socket's inode number).
     pub inum: u64,
     pub bound: Option<SocketAddr>,
     /// The default destination set by `connect`.
@@ -173,9 +173,9 @@ impl Node {
             .enumerate()
             .filter_map(|(idx, slot)| {
                 let k = slot.sock.as_ref()?;
-                let id = crate::types::SockId { idx: idx as u32, generation: slot.generation };
+                let id = SockId { idx: idx as u32, generation: slot.generation };
                 Some(SockSnapshot {
-                    inum: id.number(),
+                    inum: inum_of(id),
                     bound: k.bound,
                     connected: k.conn_addr,
                     sndbuf: k.sndbuf_limit() as u32,
@@ -232,6 +232,12 @@ impl Node {
         }
         out
     }
+}
+
+/// The inode-like number introspection shows for a socket:
+/// [`SockId::number`] + 1, so that it is never 0.
+pub fn inum_of(s: SockId) -> u64 {
+    s.number() + 1
 }
 
 /// Counters in the order `RDS_INFO_COUNTERS` lists them: the kernel's core

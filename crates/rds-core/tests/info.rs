@@ -72,7 +72,8 @@ fn sockets_show_halved_buffers_addresses_and_queue_sizes() {
     let un = socks.iter().find(|s| s.bound.is_none()).unwrap();
     assert_eq!((un.connected, un.transport), (None, None));
     assert_ne!(un.inum, sa_.inum);
-    assert_eq!(un.inum, unbound.number());
+    assert_eq!(un.inum, info::inum_of(unbound));
+    assert_eq!(sa_.inum, info::inum_of(a));
     let sb = &net.nodes[1].info_sockets()[0];
     assert_eq!((sb.sndbuf, sb.rcvbuf), (212_992 / 2, 20_000 / 2));
     assert_eq!((sb.recv_queue, sb.rcv_bytes), (3, 2100));

@@ -9,7 +9,8 @@
 use std::collections::HashMap;
 use std::io;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -22,6 +23,7 @@ use rds_core::{
 };
 use rds_tcp::{TcpConfig, TcpTransport};
 
+use crate::info::{ipc, kernel, NodeIdent, Snapshot};
 use crate::readiness::ReadyFd;
 
 /// Settings of an engine.
@@ -31,6 +33,10 @@ pub struct EngineConfig {
     pub node: NodeConfig,
     /// RDS over TCP (port 16385 by default, reactor threads).
     pub tcp: TcpConfig,
+    /// Where the engine serves its snapshots to `rds-info` (a Unix-domain
+    /// socket in this directory, see [`crate::info::ipc`]); `None` serves
+    /// none. Default: [`ipc::runtime_dir`].
+    pub info_dir: Option<PathBuf>,
 }
 
 impl Default for EngineConfig {
@@ -56,7 +62,7 @@ impl Default for EngineConfig {
         if let Some(p) = std::env::var("RDS_TCP_PORT").ok().and_then(|v| v.parse().ok()) {
             tcp.port = p;
         }
-        EngineConfig { node, tcp }
+        EngineConfig { node, tcp, info_dir: Some(ipc::runtime_dir()) }
     }
 }
 
@@ -153,6 +159,9 @@ pub(crate) struct Inner {
     lo: Arc<LoopTransport>,
     serve_lock: Mutex<()>,
     timer: Mutex<Option<JoinHandle<()>>>,
+    /// The engine's number in this process (names its info socket).
+    number: u32,
+    info: Mutex<Option<ipc::Server>>,
 }
 
 thread_local! {
@@ -302,6 +311,8 @@ impl std::fmt::Debug for Engine {
 }
 
 static GLOBAL: OnceLock<Engine> = OnceLock::new();
+/// Engines started by this process so far.
+static ENGINES: AtomicU32 = AtomicU32::new(0);
 
 impl Engine {
     /// Starts an engine: the TCP transport's reactor threads and a timer
@@ -321,6 +332,8 @@ impl Engine {
             lo,
             serve_lock: Mutex::new(()),
             timer: Mutex::new(None),
+            number: ENGINES.fetch_add(1, Ordering::Relaxed),
+            info: Mutex::new(None),
         });
         let sink: Weak<dyn TransportSink> = Arc::downgrade(&inner) as Weak<dyn TransportSink>;
         inner.tcp.set_sink(sink.clone());
@@ -328,6 +341,19 @@ impl Engine {
         let t = inner.clone();
         let h = std::thread::Builder::new().name("rds-timer".into()).spawn(move || t.timer_loop())?;
         *inner.timer.lock() = Some(h);
+        if let Some(dir) = &cfg.info_dir {
+            // Introspection is not worth failing the engine for: without
+            // the socket, rds-info just does not see this node.
+            let weak = Arc::downgrade(&inner);
+            let answer: ipc::Answer = Box::new(move |want| {
+                let engine = Engine { inner: weak.upgrade()? };
+                if engine.is_stopped() {
+                    return None;
+                }
+                Some(crate::info::codec::encode_snapshot(&engine.snapshot(), want))
+            });
+            *inner.info.lock() = ipc::Server::start(dir, inner.number, answer).ok();
+        }
         Ok(Engine { inner })
     }
 
@@ -377,17 +403,85 @@ impl Engine {
         self.inner.run(f)
     }
 
-    /// The node's counters followed by the transports' (as `rds-info -c`).
+    /// Counters as `RDS_INFO_COUNTERS` (and `rds-info -c`) list them: the
+    /// kernel's core counters, the TCP transport's, then our own.
     pub fn counters(&self) -> Vec<(String, u64)> {
-        let mut v: Vec<(String, u64)> =
-            self.inner.run(|n| n.counters().iter().map(|(k, v)| (k.to_string(), v)).collect());
-        v.extend(self.inner.tcp.counters().into_iter().map(|(k, v)| (k.to_string(), v)));
-        v
+        let core = self.inner.run(|n| n.counters().clone());
+        rds_core::info::counters_in_kernel_order(&core, &self.inner.tcp.counters())
     }
 
     /// Connections of the TCP transport (as `rds-info -T`).
     pub fn tcp_connections(&self) -> Vec<rds_core::TransportConnInfo> {
         self.inner.tcp.conn_info()
+    }
+
+    /// Connections with every path (`rds-info -n`); a path's SENDING flag
+    /// is set while its transport is transmitting.
+    pub fn connections(&self) -> Vec<rds_core::ConnSnapshot> {
+        let mut conns = self.inner.run(|n| n.info_connections());
+        mark_sending(&mut conns, &self.inner.tcp.conn_info());
+        conns
+    }
+
+    /// Sockets (`rds-info -k`).
+    pub fn sockets(&self) -> Vec<rds_core::SockSnapshot> {
+        self.inner.run(|n| n.info_sockets())
+    }
+
+    /// Messages of the send, retransmit or receive queues (`rds-info -s`,
+    /// `-t`, `-r`).
+    pub fn messages(&self, q: rds_core::Queue) -> Vec<rds_core::MsgSnapshot> {
+        self.inner.run(|n| n.info_messages(q))
+    }
+
+    /// Everything at once: the node's part taken under one lock, then the
+    /// transport's sockets.
+    pub fn snapshot(&self) -> Snapshot {
+        use rds_core::Queue;
+        let (node, core, mut connections, sockets, send, retrans, recv) = self.inner.run(|n| {
+            let mut addresses: Vec<IpAddr> = n.locals().map(|(a, _)| *a).collect();
+            addresses.sort();
+            let node = NodeIdent {
+                pid: std::process::id(),
+                engine: self.inner.number,
+                uid: ipc::euid(),
+                command: std::fs::read_to_string("/proc/self/comm").map(|c| c.trim().to_string()).unwrap_or_default(),
+                addresses,
+                gen_num: n.config().gen_num,
+                npaths: n.config().npaths,
+                tcp_port: self.inner.tcp.config().port,
+            };
+            (
+                node,
+                n.counters().clone(),
+                n.info_connections(),
+                n.info_sockets(),
+                n.info_messages(Queue::Send),
+                n.info_messages(Queue::Retrans),
+                n.info_messages(Queue::Recv),
+            )
+        });
+        let tcp = self.inner.tcp.conn_info();
+        mark_sending(&mut connections, &tcp);
+        let counters = rds_core::info::counters_in_kernel_order(&core, &self.inner.tcp.counters());
+        Snapshot { node, counters, connections, sockets, send, retrans, recv, tcp }
+    }
+
+    /// `getsockopt(SOL_RDS, RDS_INFO_*, buf, &optlen)` with `optlen =
+    /// buf.len()`: the kernel's packed structs, ENOSPC with the needed
+    /// length when `buf` is short (see [`kernel`]).
+    pub fn rds_info_getsockopt(&self, opt: i32, buf: &mut [u8]) -> Result<kernel::InfoOk, kernel::InfoError> {
+        kernel::getsockopt(&self.snapshot(), opt, buf)
+    }
+
+    /// Where this engine serves its snapshots, if it does.
+    pub fn info_socket_path(&self) -> Option<PathBuf> {
+        self.inner.info.lock().as_ref().map(|s| s.path().to_path_buf())
+    }
+
+    /// The engine's number in this process (0 for the first).
+    pub fn number(&self) -> u32 {
+        self.inner.number
     }
 
     /// Stops the engine: waits up to `drain` for queued messages to be
@@ -411,11 +505,24 @@ impl Engine {
         if let Some(h) = self.inner.timer.lock().take() {
             let _ = h.join();
         }
+        if let Some(mut srv) = self.inner.info.lock().take() {
+            srv.stop();
+        }
         self.inner.tcp.close();
         ShutdownReport { unsent }
     }
 
     pub(crate) fn is_stopped(&self) -> bool {
         self.inner.state.lock().stopped
+    }
+}
+
+/// Sets SENDING on the paths whose transport connection is transmitting.
+fn mark_sending(conns: &mut [rds_core::ConnSnapshot], tcp: &[rds_core::TransportConnInfo]) {
+    for t in tcp.iter().filter(|t| t.sending) {
+        let Some(p) = t.path else { continue };
+        if let Some(path) = conns.get_mut(p.conn.0 as usize).and_then(|c| c.paths.get_mut(usize::from(p.index))) {
+            path.flags |= rds_core::info::conn_flags::SENDING;
+        }
     }
 }

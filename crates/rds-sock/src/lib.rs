@@ -42,12 +42,22 @@
 //! writable exactly when the socket is, so it works with poll, epoll, mio
 //! and tokio.
 //!
+//! ## Introspection
+//!
+//! [`Engine::snapshot`] (and [`Engine::connections`], [`Engine::sockets`],
+//! [`Engine::messages`], [`Engine::counters`]) report what the kernel's
+//! `RDS_INFO_*` options report, per path where we have 8;
+//! [`Engine::rds_info_getsockopt`] builds the kernel's packed structs. Every
+//! engine also answers `rds-info` from other processes of the same user on
+//! a Unix-domain socket ([`info::ipc`]).
+//!
 //! Threads: the TCP transport runs a fixed number of reactor threads
 //! (`TcpConfig::threads`) whatever the number of peers, plus one timer
 //! thread per engine. Sends are written by the calling thread when the
 //! connection has room, as the kernel does.
 
 mod engine;
+pub mod info;
 mod readiness;
 mod socket;
 

@@ -59,6 +59,11 @@ fn rds_sink() {
 }
 
 #[test]
+fn rds_info() {
+    check("rds-info", &["-c", "-k", "-n", "-r", "-s", "-t", "-I", "-T", "-v", "--pid", "-h", "--help"]);
+}
+
+#[test]
 fn rds_bench() {
     check(
         "rds-bench",

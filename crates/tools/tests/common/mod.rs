@@ -18,6 +18,7 @@ pub fn bin(name: &str) -> &'static str {
         "rds-gen" => env!("CARGO_BIN_EXE_rds-gen"),
         "rds-sink" => env!("CARGO_BIN_EXE_rds-sink"),
         "rds-bench" => env!("CARGO_BIN_EXE_rds-bench"),
+        "rds-info" => env!("CARGO_BIN_EXE_rds-info"),
         _ => panic!("no binary {name}"),
     }
 }
@@ -66,6 +67,10 @@ impl Proc {
             reader(child.stderr.take().unwrap(), err.clone()),
         ];
         Proc { name: format!("{tool} {}", args.join(" ")), child, out, err, readers, status: None }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     pub fn stdout(&self) -> Vec<String> {

@@ -1,0 +1,473 @@
+//! Snapshots across processes: every engine answers on a Unix-domain socket.
+//!
+//! * The directory ([`runtime_dir`]): `$RDS_INFO_DIR` if set, else
+//!   `$XDG_RUNTIME_DIR/rds-rs`, else `/tmp/rds-rs-<uid>`. It is created
+//!   with mode 0700 and used only if it is a real directory owned by us
+//!   (a group- or world-accessible one is set back to 0700).
+//! * One socket per engine, `<pid>.<engine>.sock`, mode 0600: bound under
+//!   a temporary name and renamed once listening, so a socket under its
+//!   final name that refuses connections is stale. An engine removes its
+//!   socket on [`crate::Engine::shutdown`] and at process exit; readers
+//!   remove sockets whose process died without doing so.
+//! * A server answers only peers whose `SO_PEERCRED` uid is ours or 0
+//!   ([`peer_allowed`]); a client likewise trusts only servers running as
+//!   us or root. The format is [`super::codec`].
+
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, Once};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use super::codec::{self, DecodeError, Status};
+use super::Snapshot;
+
+/// How long either side waits for the other.
+const IO_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Our effective uid.
+pub fn euid() -> u32 {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() }
+}
+
+/// Whether a peer running as `peer_uid` may see the snapshots of a node
+/// running as `our_uid`: the same user, or root.
+pub fn peer_allowed(peer_uid: u32, our_uid: u32) -> bool {
+    peer_uid == our_uid || peer_uid == 0
+}
+
+/// The uid of the process at the other end of a Unix-domain socket.
+pub fn peer_uid(s: &UnixStream) -> io::Result<u32> {
+    let mut cred = libc::ucred { pid: 0, uid: 0, gid: 0 };
+    let mut len = std::mem::size_of::<libc::ucred>() as libc::socklen_t;
+    // SAFETY: cred and len are live locals of the sizes passed.
+    let r = unsafe {
+        libc::getsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_PEERCRED,
+            (&mut cred as *mut libc::ucred).cast(),
+            &mut len,
+        )
+    };
+    if r != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(cred.uid)
+}
+
+/// The per-user directory of info sockets (see the module docs).
+pub fn runtime_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("RDS_INFO_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d);
+    }
+    if let Some(x) = std::env::var_os("XDG_RUNTIME_DIR").map(PathBuf::from) {
+        if x.is_absolute() && x.is_dir() {
+            return x.join("rds-rs");
+        }
+    }
+    PathBuf::from(format!("/tmp/rds-rs-{}", euid()))
+}
+
+/// Creates `dir` (mode 0700) if needed and checks it is ours.
+pub fn ensure_dir(dir: &Path) -> io::Result<()> {
+    match std::fs::DirBuilder::new().mode(0o700).create(dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(e),
+    }
+    check_dir(dir)
+}
+
+fn check_dir(dir: &Path) -> io::Result<()> {
+    let md = std::fs::symlink_metadata(dir)?;
+    if !md.file_type().is_dir() {
+        return Err(io::Error::other(format!("{} is not a directory", dir.display())));
+    }
+    if md.uid() != euid() {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{} belongs to uid {}, not to us", dir.display(), md.uid()),
+        ));
+    }
+    if md.mode() & 0o077 != 0 {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o700))?;
+    }
+    Ok(())
+}
+
+/// `<pid>.<engine>.sock` -> (pid, engine).
+fn parse_name(name: &str) -> Option<(u32, u32)> {
+    let rest = name.strip_suffix(".sock")?;
+    let (pid, engine) = rest.split_once('.')?;
+    Some((pid.parse().ok()?, engine.parse().ok()?))
+}
+
+/// Whether process `pid` is gone.
+fn pid_dead(pid: u32) -> bool {
+    let Ok(p) = libc::pid_t::try_from(pid) else { return false };
+    // SAFETY: signal 0 only checks whether the process exists.
+    let r = unsafe { libc::kill(p, 0) };
+    r != 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH)
+}
+
+// ----------------------------------------------------------------------
+// Removal at exit
+// ----------------------------------------------------------------------
+
+static LIVE: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+static ATEXIT: Once = Once::new();
+
+extern "C" fn unlink_live_sockets() {
+    if let Ok(v) = LIVE.try_lock() {
+        for p in v.iter() {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+}
+
+fn remember(path: &Path) {
+    ATEXIT.call_once(|| {
+        // SAFETY: registers a function that only unlinks paths; it takes
+        // the lock with try_lock so it cannot deadlock at exit.
+        unsafe {
+            libc::atexit(unlink_live_sockets);
+        }
+    });
+    if let Ok(mut v) = LIVE.lock() {
+        v.push(path.to_path_buf());
+    }
+}
+
+fn forget(path: &Path) {
+    if let Ok(mut v) = LIVE.lock() {
+        v.retain(|p| p != path);
+    }
+}
+
+// ----------------------------------------------------------------------
+// Server
+// ----------------------------------------------------------------------
+
+/// Builds the body of a response for the wanted sections; `None` when the
+/// engine is gone.
+pub(crate) type Answer = Box<dyn Fn(u32) -> Option<Vec<u8>> + Send>;
+
+/// An engine's info socket and the thread answering on it.
+pub(crate) struct Server {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl Server {
+    /// Listens on `dir/<pid>.<engine>.sock` and answers with `answer`.
+    pub(crate) fn start(dir: &Path, engine: u32, answer: Answer) -> io::Result<Server> {
+        ensure_dir(dir)?;
+        let pid = std::process::id();
+        let path = dir.join(format!("{pid}.{engine}.sock"));
+        let tmp = dir.join(format!(".{pid}.{engine}.tmp"));
+        let _ = std::fs::remove_file(&tmp);
+        let listener = UnixListener::bind(&tmp)?;
+        let ready = std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o600))
+            .and_then(|()| std::fs::rename(&tmp, &path));
+        if let Err(e) = ready {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        remember(&path);
+        let stop = Arc::new(AtomicBool::new(false));
+        let stop2 = stop.clone();
+        let spawned = std::thread::Builder::new().name("rds-info".into()).spawn(move || {
+            let me = euid();
+            for conn in listener.incoming() {
+                if stop2.load(Ordering::Acquire) {
+                    break;
+                }
+                match conn {
+                    Ok(s) => {
+                        let _ = serve_one(s, me, &answer);
+                    }
+                    // Out of descriptors and the like: do not spin.
+                    Err(_) => std::thread::sleep(Duration::from_millis(10)),
+                }
+            }
+        });
+        match spawned {
+            Ok(h) => Ok(Server { path, stop, thread: Some(h) }),
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                forget(&path);
+                Err(e)
+            }
+        }
+    }
+
+    pub(crate) fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stops answering and removes the socket.
+    pub(crate) fn stop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(h) = self.thread.take() {
+            // Wake the accept; if that fails the thread cannot be woken and
+            // is left behind (it exits on the next connection).
+            if UnixStream::connect(&self.path).is_ok() {
+                let _ = h.join();
+            }
+        }
+        let _ = std::fs::remove_file(&self.path);
+        forget(&self.path);
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+fn serve_one(mut s: UnixStream, me: u32, answer: &Answer) -> io::Result<()> {
+    s.set_read_timeout(Some(IO_TIMEOUT))?;
+    s.set_write_timeout(Some(IO_TIMEOUT))?;
+    if !peer_allowed(peer_uid(&s)?, me) {
+        return s.write_all(&codec::encode_response_header(Status::Denied, 0));
+    }
+    let mut req = [0u8; codec::HEADER_LEN];
+    s.read_exact(&mut req)?;
+    let want = match codec::decode_request(&req) {
+        Ok(w) => w,
+        Err(st) => return s.write_all(&codec::encode_response_header(st, 0)),
+    };
+    let Some(body) = answer(want) else { return Ok(()) };
+    s.write_all(&codec::encode_response_header(Status::Ok, body.len()))?;
+    s.write_all(&body)
+}
+
+// ----------------------------------------------------------------------
+// Client
+// ----------------------------------------------------------------------
+
+/// An info socket found in the directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NodeEntry {
+    pub pid: u32,
+    pub engine: u32,
+    pub path: PathBuf,
+}
+
+/// Why a node could not be asked.
+#[derive(Debug)]
+pub enum QueryError {
+    /// The node went away (socket refused or vanished; stale sockets are
+    /// removed).
+    Gone,
+    /// The node refused us, or it runs as another user.
+    Denied,
+    /// The node speaks another version of the protocol.
+    Version(u16),
+    Io(io::Error),
+    Decode(DecodeError),
+}
+
+impl std::fmt::Display for QueryError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            QueryError::Gone => write!(f, "the node went away"),
+            QueryError::Denied => write!(f, "permission denied"),
+            QueryError::Version(v) => write!(f, "the node speaks info protocol version {v}, we speak {}", codec::VERSION),
+            QueryError::Io(e) => write!(f, "{e}"),
+            QueryError::Decode(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for QueryError {}
+
+/// The info sockets in `dir`, by pid and engine number. Leftovers of
+/// processes that died (temporary names) are removed on the way.
+pub fn list(dir: &Path) -> io::Result<Vec<NodeEntry>> {
+    let rd = match std::fs::read_dir(dir) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    check_dir(dir)?;
+    let mut out = Vec::new();
+    for ent in rd.flatten() {
+        let name = ent.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if let Some((pid, engine)) = parse_name(name) {
+            out.push(NodeEntry { pid, engine, path: ent.path() });
+        } else if let Some(tmp) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) {
+            if tmp.split_once('.').and_then(|(p, _)| p.parse().ok()).is_some_and(pid_dead) {
+                let _ = std::fs::remove_file(ent.path());
+            }
+        }
+    }
+    out.sort_by_key(|e| (e.pid, e.engine));
+    Ok(out)
+}
+
+/// Asks one node for the `sections` of its snapshot.
+pub fn query(path: &Path, sections: u32) -> Result<Snapshot, QueryError> {
+    let ino = std::fs::symlink_metadata(path).map(|m| m.ino()).ok();
+    let mut s = match UnixStream::connect(path) {
+        Ok(s) => s,
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+            // Nobody listens on it: stale. Remove it unless a new node
+            // took the name meanwhile (a different file).
+            let now = std::fs::symlink_metadata(path).map(|m| m.ino()).ok();
+            if ino.is_some() && ino == now {
+                let _ = std::fs::remove_file(path);
+            }
+            return Err(QueryError::Gone);
+        }
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(QueryError::Gone),
+        Err(e) => return Err(QueryError::Io(e)),
+    };
+    let io = |e: io::Error| match e.kind() {
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => QueryError::Gone,
+        _ => QueryError::Io(e),
+    };
+    if !peer_allowed(peer_uid(&s).map_err(io)?, euid()) {
+        return Err(QueryError::Denied);
+    }
+    s.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
+    s.set_write_timeout(Some(IO_TIMEOUT)).map_err(io)?;
+    s.write_all(&codec::encode_request(sections)).map_err(io)?;
+    let mut hdr = [0u8; codec::HEADER_LEN];
+    s.read_exact(&mut hdr).map_err(io)?;
+    let (version, status, len) = codec::decode_response_header(&hdr).map_err(QueryError::Decode)?;
+    match status {
+        Status::Ok => {}
+        Status::Denied => return Err(QueryError::Denied),
+        Status::Version => return Err(QueryError::Version(version)),
+        Status::BadRequest => return Err(QueryError::Decode(DecodeError("the node did not understand us".into()))),
+    }
+    let mut body = vec![0u8; len];
+    s.read_exact(&mut body).map_err(io)?;
+    codec::decode_snapshot(&body).map_err(QueryError::Decode)
+}
+
+/// Asks every node in `dir`; nodes that went away meanwhile are left out.
+pub fn query_all(dir: &Path, sections: u32) -> io::Result<Vec<(NodeEntry, Result<Snapshot, QueryError>)>> {
+    Ok(list(dir)?
+        .into_iter()
+        .map(|e| {
+            let r = query(&e.path, sections);
+            (e, r)
+        })
+        .filter(|(_, r)| !matches!(r, Err(QueryError::Gone)))
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tempdir(tag: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("rds-info-test-{}-{tag}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        d
+    }
+
+    #[test]
+    fn only_our_uid_and_root_are_allowed() {
+        assert!(peer_allowed(1000, 1000));
+        assert!(peer_allowed(0, 1000));
+        assert!(peer_allowed(0, 0));
+        assert!(!peer_allowed(1001, 1000));
+        assert!(!peer_allowed(1000, 0), "a root node answers only root");
+        assert!(!peer_allowed(u32::MAX, 1000));
+    }
+
+    #[test]
+    fn socket_peer_uid_is_ours() {
+        let (a, b) = UnixStream::pair().unwrap();
+        assert_eq!(peer_uid(&a).unwrap(), euid());
+        assert_eq!(peer_uid(&b).unwrap(), euid());
+    }
+
+    #[test]
+    fn names_parse() {
+        assert_eq!(parse_name("123.0.sock"), Some((123, 0)));
+        assert_eq!(parse_name("123.17.sock"), Some((123, 17)));
+        assert_eq!(parse_name(".123.0.tmp"), None);
+        assert_eq!(parse_name("123.sock"), None);
+        assert_eq!(parse_name("x.0.sock"), None);
+    }
+
+    #[test]
+    fn dir_is_0700_and_a_foreign_mode_is_repaired() {
+        let d = tempdir("mode");
+        ensure_dir(&d).unwrap();
+        assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o777, 0o700);
+        std::fs::set_permissions(&d, std::fs::Permissions::from_mode(0o777)).unwrap();
+        ensure_dir(&d).unwrap();
+        assert_eq!(std::fs::metadata(&d).unwrap().mode() & 0o777, 0o700);
+        // A file (or symlink) in its place is refused.
+        let f = d.join("file");
+        std::fs::write(&f, b"").unwrap();
+        assert!(ensure_dir(&f).is_err());
+        let l = d.join("link");
+        std::os::unix::fs::symlink(&d, &l).unwrap();
+        assert!(ensure_dir(&l).is_err());
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn server_answers_then_stops_and_removes_its_socket_and_stale_ones_are_cleaned() {
+        let d = tempdir("serve");
+        let answer: Answer = Box::new(|want| {
+            let s = Snapshot { counters: vec![("want".into(), u64::from(want))], ..Snapshot::default() };
+            Some(codec::encode_snapshot(&s, super::super::sections::ALL))
+        });
+        let mut srv = Server::start(&d, 900, answer).unwrap();
+        let path = srv.path().to_path_buf();
+        assert_eq!(path, d.join(format!("{}.900.sock", std::process::id())));
+        assert_eq!(std::fs::metadata(&path).unwrap().mode() & 0o777, 0o600);
+        let s = query(&path, 0x42).unwrap();
+        assert_eq!(s.counters, vec![("want".to_string(), 0x42)]);
+        let all = query_all(&d, 1).unwrap();
+        assert_eq!(all.len(), 1);
+        assert_eq!((all[0].0.pid, all[0].0.engine), (std::process::id(), 900));
+        srv.stop();
+        assert!(!path.exists(), "socket removed on stop");
+        assert!(query_all(&d, 1).unwrap().is_empty());
+
+        // A socket left by a process that died: bound, listener gone.
+        let stale = d.join("4194304.0.sock");
+        drop(UnixListener::bind(&stale).unwrap());
+        let tmp = d.join(".4194304.1.tmp");
+        std::fs::write(&tmp, b"").unwrap();
+        assert!(list(&d).unwrap().iter().any(|e| e.path == stale));
+        assert!(!tmp.exists(), "temporary name of a dead process removed");
+        assert!(matches!(query(&stale, 1), Err(QueryError::Gone)));
+        assert!(!stale.exists(), "stale socket removed by the reader");
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    #[test]
+    fn a_request_of_another_version_is_answered_with_ours() {
+        let d = tempdir("version");
+        let answer: Answer = Box::new(|_| Some(Vec::new()));
+        let srv = Server::start(&d, 901, answer).unwrap();
+        let mut s = UnixStream::connect(srv.path()).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+        let mut req = codec::encode_request(1);
+        req[4..6].copy_from_slice(&99u16.to_le_bytes());
+        s.write_all(&req).unwrap();
+        let mut hdr = [0u8; codec::HEADER_LEN];
+        s.read_exact(&mut hdr).unwrap();
+        assert_eq!(codec::decode_response_header(&hdr).unwrap(), (codec::VERSION, Status::Version, 0));
+        drop(srv);
+        std::fs::remove_dir_all(&d).unwrap();
+    }
+}
