@@ -55,8 +55,9 @@ pub struct NodeConfig {
     pub rmem_default: u32,
     pub rmem_max: u32,
     /// A socket's receive queue may hold at most this multiple of its
-    /// receive buffer before further messages for it reset the path (the
-    /// peer ignores congestion). The kernel has no such bound.
+    /// receive buffer, and at least [`crate::recv::RCV_HARD_FLOOR`] bytes,
+    /// before further messages for it are dropped (the peer ignores
+    /// congestion). The kernel has no such bound.
     pub rcv_hard_factor: u32,
     /// Seed of the node's PRNG (backoff jitter, port choice).
     pub seed: u64,

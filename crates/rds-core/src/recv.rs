@@ -34,6 +34,14 @@ pub enum RecvOutcome {
     ProtocolError,
 }
 
+/// The hard receive cap ([`crate::NodeConfig::rcv_hard_factor`]) is never
+/// below this. A peer that respects congestion still sends to a congested
+/// port until our map reaches it: what fits in its TCP window and our
+/// transport's read batch, on each of 8 paths, many MiB. Those datagrams
+/// were acked by our TCP, so dropping them loses them; with a cap of 16 x a
+/// small receive buffer, a conformant sender of 64 KiB datagrams lost some.
+pub const RCV_HARD_FLOOR: u64 = 256 << 20;
+
 impl Node {
     /// A complete message arrived on a path (`rds_recv_incoming`, and the
     /// transports' congestion-map receive).
@@ -99,7 +107,8 @@ impl Node {
         };
         let hard = u64::from(self.cfg.rcv_hard_factor.max(1));
         let sock = self.sock_mut(s).unwrap();
-        if sock.rcv_bytes > sock.rcvbuf_limit().saturating_mul(hard) + crate::wire::MAX_MSG_SIZE as u64 {
+        let cap = sock.rcvbuf_limit().saturating_mul(hard).max(RCV_HARD_FLOOR);
+        if sock.rcv_bytes > cap + crate::wire::MAX_MSG_SIZE as u64 {
             self.counters.recv_drop_over_limit += 1;
             return RecvOutcome::OverLimit;
         }
