@@ -170,6 +170,17 @@ impl Node {
         if c.npaths == 0 {
             // Not negotiated yet: path 0, and ask the peer (rds_send_mprds_hash).
             self.maybe_probe(conn);
+            // Negotiated again after every path went down: a socket whose
+            // earlier messages still wait on another path keeps that path,
+            // or the next ones would overtake them on path 0.
+            let c = self.conn(conn);
+            let waiting = (1..c.paths.len()).find(|&k| {
+                let p = &c.paths[k];
+                p.send_queue.iter().chain(p.retrans.iter()).any(|m| m.sock == Some(s))
+            });
+            if let Some(k) = waiting {
+                return (k, false, false);
+            }
             return (0, true, false);
         }
         let lane = self.lane_of(conn, port);
