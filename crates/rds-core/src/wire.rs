@@ -265,6 +265,11 @@ impl Header {
         }
         self.exthdr[used] = ext.type_byte();
         ext.write_body(&mut self.exthdr[used + 1..used + need]);
+        // Terminate the list (as the kernel's rds_message_add_extension
+        // does): bytes left after the old end must not parse as more headers.
+        if let Some(b) = self.exthdr.get_mut(used + need) {
+            *b = ext_type::NONE;
+        }
         Ok(())
     }
 
@@ -620,6 +625,23 @@ mod tests {
         );
         // 3 + 5 + 2 = 10 used; an 8-byte body needs 9 more.
         assert_eq!(h.push_extension(Ext::RdmaDest { rkey: 1, offset: 2 }), Err(WireError::ExtSpaceFull));
+    }
+
+    #[test]
+    fn pushed_extension_terminates_the_list() {
+        // Parsing stops at type 44 (>= 16); what follows it is garbage.
+        let mut h = Header { exthdr: [44, 10, 10, 5, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0], ..Header::default() };
+        assert_eq!(h.extensions().count(), 0);
+        h.push_extension(Ext::SportIdx).unwrap();
+        assert_eq!(h.extensions().collect::<Vec<_>>(), vec![Ext::SportIdx]);
+        assert_eq!(h.exthdr[..3], [8, 0, 0]);
+        // A header that fills the area exactly has no room for a terminator.
+        let mut f = Header::default();
+        for e in [Ext::GenNum(1), Ext::GenNum(2), Ext::Npaths(3)] {
+            f.push_extension(e).unwrap();
+        }
+        assert_eq!(f.push_extension(Ext::Npaths(4)), Ok(()));
+        assert_eq!(f.extensions().collect::<Vec<_>>(), [Ext::GenNum(1), Ext::GenNum(2), Ext::Npaths(3), Ext::Npaths(4)]);
     }
 
     #[test]
