@@ -91,6 +91,9 @@ pub(crate) struct Path {
     pub kick_queued: bool,
     /// Times the path came up.
     pub connects: u64,
+    /// The peer restarted: forget the receive sequence when the path next
+    /// connects (to the new instance).
+    pub rx_reset: bool,
 }
 
 impl Path {
@@ -111,6 +114,7 @@ impl Path {
             unacked_bytes: 0,
             kick_queued: false,
             connects: 0,
+            rx_reset: false,
         }
     }
 

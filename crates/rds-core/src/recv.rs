@@ -83,13 +83,13 @@ impl Node {
             self.counters.recv_ping += 1;
             self.send_probe(pid, 0, hdr.sport);
             if kind == Kind::ProbePing {
-                self.hs_exthdrs(conn, &msg);
+                self.hs_exthdrs(conn, pid.index, &msg);
                 self.start_mprds(conn);
             }
             return RecvOutcome::Ping;
         }
         if kind == Kind::ProbePong {
-            self.hs_exthdrs(conn, &msg);
+            self.hs_exthdrs(conn, pid.index, &msg);
             self.start_mprds(conn);
             return RecvOutcome::ProbePong;
         }
@@ -154,7 +154,7 @@ impl Node {
 
     /// `rds_recv_hs_exthdrs`: NPATHS (capped at ours; 1 when absent),
     /// GEN_NUM, SPORT_IDX.
-    fn hs_exthdrs(&mut self, conn: ConnId, msg: &RxMessage) {
+    fn hs_exthdrs(&mut self, conn: ConnId, index: u8, msg: &RxMessage) {
         let ours = self.cfg.npaths;
         let mut npaths = None;
         let mut gen_num = 0;
@@ -176,7 +176,7 @@ impl Node {
         c.ping_triggered = false;
         c.with_sport_idx = sport_idx;
         let after = c.npaths;
-        self.peer_gen_update(conn, gen_num);
+        self.peer_gen_update(conn, gen_num, index);
         if before != after {
             self.rehome_paths(conn);
         }

@@ -533,6 +533,9 @@ impl Node {
         path.reconnect_delay = Duration::ZERO;
         path.reconnect_at = None;
         path.connects += 1;
+        if std::mem::take(&mut path.rx_reset) {
+            path.next_rx_seq = 0;
+        }
         // Every path that comes up makes us send our map (on the map lane).
         if self.caps_of(self.conn(pid.conn).kind).sends_cong_map {
             self.queue_map(pid.conn);
@@ -642,10 +645,20 @@ impl Node {
         }
     }
 
-    /// Our peer announced generation `inst` (`rds_conn_peer_gen_update`): if
-    /// it changed, the peer restarted; every path's sequence space restarts
-    /// and messages the old instance may have seen are flushed.
-    pub(crate) fn peer_gen_update(&mut self, conn: ConnId, gen_num: u32) {
+    /// Our peer announced generation `inst` on path `on`
+    /// (`rds_conn_peer_gen_update`): if it changed, the peer restarted, and
+    /// messages the old instance may have seen are flushed.
+    ///
+    /// Unlike the kernel, our transmit sequence numbers keep growing: acks
+    /// name messages by sequence number (the kernel's TCP acks by byte
+    /// offset), so numbering restarted on a live connection left 40, 41
+    /// then 1, 2 on the retransmit queue, and the ack of 2 could never
+    /// release 40. The new instance accepts any number. Its own numbering
+    /// starts again, so we forget the old instance's: at once on the path
+    /// that heard the new generation, and on the others when they next
+    /// connect (until then they may still deliver what the old instance
+    /// sent, which the old receive state deduplicates).
+    pub(crate) fn peer_gen_update(&mut self, conn: ConnId, gen_num: u32, on: u8) {
         if gen_num == 0 {
             return;
         }
@@ -657,9 +670,12 @@ impl Node {
         }
         self.counters.peer_restart += 1;
         let c = self.conn_mut(conn);
-        for path in c.paths.iter_mut() {
-            path.next_tx_seq = 1;
-            path.next_rx_seq = 0;
+        for (i, path) in c.paths.iter_mut().enumerate() {
+            if i == usize::from(on) {
+                path.next_rx_seq = 0;
+            } else {
+                path.rx_reset = true;
+            }
             for m in path.retrans.iter_mut() {
                 m.flags.flush = true;
             }
