@@ -110,6 +110,14 @@ pub enum Accept {
     /// Reset the new connection: the peer has the larger address, so we
     /// connect ourselves (a Connect output was queued).
     RejectPeerLarger,
+    /// Keep the new connection without reading it and offer it again after
+    /// the next `path_down` of a path to that peer, or a few milliseconds
+    /// later: the slot it belongs to still holds a connection that is going
+    /// away (a `Shutdown` was queued for it if needed), or which slot it
+    /// belongs to shows only once the multipath handshake is done.
+    /// Resetting it instead would lose what the peer already wrote on it,
+    /// which our TCP acknowledged.
+    Defer,
 }
 
 /// Socket options handled by the core.

@@ -466,12 +466,17 @@ impl Node {
     }
 
     /// `rds_connect_worker`: DOWN -> CONNECTING and ask the driver to connect.
-    /// Paths other than 0 are only ever opened by the smaller address.
+    /// Paths other than 0 are only ever opened by the smaller address, and
+    /// in order: path i once paths 0..i are up, so that a peer that cannot
+    /// tell which path a connection is for (no SPORT_IDX) gives it its
+    /// lowest free slot, the right one (the kernel connects all at once and
+    /// its peer takes them in arrival order, which crosses sequence spaces).
     pub(crate) fn connect_worker(&mut self, pid: PathId) {
         let c = self.conn(pid.conn);
         let caps = self.caps_of(c.kind);
         let smaller = Node::is_smaller(&c.laddr, &c.faddr);
-        if pid.index > 0 && (!smaller || usize::from(pid.index) >= c.active_paths()) {
+        let i = usize::from(pid.index);
+        if i > 0 && (!smaller || i >= c.active_paths() || c.paths[..i].iter().any(|p| p.state != PathState::Up)) {
             return;
         }
         let _ = caps;
@@ -543,6 +548,8 @@ impl Node {
         if pid.index == 0 {
             self.maybe_probe(pid.conn);
         }
+        // The next path of the fan-out (`connect_worker`).
+        self.start_mprds(pid.conn);
         self.kick(pid);
     }
 
@@ -560,18 +567,37 @@ impl Node {
             self.connect_if_down(PathId { conn, index: 0 });
             return Accept::RejectPeerLarger;
         }
-        // Before the handshake answered, accept on any of our slots: a peer
-        // only opens extra paths once it knows we support them.
-        let n = if c.npaths == 0 { c.paths.len() } else { c.active_paths() };
-        let free = |i: usize| matches!(c.paths[i].state, PathState::Down | PathState::Connecting);
-        let slot = if c.with_sport_idx {
-            let i = usize::from(peer_port) % n;
-            free(i).then_some(i)
+        // The slot: the one the peer's source port names when it encodes
+        // the path index (SPORT_IDX); otherwise the lowest that is not up,
+        // the next path of a peer that connects its paths in order (as we
+        // do). A connection that cannot be placed yet waits (Defer) rather
+        // than being reset, which would lose what the peer already wrote.
+        let i = if c.with_sport_idx {
+            usize::from(peer_port) % c.active_paths()
         } else {
-            (0..n).find(|i| free(*i))
+            let n = if c.npaths == 0 { c.paths.len() } else { c.active_paths() };
+            match (0..n).find(|&i| c.paths[i].state != PathState::Up) {
+                // Before the handshake with path 0 up, this is either the
+                // peer's path 0 again (ours is dead) or its path 1 (it
+                // heard our probe): known once either happens.
+                Some(i) if i > 0 && c.npaths == 0 => return Accept::Defer,
+                Some(i) => i,
+                None if n == 1 => 0,
+                // Every path is up: one is dead, which one shows later.
+                None => return Accept::Defer,
+            }
         };
-        let Some(i) = slot else { return Accept::Reject };
         let pid = PathId { conn, index: i as u8 };
+        match self.path(pid).unwrap().state {
+            PathState::Down | PathState::Connecting => {}
+            // The peer only connects a path it has no connection for: ours
+            // is dead. The new one waits until ours delivered what it read.
+            PathState::Up => {
+                self.drop_path(pid);
+                return Accept::Defer;
+            }
+            _ => return Accept::Defer,
+        }
         let path = self.path_mut(pid).unwrap();
         path.inst += 1;
         self.complete_path(pid);

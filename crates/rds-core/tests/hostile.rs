@@ -14,7 +14,9 @@ use rds_core::types::Rng;
 use rds_core::wire::{flags, Ext, FrameDecoder, Header, CONG_MAP_BYTES, HEADER_LEN};
 use rds_core::*;
 
-/// A node at 127.0.0.2 with `n` paths accepted from a peer at 127.0.0.1.
+/// A node at 127.0.0.2 with `n` paths accepted from a peer at 127.0.0.1
+/// (after path 0, the peer's probe announces 8 paths: before the handshake
+/// only path 0 is accepted).
 fn node_with_paths(n: usize) -> (Node, Vec<PathInfo>) {
     let mut node = make_node(config(1), ip(2), TransportKind::Tcp);
     let mut paths = Vec::new();
@@ -22,6 +24,12 @@ fn node_with_paths(n: usize) -> (Node, Vec<PathInfo>) {
         match node.accept(TransportKind::Tcp, ip(2), ip(1), 40000 + k as u16) {
             Accept::Path(info) => paths.push(info),
             other => panic!("{other:?}"),
+        }
+        if k == 0 && n > 1 {
+            let mut probe = Header::data(wire::PROBE_PORT, 0, 0);
+            probe.sequence = 1;
+            probe.push_extension(Ext::Npaths(8)).unwrap();
+            assert_eq!(node.received(paths[0].id, paths[0].inst, msg(probe, Vec::new())), RecvOutcome::Ping);
         }
     }
     while node.poll_output().is_some() {}

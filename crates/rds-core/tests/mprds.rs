@@ -216,10 +216,13 @@ fn pre_handshake_messages_stay_on_path_0_and_hold_the_lane_until_acked() {
     net.send(0, a, sa(2, 4000), b"m1").unwrap();
     net.send(0, a, sa(2, 4000), b"m2").unwrap();
     net.run();
-    // The peer's own probe told node 0 the path count; node 0 opened the
-    // other paths.
+    // The peer's own probe told node 0 the path count; node 0 opens the
+    // other paths in order. The peer keeps path 1's connection waiting
+    // (Accept::Defer) until it heard our probe: before that it could as
+    // well be our path 0 again.
     assert_eq!(net.nodes[0].path_info(net.path(0, 1, 0)).unwrap().npaths, 8);
-    assert_eq!(net.nodes[0].path_state(net.path(0, 1, 1)), Some(PathState::Up));
+    assert_eq!(net.nodes[0].path_state(net.path(0, 1, 1)), Some(PathState::Connecting));
+    assert_eq!(net.deferred.len(), 1);
     // m3, m4 belong to lane 1, but m1, m2 are still unacked on path 0: held.
     net.send(0, a, sa(2, 4000), b"m3").unwrap();
     net.send(0, a, sa(2, 4000), b"m4").unwrap();

@@ -225,6 +225,13 @@ fn receiver_drops_only_older_sequence_numbers_marked_retransmitted() {
     let b = n.socket();
     n.bind(b, sa(2, 4000)).unwrap();
     let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    // The peer's probe (sequence 1 on path 0) announces 8 paths; before
+    // that a second connection could still be path 0 again.
+    let mut probe = Header::data(wire::PROBE_PORT, 0, 0);
+    probe.sequence = 1;
+    probe.push_extension(wire::Ext::Npaths(8)).unwrap();
+    let probe = RxMessage { header: probe, payload: Payload::empty(), rx_time_ns: None };
+    assert_eq!(n.received(p0.id, p0.inst, probe), RecvOutcome::Ping);
     let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
     assert_eq!((p0.id.index, p1.id.index), (0, 1));
     let r = flags::RETRANSMITTED;

@@ -4,8 +4,12 @@
 
 mod common;
 
-use common::{config, sa, Net};
-use rds_core::{HandshakeExts, NodeConfig, TransportKind};
+use std::time::Instant;
+
+use common::{config, ip, make_node, sa, Net};
+use rds_core::conn::DownReason;
+use rds_core::wire::{self, Ext, Header};
+use rds_core::*;
 
 /// rds-sim seed 20: a socket's message waiting on its lane (path 1) when
 /// every path went down was overtaken by the socket's next message, which
@@ -73,4 +77,70 @@ fn a_peer_restart_never_renumbers_a_live_path() {
     assert_eq!(net.nodes[0].pending_messages(a), 0);
     assert_eq!(net.nodes[0].snd_bytes(a), 0);
     assert_eq!(net.drain_payloads(1, b), [b"m1".to_vec(), b"m2".to_vec(), b"m3".to_vec()]);
+}
+
+fn one_path(i: usize) -> NodeConfig {
+    NodeConfig { npaths: 1, ..config(i) }
+}
+
+fn probe(seq: u64, npaths: u16) -> RxMessage {
+    let mut h = Header::data(wire::PROBE_PORT, 0, 0);
+    h.sequence = seq;
+    h.push_extension(Ext::Npaths(npaths)).unwrap();
+    RxMessage { header: h, payload: Payload::empty(), rx_time_ns: None }
+}
+
+/// rds-sim seed 16: the peer reconnected its path while our end of the old
+/// connection was still up (we had not seen it close). The new connection
+/// was reset (no free slot), but the peer had already written messages on
+/// it, which our TCP acked: they were lost. Now the old connection is shut
+/// down and the new one waits (Accept::Defer) until it is gone.
+#[test]
+fn a_connection_for_a_busy_slot_waits_instead_of_being_reset() {
+    let mut n = make_node(one_path(1), ip(2), TransportKind::Tcp);
+    let Accept::Path(old) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    while n.poll_output().is_some() {}
+    assert_eq!(n.accept(TransportKind::Tcp, ip(2), ip(1), 40001), Accept::Defer);
+    let outs: Vec<Output> = std::iter::from_fn(|| n.poll_output()).collect();
+    assert_eq!(outs, [Output::Shutdown(n.path_info(old.id).unwrap())]);
+    // Still draining: the new connection keeps waiting.
+    assert_eq!(n.accept(TransportKind::Tcp, ip(2), ip(1), 40001), Accept::Defer);
+    n.path_down(old.id, old.inst, DownReason::ShutdownDone, Instant::now());
+    let Accept::Path(new) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    assert_eq!(new.id, old.id);
+    assert!(new.inst > old.inst);
+}
+
+/// rds-sim seeds 6 and 14: the acceptor gave a reconnecting path the first
+/// free slot, another path's: the peer's retransmissions were then checked
+/// against the wrong receive sequence and delivered twice. Paths now
+/// connect in order and a connection takes the lowest slot that is not up,
+/// or waits while that slot is still going down.
+#[test]
+fn paths_connect_in_order_and_a_draining_slot_is_not_skipped() {
+    let mut net = Net::new(2);
+    let a = net.bound(0, 5000);
+    net.bound(1, 4000);
+    net.send(0, a, sa(2, 4000), b"x").unwrap();
+    net.run();
+    // After the handshake, one Connect per path, each once the previous is up.
+    let order: Vec<u8> = net.connects.iter().filter(|c| c.0 == 0).map(|c| c.1.id.index).collect();
+    assert_eq!(order, [0, 1, 2, 3, 4, 5, 6, 7]);
+    // Node 1 shuts its slot 1 down; while it drains, node 0's path 1
+    // reconnects: it must wait for slot 1, not take slot 2 or be reset.
+    let mut n = make_node(config(1), ip(2), TransportKind::Tcp);
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    n.received(p0.id, p0.inst, probe(1, 8));
+    let paths: Vec<PathInfo> = (1..4)
+        .map(|k| match n.accept(TransportKind::Tcp, ip(2), ip(1), 40000 + k) {
+            Accept::Path(p) => p,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    assert_eq!(paths.iter().map(|p| p.id.index).collect::<Vec<_>>(), [1, 2, 3]);
+    n.reset_path(paths[0].id);
+    assert_eq!(n.accept(TransportKind::Tcp, ip(2), ip(1), 40009), Accept::Defer);
+    n.path_down(paths[0].id, paths[0].inst, DownReason::ShutdownDone, Instant::now());
+    let Accept::Path(again) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40009) else { panic!() };
+    assert_eq!(again.id.index, 1);
 }

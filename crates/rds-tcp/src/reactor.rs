@@ -190,7 +190,15 @@ struct Reactor {
     /// Listeners whose accept failed for lack of resources (EMFILE,
     /// ENOBUFS...), retried at this time.
     accept_retry: Option<Instant>,
+    /// Accepted connections the core deferred (`Accept::Defer`), with the
+    /// time they were first offered: kept unread (what the peer wrote was
+    /// acked by our TCP and must not be lost), offered again at
+    /// `accept_retry`, reset after `shutdown_drain`.
+    deferred: Vec<(Instant, TcpStream, SocketAddr)>,
 }
+
+/// How soon a deferred connection is offered to the core again.
+const DEFER_RETRY: Duration = Duration::from_millis(5);
 
 pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
     ON_REACTOR.with(|c| c.set(true));
@@ -209,6 +217,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         flushes: Vec::new(),
         rbuf: vec![0; RBUF],
         accept_retry: None,
+        deferred: Vec::new(),
     };
     let mut events = Events::with_capacity(1024);
     loop {
@@ -278,6 +287,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         r.expire_drains(now);
         if r.accept_retry.is_some_and(|t| t <= now) {
             r.accept_retry = None;
+            r.offer_deferred(now);
             let toks: Vec<Token> = r.listeners.keys().copied().collect();
             for tok in toks {
                 r.accept_all(tok);
@@ -522,6 +532,31 @@ impl Reactor {
             Accept::Reject | Accept::RejectPeerLarger => {
                 inc(&self.inner.stats.listen_closed_stale);
                 reset(&stream);
+            }
+            Accept::Defer => {
+                let now = Instant::now();
+                self.deferred.push((now, stream, peer));
+                let at = now + DEFER_RETRY;
+                if self.accept_retry.is_none_or(|t| t > at) {
+                    self.accept_retry = Some(at);
+                }
+            }
+        }
+    }
+
+    /// Offers the deferred connections to the core again; resets those
+    /// that waited longer than `shutdown_drain`.
+    fn offer_deferred(&mut self, now: Instant) {
+        for (since, stream, peer) in std::mem::take(&mut self.deferred) {
+            if now.duration_since(since) > self.inner.cfg.shutdown_drain {
+                inc(&self.inner.stats.listen_closed_stale);
+                let _ = SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+                continue;
+            }
+            let n = self.deferred.len();
+            self.accepted(stream, peer);
+            if self.deferred.len() > n {
+                self.deferred.last_mut().unwrap().0 = since;
             }
         }
     }

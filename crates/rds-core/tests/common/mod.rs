@@ -76,6 +76,9 @@ pub struct Net {
     pub connects: Vec<(usize, PathInfo, Instant)>,
     pub shutdowns: Vec<(usize, PathInfo)>,
     pub outcomes: Vec<(usize, RecvOutcome)>,
+    /// Connects the acceptor deferred (`Accept::Defer`), offered again when
+    /// the nodes are idle.
+    pub deferred: Vec<(usize, PathInfo)>,
 }
 
 /// The configuration the tests start from: node `i` has generation number
@@ -124,6 +127,7 @@ impl Net {
             connects: Vec::new(),
             shutdowns: Vec::new(),
             outcomes: Vec::new(),
+            deferred: Vec::new(),
         }
     }
 
@@ -153,7 +157,17 @@ impl Net {
                 }
             }
             if !progress {
-                return;
+                // Deferred connects are offered again (they are still
+                // current if the connector's path waits for them).
+                let before = self.deferred.len();
+                for (i, info) in std::mem::take(&mut self.deferred) {
+                    if self.nodes[i].path_info(info.id).is_some_and(|p| p.inst == info.inst) {
+                        self.handle(i, Output::Connect(info));
+                    }
+                }
+                if self.deferred.len() == before || self.deferred.is_empty() && before == 0 {
+                    return;
+                }
             }
         }
         panic!("no quiescence");
@@ -186,6 +200,8 @@ impl Net {
                     Accept::Reject | Accept::RejectPeerLarger => {
                         self.nodes[i].path_down(info.id, info.inst, DownReason::DirectionRule, now);
                     }
+                    // Offered again when the nodes are idle (`run`).
+                    Accept::Defer => self.deferred.push((i, info)),
                 }
             }
             Output::Kick(info) => {
