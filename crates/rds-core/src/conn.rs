@@ -94,6 +94,11 @@ pub(crate) struct Path {
     /// The peer restarted: forget the receive sequence when the path next
     /// connects (to the new instance).
     pub rx_reset: bool,
+    /// Nothing but congestion maps goes out until the peer's first message
+    /// on this connection arrived (`HandshakeExts::Full`, see `complete_path`).
+    pub hold: bool,
+    /// Our first map on this connection is still to be sent.
+    pub hello_owed: bool,
 }
 
 impl Path {
@@ -115,6 +120,8 @@ impl Path {
             kick_queued: false,
             connects: 0,
             rx_reset: false,
+            hold: false,
+            hello_owed: false,
         }
     }
 
@@ -144,6 +151,11 @@ pub(crate) struct Conn {
     pub with_sport_idx: bool,
     /// A congestion-map update is due (`c_map_queued`).
     pub map_queued: bool,
+    /// The peer's congestion maps carry GEN_NUM and name the path they
+    /// travel on: an rds-rs node with `HandshakeExts::Full`.
+    pub peer_gen_maps: bool,
+    /// Some path of this connection came up before.
+    pub ever_up: bool,
 }
 
 impl Conn {

@@ -30,6 +30,13 @@ pub enum HandshakeExts {
     /// detect our restarts. SPORT_IDX is not sent: it would promise that our
     /// TCP source port encodes the path index, which rds-tcp does not do
     /// (it binds port 0). A peer's SPORT_IDX is honoured on accept.
+    ///
+    /// Between rds-rs nodes with Full, congestion maps also carry GEN_NUM
+    /// and the path index (kernels ignore a map's header), every new
+    /// connection starts with a map, and nothing else goes on it until the
+    /// peer's map arrived: a restart is known before anything meant for
+    /// the previous instance is resent, and a connection joining two
+    /// different paths is dropped before use (see `Node::complete_path`).
     Full,
 }
 
@@ -295,8 +302,8 @@ impl Node {
 
     pub(crate) fn kick(&mut self, p: PathId) {
         let Some(c) = self.conns.get(p.conn.0 as usize) else { return };
-        let map_due = c.map_queued && c.map_lane() == Some(usize::from(p.index));
         let Some(path) = c.paths.get(usize::from(p.index)) else { return };
+        let map_due = (c.map_queued && c.map_lane() == Some(usize::from(p.index))) || (path.hello_owed && c.peer_gen_maps);
         if path.kick_queued || path.state != PathState::Up || (path.send_queue.is_empty() && !map_due) {
             return;
         }
@@ -402,6 +409,8 @@ impl Node {
             peer_gen: 0,
             with_sport_idx: false,
             map_queued: false,
+            peer_gen_maps: false,
+            ever_up: false,
         });
         if kind == TransportKind::Loop {
             // Loopback paths need no connection: they are up from the start.

@@ -50,6 +50,14 @@ impl Node {
         if path.inst != inst || !matches!(path.state, PathState::Up | PathState::Disconnecting) {
             return RecvOutcome::Ignored;
         }
+        // The peer's first message on this connection lifts the hold
+        // (`complete_path`) once it has been processed.
+        if path.hold {
+            self.path_mut(pid).unwrap().hold = false;
+            let r = self.received(pid, inst, msg);
+            self.kick(pid);
+            return r;
+        }
         // Loopback: what was sent on (a -> b) arrives on (b -> a), so that
         // delivery, the duplicate rule and pongs work as for any peer.
         let pid = if self.conn(pid.conn).kind == crate::types::TransportKind::Loop {
@@ -146,7 +154,43 @@ impl Node {
             self.drop_path(pid);
             return RecvOutcome::ProtocolError;
         };
-        let faddr = self.conn(pid.conn).faddr;
+        let conn = pid.conn;
+        let gen_num = msg.header.extensions().find_map(|e| if let Ext::GenNum(g) = e { Some(g) } else { None });
+        if let Some(g) = gen_num {
+            // An rds-rs peer with HandshakeExts::Full: its maps carry its
+            // generation and the path they travel on (`map_header`).
+            let newly = !self.conn(conn).peer_gen_maps;
+            self.conn_mut(conn).peer_gen_maps = true;
+            self.peer_gen_update(conn, g, pid.index);
+            if msg.header.sport != u16::from(pid.index) {
+                // An accept race paired this slot with another of the
+                // peer's paths: their sequence spaces differ. Nothing but
+                // maps went on it (both sides hold until they hear from
+                // each other); drop it, the paths connect again.
+                self.drop_path(pid);
+                return RecvOutcome::Ignored;
+            }
+            if newly {
+                // Our hellos are due on the other paths up.
+                for i in 0..self.conn(conn).paths.len() {
+                    self.kick(PathId { conn, index: i as u8 });
+                }
+            }
+            if msg.header.dport == PROBE_PORT {
+                return RecvOutcome::CongMap;
+            }
+        } else if self.conn(conn).peer_gen_maps {
+            // The peer came back without them: nobody will send the maps
+            // our held paths wait for.
+            self.conn_mut(conn).peer_gen_maps = false;
+            for i in 0..self.conn(conn).paths.len() {
+                let pid = PathId { conn, index: i as u8 };
+                if std::mem::take(&mut self.path_mut(pid).unwrap().hold) {
+                    self.kick(pid);
+                }
+            }
+        }
+        let faddr = self.conn(conn).faddr;
         let mask = self.maps.entry(faddr).or_default().update_from(&new);
         self.cong_map_updated(mask);
         RecvOutcome::CongMap

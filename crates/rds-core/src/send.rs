@@ -263,16 +263,18 @@ impl Node {
             return false;
         }
         let conn = pid.conn;
-        if c.map_queued && c.map_lane() == Some(usize::from(pid.index)) && self.caps_of(c.kind).sends_cong_map {
+        let lane_map = c.map_queued && c.map_lane() == Some(usize::from(pid.index));
+        let hello = path.hello_owed && c.peer_gen_maps;
+        if (lane_map || hello) && self.caps_of(c.kind).sends_cong_map {
             let laddr = c.laddr;
-            self.conn_mut(conn).map_queued = false;
+            let header = self.map_header(pid.index, !lane_map);
+            self.conn_mut(conn).map_queued &= !lane_map;
+            self.path_mut(pid).unwrap().hello_owed = false;
             let map = self.maps.entry(laddr).or_default();
-            out.push(TxMessage {
-                header: Header::cong_map(),
-                payload: Payload::copy_from(map.as_bytes()),
-                ack_required: false,
-                rdma: None,
-            });
+            out.push(TxMessage { header, payload: Payload::copy_from(map.as_bytes()), ack_required: false, rdma: None });
+        }
+        if self.path(pid).unwrap().hold {
+            return false;
         }
         let (max_packets, max_bytes) = (self.cfg.max_unacked_packets, self.cfg.max_unacked_bytes);
         let mut sent = 0usize;
@@ -342,6 +344,22 @@ impl Node {
             && !path.send_queue.front().is_some_and(|m| {
                 m.gated && m.sock.and_then(|s| self.sock(s)).is_some_and(|k| k.lane0_count(conn) > 0)
             })
+    }
+
+    /// The header of a congestion-map update. With `HandshakeExts::Full` it
+    /// also carries our GEN_NUM and the index of the path it travels on
+    /// (h_sport), and the first map on a path that is not the map lane is a
+    /// hello (h_dport 1): its receiver takes the generation and the path
+    /// from it, not the bitmap, which may be older than what the map lane
+    /// carries. Kernels read nothing of a map's header but h_len and h_flags.
+    fn map_header(&self, index: u8, hello: bool) -> Header {
+        let mut h = Header::cong_map();
+        if self.cfg.handshake_exts == HandshakeExts::Full {
+            h.sport = u16::from(index);
+            h.dport = if hello { PROBE_PORT } else { 0 };
+            let _ = h.push_extension(Ext::GenNum(self.cfg.gen_num));
+        }
+        h
     }
 
     /// The transport confirms delivery of every message up to `seq` on the
@@ -533,7 +551,24 @@ impl Node {
     }
 
     fn complete_path(&mut self, pid: PathId) {
+        // With HandshakeExts::Full a new connection carries only our map
+        // until the peer's first message on it arrived, if the peer is an
+        // rds-rs node with Full (its maps carry GEN_NUM), or if this is the
+        // connection's first path ever: a map is then what the peer sends
+        // first. That map tells whether the peer restarted before anything
+        // meant for its previous instance goes out (so nothing is delivered
+        // twice), and whether the connection is the peer's same path (an
+        // accept race can pair different paths; such a connection is
+        // dropped, `cong_recv`). A peer that resets the connection instead
+        // of taking it got nothing it would have acked and then lost.
+        let full = self.cfg.handshake_exts == HandshakeExts::Full;
+        let sends_map = self.caps_of(self.conn(pid.conn).kind).sends_cong_map;
+        let c = self.conn_mut(pid.conn);
+        let hold = full && sends_map && (c.peer_gen_maps || !c.ever_up);
+        c.ever_up = true;
         let path = self.path_mut(pid).unwrap();
+        path.hold = hold;
+        path.hello_owed = full && sends_map;
         path.state = PathState::Up;
         path.reconnect_delay = Duration::ZERO;
         path.reconnect_at = None;

@@ -8,7 +8,7 @@ use std::time::Instant;
 
 use common::{config, ip, make_node, sa, Net};
 use rds_core::conn::DownReason;
-use rds_core::wire::{self, Ext, Header};
+use rds_core::wire::{self, Ext, Header, Kind};
 use rds_core::*;
 
 /// rds-sim seed 20: a socket's message waiting on its lane (path 1) when
@@ -143,4 +143,48 @@ fn paths_connect_in_order_and_a_draining_slot_is_not_skipped() {
     n.path_down(paths[0].id, paths[0].inst, DownReason::ShutdownDone, Instant::now());
     let Accept::Path(again) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40009) else { panic!() };
     assert_eq!(again.id.index, 1);
+}
+
+fn full(i: usize) -> NodeConfig {
+    NodeConfig { handshake_exts: HandshakeExts::Full, ..config(i) }
+}
+
+/// rds-sim seeds 19 and 33 (the open question in `peer_gen_update`): after
+/// the peer restarted, what its old instance had received (and its
+/// application read) but our TCP had not seen acked was retransmitted on
+/// the new connection before the new instance's GEN_NUM (in its probe,
+/// queued behind) arrived, and the new instance delivered it again. With
+/// HandshakeExts::Full a new connection now carries only maps until the
+/// peer's first message, its map, which carries its generation.
+#[test]
+fn retransmissions_wait_for_the_restarted_peers_generation() {
+    let mut net = Net::with_configs(vec![full(0), full(1)], TransportKind::Tcp);
+    let a = net.bound(0, 5000); // lane 0
+    let b = net.bound(1, 4000);
+    net.send(0, a, sa(2, 4000), b"hello").unwrap();
+    net.run();
+    // old-1 reaches node 1, whose application reads it; node 0 never sees the ack.
+    net.hold_acks = true;
+    net.send(0, a, sa(2, 4000), b"old-1").unwrap();
+    net.run();
+    assert_eq!(net.drain_payloads(1, b), [b"hello".to_vec(), b"old-1".to_vec()]);
+    net.pending_acks.clear();
+    net.hold_acks = false;
+    // Node 1 restarts; the new instance's first messages are slow.
+    net.restart(1, NodeConfig { gen_num: 999, ..full(1) });
+    let b = net.bound(1, 4000);
+    net.frozen.insert((1, 0));
+    net.advance(0);
+    net.run();
+    let sent: Vec<Kind> = net.sent_by(0).iter().rev().take(1).map(|m| m.header.kind()).collect();
+    assert_eq!(sent, [Kind::CongMap], "node 0 sent only its map on the new connection");
+    assert!(net.drain_payloads(1, b).is_empty());
+    net.thaw(1, 0);
+    net.run();
+    assert_eq!(net.nodes[0].counters().peer_restart, 1);
+    assert_eq!(net.nodes[0].flushed(a), 1, "old-1 is reported flushed");
+    assert!(net.drain_payloads(1, b).is_empty(), "and not delivered again");
+    net.send(0, a, sa(2, 4000), b"new").unwrap();
+    net.run();
+    assert_eq!(net.drain_payloads(1, b), [b"new".to_vec()]);
 }
