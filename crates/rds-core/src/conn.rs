@@ -99,6 +99,11 @@ pub(crate) struct Path {
     pub hold: bool,
     /// Our first map on this connection is still to be sent.
     pub hello_owed: bool,
+    /// The peer generation this connection instance speaks for: the first
+    /// GEN_NUM heard on it (0 = none yet).
+    pub inst_gen: u32,
+    /// When this instance came up, in the connection's order of path ups.
+    pub up_seq: u64,
 }
 
 impl Path {
@@ -122,6 +127,8 @@ impl Path {
             rx_reset: false,
             hold: false,
             hello_owed: false,
+            inst_gen: 0,
+            up_seq: 0,
         }
     }
 
@@ -156,6 +163,12 @@ pub(crate) struct Conn {
     pub peer_gen_maps: bool,
     /// Some path of this connection came up before.
     pub ever_up: bool,
+    /// Paths that came up so far (numbers `Path::up_seq`).
+    pub ups: u64,
+    /// The latest `up_seq` of a path instance that announced `peer_gen`:
+    /// a different generation heard on an older instance is a dead peer
+    /// instance's leftover, not a restart.
+    pub gen_up_seq: u64,
 }
 
 impl Conn {

@@ -167,6 +167,10 @@ pub struct Node {
     /// Congestion maps by address: ours (maintained by our sockets) and
     /// peers' (from their updates).
     pub(crate) maps: HashMap<IpAddr, CongMap>,
+    /// `HandshakeExts::Full` map versions: for our addresses (our
+    /// generation, last version sent), for peers' (their generation, last
+    /// version applied). See `Node::map_header`.
+    pub(crate) map_versions: HashMap<IpAddr, (u32, u64)>,
     pub(crate) counters: Counters,
     pub(crate) outputs: VecDeque<Output>,
     pub(crate) timers: BinaryHeap<Reverse<(Instant, Timer)>>,
@@ -188,6 +192,7 @@ impl Node {
             conns: Vec::new(),
             conn_index: HashMap::new(),
             maps: HashMap::new(),
+            map_versions: HashMap::new(),
             counters: Counters::default(),
             outputs: VecDeque::new(),
             timers: BinaryHeap::new(),
@@ -411,6 +416,8 @@ impl Node {
             map_queued: false,
             peer_gen_maps: false,
             ever_up: false,
+            ups: 0,
+            gen_up_seq: 0,
         });
         if kind == TransportKind::Loop {
             // Loopback paths need no connection: they are up from the start.

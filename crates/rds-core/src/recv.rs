@@ -158,10 +158,14 @@ impl Node {
         let gen_num = msg.header.extensions().find_map(|e| if let Ext::GenNum(g) = e { Some(g) } else { None });
         if let Some(g) = gen_num {
             // An rds-rs peer with HandshakeExts::Full: its maps carry its
-            // generation and the path they travel on (`map_header`).
+            // generation, the path they travel on and a version
+            // (`map_header`).
             let newly = !self.conn(conn).peer_gen_maps;
             self.conn_mut(conn).peer_gen_maps = true;
-            self.peer_gen_update(conn, g, pid.index);
+            if !self.gen_heard(pid, g) {
+                // A dead instance's map, late: stale.
+                return RecvOutcome::CongMap;
+            }
             if msg.header.sport != u16::from(pid.index) {
                 // An accept race paired this slot with another of the
                 // peer's paths: their sequence spaces differ. Nothing but
@@ -179,6 +183,13 @@ impl Node {
             if msg.header.dport == PROBE_PORT {
                 return RecvOutcome::CongMap;
             }
+            let faddr = self.conn(conn).faddr;
+            let last = self.map_versions.entry(faddr).or_insert((0, 0));
+            if last.0 == g && msg.header.sequence <= last.1 {
+                // Older than a map already applied (it came the other way).
+                return RecvOutcome::CongMap;
+            }
+            *last = (g, msg.header.sequence);
         } else if self.conn(conn).peer_gen_maps {
             // The peer came back without them: nobody will send the maps
             // our held paths wait for.
@@ -211,6 +222,10 @@ impl Node {
                 _ => {}
             }
         }
+        if !self.gen_heard(PathId { conn, index }, gen_num) {
+            // A dead instance's probe or pong, late.
+            return;
+        }
         let c = self.conn_mut(conn);
         let before = c.npaths;
         if let Some(n) = npaths {
@@ -220,7 +235,6 @@ impl Node {
         c.ping_triggered = false;
         c.with_sport_idx = sport_idx;
         let after = c.npaths;
-        self.peer_gen_update(conn, gen_num, index);
         if before != after {
             self.rehome_paths(conn);
         }

@@ -267,7 +267,7 @@ impl Node {
         let hello = path.hello_owed && c.peer_gen_maps;
         if (lane_map || hello) && self.caps_of(c.kind).sends_cong_map {
             let laddr = c.laddr;
-            let header = self.map_header(pid.index, !lane_map);
+            let header = self.map_header(laddr, pid.index, !lane_map);
             self.conn_mut(conn).map_queued &= !lane_map;
             self.path_mut(pid).unwrap().hello_owed = false;
             let map = self.maps.entry(laddr).or_default();
@@ -346,18 +346,24 @@ impl Node {
             })
     }
 
-    /// The header of a congestion-map update. With `HandshakeExts::Full` it
-    /// also carries our GEN_NUM and the index of the path it travels on
-    /// (h_sport), and the first map on a path that is not the map lane is a
-    /// hello (h_dport 1): its receiver takes the generation and the path
-    /// from it, not the bitmap, which may be older than what the map lane
-    /// carries. Kernels read nothing of a map's header but h_len and h_flags.
-    fn map_header(&self, index: u8, hello: bool) -> Header {
+    /// The header of a congestion-map update from our address `laddr`.
+    /// With `HandshakeExts::Full` it also carries our GEN_NUM, the index of
+    /// the path it travels on (h_sport) and a version (h_sequence, growing
+    /// per address): the map lane moves when paths go down and come up, so
+    /// two maps can travel on different connections and arrive in the
+    /// wrong order; the receiver applies only newer versions. The first map
+    /// on a path that is not the map lane is a hello (h_dport 1): its
+    /// receiver takes the generation and the path from it, not the bitmap.
+    /// Kernels read nothing of a map's header but h_len and h_flags.
+    fn map_header(&mut self, laddr: IpAddr, index: u8, hello: bool) -> Header {
         let mut h = Header::cong_map();
         if self.cfg.handshake_exts == HandshakeExts::Full {
             h.sport = u16::from(index);
             h.dport = if hello { PROBE_PORT } else { 0 };
             let _ = h.push_extension(Ext::GenNum(self.cfg.gen_num));
+            let v = self.map_versions.entry(laddr).or_insert((self.cfg.gen_num, 0));
+            v.1 += 1;
+            h.sequence = v.1;
         }
         h
     }
@@ -566,9 +572,13 @@ impl Node {
         let c = self.conn_mut(pid.conn);
         let hold = full && sends_map && (c.peer_gen_maps || !c.ever_up);
         c.ever_up = true;
+        c.ups += 1;
+        let up_seq = c.ups;
         let path = self.path_mut(pid).unwrap();
         path.hold = hold;
         path.hello_owed = full && sends_map;
+        path.inst_gen = 0;
+        path.up_seq = up_seq;
         path.state = PathState::Up;
         path.reconnect_delay = Duration::ZERO;
         path.reconnect_at = None;
@@ -704,6 +714,34 @@ impl Node {
             m.flags.retransmitted = true;
             path.send_queue.push_front(m);
         }
+    }
+
+    /// A GEN_NUM `gen_num` heard on path `pid` (in a probe, a pong or a
+    /// Full map). Returns whether the path's connection speaks for the
+    /// peer's current instance. A connection instance speaks for one peer
+    /// instance: the first generation heard on it. A generation first heard
+    /// on a connection older than the one that announced the current
+    /// generation comes from a dead instance (a later connection reached
+    /// the later instance): it is ignored, not taken for a restart.
+    pub(crate) fn gen_heard(&mut self, pid: PathId, gen_num: u32) -> bool {
+        if gen_num == 0 {
+            return true;
+        }
+        let conn = pid.conn;
+        let (peer_gen, gen_up_seq) = (self.conn(conn).peer_gen, self.conn(conn).gen_up_seq);
+        let path = self.path_mut(pid).unwrap();
+        if path.inst_gen != 0 {
+            return path.inst_gen == peer_gen;
+        }
+        path.inst_gen = gen_num;
+        let up_seq = path.up_seq;
+        if gen_num != peer_gen && peer_gen != 0 && up_seq < gen_up_seq {
+            return false;
+        }
+        let c = self.conn_mut(conn);
+        c.gen_up_seq = c.gen_up_seq.max(up_seq);
+        self.peer_gen_update(conn, gen_num, pid.index);
+        true
     }
 
     /// Our peer announced generation `inst` on path `on`

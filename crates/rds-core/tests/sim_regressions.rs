@@ -188,3 +188,64 @@ fn retransmissions_wait_for_the_restarted_peers_generation() {
     net.run();
     assert_eq!(net.drain_payloads(1, b), [b"new".to_vec()]);
 }
+
+/// A map of a `HandshakeExts::Full` peer: generation, path, version.
+fn full_map(gen_num: u32, index: u8, version: u64, congested: &[u16]) -> RxMessage {
+    let mut h = Header::cong_map();
+    h.sport = u16::from(index);
+    h.sequence = version;
+    h.push_extension(Ext::GenNum(gen_num)).unwrap();
+    let mut m = cong::CongMap::new();
+    for p in congested {
+        m.set(*p);
+    }
+    RxMessage { header: h, payload: Payload::copy_from(m.as_bytes()), rx_time_ns: None }
+}
+
+/// rds-sim seed 523: the map lane moved (path 0 went down, maps went on
+/// path 1, path 0 came back); a map sent on path 1 while a port was
+/// congested arrived after the newer map on path 0, and the stale
+/// congested bit stayed: blocked senders were never woken. Full maps now
+/// carry a version and an older one is ignored.
+#[test]
+fn an_older_congestion_map_does_not_override_a_newer_one() {
+    let mut n = make_node(config(1), ip(2), TransportKind::Tcp);
+    let s = n.socket();
+    n.bind(s, sa(2, 4000)).unwrap();
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    assert_eq!(n.received(p0.id, p0.inst, full_map(77, 0, 1, &[])), RecvOutcome::CongMap);
+    n.received(p0.id, p0.inst, probe(1, 8));
+    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    // Version 3 (nothing congested) arrives on path 1 before version 2
+    // (port 5000 congested) on path 0.
+    n.received(p1.id, p1.inst, full_map(77, 1, 3, &[]));
+    n.received(p0.id, p0.inst, full_map(77, 0, 2, &[5000]));
+    let r = n.send(s, Some(sa(1, 5000)), &Payload::copy_from(b"x"), &SendOptions::default());
+    assert_eq!(r, Ok(1), "the stale congested bit was not applied");
+    // A newer version is applied.
+    n.received(p0.id, p0.inst, full_map(77, 0, 4, &[5000]));
+    let r = n.send(s, Some(sa(1, 5000)), &Payload::copy_from(b"y"), &SendOptions::default());
+    assert_eq!(r, Err(Errno::ENOBUFS));
+}
+
+/// A generation heard on a connection older than the one that announced
+/// the current generation is a dead instance's leftover (its maps and
+/// probes can arrive late, drained from an old connection): it is neither
+/// a restart nor the peer's generation.
+#[test]
+fn a_dead_instances_late_generation_is_not_a_restart() {
+    let mut n = make_node(config(1), ip(2), TransportKind::Tcp);
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    n.received(p0.id, p0.inst, full_map(77, 0, 1, &[]));
+    n.received(p0.id, p0.inst, probe(1, 8));
+    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    let Accept::Path(p2) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40002) else { panic!() };
+    // The peer restarted; its new instance (88) speaks on the newest connection.
+    n.received(p2.id, p2.inst, full_map(88, 2, 1, &[]));
+    assert_eq!(n.counters().peer_restart, 1);
+    // Late maps of instance 77 on older connections.
+    n.received(p0.id, p0.inst, full_map(77, 0, 9, &[]));
+    n.received(p1.id, p1.inst, full_map(77, 1, 10, &[]));
+    assert_eq!(n.counters().peer_restart, 1);
+    assert_eq!(n.info_connections()[0].peer_gen, 88);
+}
