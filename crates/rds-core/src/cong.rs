@@ -71,16 +71,13 @@ impl CongMap {
     /// that went from congested to uncongested (what IB reports to
     /// RDS_CONG_MONITOR users; TCP in the kernel reports all ones).
     pub fn update_from(&mut self, new: &CongMap) -> u64 {
+        // Port p is bit p % 64 of little-endian word p / 64, and its group
+        // bit is p % 64: the mask is the union of the words' cleared bits.
         let mut mask = 0u64;
-        for (i, (old, new)) in self.bits.iter().zip(new.bits.iter()).enumerate() {
-            let cleared = old & !new;
-            if cleared != 0 {
-                for bit in 0..8u16 {
-                    if cleared & (1 << bit) != 0 {
-                        mask |= monitor_mask((i as u16) * 8 + bit);
-                    }
-                }
-            }
+        for (old, new) in self.bits.chunks_exact(8).zip(new.bits.chunks_exact(8)) {
+            let old = u64::from_le_bytes(old.try_into().unwrap());
+            let new = u64::from_le_bytes(new.try_into().unwrap());
+            mask |= old & !new;
         }
         *self.bits = *new.bits;
         mask
@@ -127,5 +124,17 @@ mod tests {
         let mask = old.update_from(&new);
         assert_eq!(mask, monitor_mask(5), "5 and 69 share port group 5");
         assert_eq!(old, new);
+        // Every port: the mask is the union of the cleared ports' groups.
+        let mut a = CongMap::new();
+        for p in (0..=65535u16).step_by(7) {
+            a.set(p);
+        }
+        let mut b = a.clone();
+        for p in [7u16, 70, 4095, 65534, 32767] {
+            b.clear(p);
+        }
+        let want = [7u16, 70, 4095, 65534, 32767].iter().filter(|p| a.test(**p)).fold(0, |m, p| m | monitor_mask(*p));
+        assert_eq!(a.update_from(&b), want);
+        assert_ne!(want, 0);
     }
 }
