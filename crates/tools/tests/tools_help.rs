@@ -69,7 +69,7 @@ fn rds_bench() {
         "rds-bench",
         &[
             "-s", "--sizes", "-t", "--seconds", "-b", "--sndbuf", "-a", "--from", "-d", "--to", "-p", "--port", "-r",
-            "--repeat", "-h", "--help",
+            "--repeat", "--only", "--sockets", "--paths", "-h", "--help",
         ],
     );
 }
