@@ -79,7 +79,7 @@ fn main() {
     }
 
     let dir = ipc::runtime_dir();
-    let nodes = match ipc::query_all(&dir, want) {
+    let nodes = match ipc::list(&dir) {
         Ok(n) => n,
         Err(e) => {
             eprintln!("rds-info: {}: {}", dir.display(), rds_tools::errstr(&e));
@@ -87,8 +87,8 @@ fn main() {
         }
     };
     let mut shown = 0;
-    for (entry, r) in nodes.into_iter().filter(|(e, _)| pid.is_none_or(|p| p == e.pid)) {
-        match r {
+    for entry in nodes.into_iter().filter(|e| pid.is_none_or(|p| p == e.pid)) {
+        match ipc::query(&entry.path, want) {
             Ok(snap) => {
                 if shown > 0 {
                     println!();
@@ -96,6 +96,8 @@ fn main() {
                 shown += 1;
                 print_node(&snap, &chosen, verbose);
             }
+            // Shut down (or died) since the directory was read.
+            Err(ipc::QueryError::Gone) => {}
             Err(e) => eprintln!("rds-info: node pid {} engine {}: {e}", entry.pid, entry.engine),
         }
     }
