@@ -14,4 +14,6 @@ echo "== clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== tests"
 cargo test --release --workspace
+echo "== fuzz (5 s per target; scripts/fuzz.sh 600 for ten minutes each)"
+scripts/fuzz.sh 5
 echo "== done"

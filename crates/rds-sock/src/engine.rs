@@ -410,6 +410,16 @@ impl Engine {
         rds_core::info::counters_in_kernel_order(&core, &self.inner.tcp.counters())
     }
 
+    /// Fault injection (tests, operators): cuts the TCP connection of a
+    /// path in both directions as a failing connection would, wherever its
+    /// byte streams are, without telling the node
+    /// ([`TcpTransport::abort_path`]). The node sees the connection end,
+    /// gets what was already received, resends what was not acked and
+    /// reconnects. Returns whether the path had a connection.
+    pub fn abort_tcp_path(&self, path: PathId) -> bool {
+        self.inner.tcp.abort_path(path)
+    }
+
     /// Connections of the TCP transport (as `rds-info -T`).
     pub fn tcp_connections(&self) -> Vec<rds_core::TransportConnInfo> {
         self.inner.tcp.conn_info()

@@ -88,6 +88,11 @@ impl TxState {
         tracked
     }
 
+    /// A message is partly written.
+    pub fn mid_message(&self) -> bool {
+        self.head_off > 0
+    }
+
     pub fn queued_len(&self) -> usize {
         self.queue.len()
     }

@@ -85,7 +85,11 @@
 //! `tcp_sndbuf_full` writes that hit `EAGAIN`, `tcp_connect_raced` accepted
 //! connections that replaced our own connect in progress on the same path,
 //! and `tcp_listen_closed_stale` accepted connections reset because the
-//! core did not take them. [`TcpTransport::abort_path`] is a fault-injection
+//! core did not take them. Two counters of our own tell where connections
+//! were cut: `tcp_rx_partial_discarded` counts connections that ended with
+//! a message partly received (those bytes are discarded; the sender sees
+//! no ack for the message and sends it again), `tcp_tx_partial` those that
+//! ended with a message partly written. [`TcpTransport::abort_path`] is a fault-injection
 //! hook for tests.
 //!
 //! ## Receive
@@ -218,6 +222,10 @@ pub(crate) struct Stats {
     pub connect_raced: AtomicU64,
     /// Accepted connections reset because the core did not take them.
     pub listen_closed_stale: AtomicU64,
+    /// Connections that ended in the middle of a received message.
+    pub rx_partial_discarded: AtomicU64,
+    /// Connections that ended in the middle of a message being written.
+    pub tx_partial: AtomicU64,
 }
 
 pub(crate) fn inc(c: &AtomicU64) {
@@ -627,6 +635,8 @@ impl RdsTransport for TcpTransport {
             ("tcp_sndbuf_full", s.sndbuf_full.load(Relaxed)),
             ("tcp_connect_raced", s.connect_raced.load(Relaxed)),
             ("tcp_listen_closed_stale", s.listen_closed_stale.load(Relaxed)),
+            ("tcp_rx_partial_discarded", s.rx_partial_discarded.load(Relaxed)),
+            ("tcp_tx_partial", s.tx_partial.load(Relaxed)),
         ]
     }
 }

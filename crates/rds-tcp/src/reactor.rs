@@ -829,8 +829,14 @@ impl Reactor {
             }
             tx.watched = false;
             let acked = if prev == CONNECTING { None } else { tx.poll_acks(&conn.stream).0 };
+            if tx.mid_message() {
+                inc(&self.inner.stats.tx_partial);
+            }
             (acked, prev != CONNECTING)
         };
+        if !conn.rx.lock().decoder.is_idle() {
+            inc(&self.inner.stats.rx_partial_discarded);
+        }
         let _ = self.poll.registry().deregister(&mut SourceFd(&conn.stream.as_raw_fd()));
         self.conns.remove(&conn.token);
         self.watch.retain(|c| !Arc::ptr_eq(c, conn));

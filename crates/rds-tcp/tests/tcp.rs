@@ -291,7 +291,15 @@ fn listener_and_address_checks() {
     let names: Vec<&str> = t1.counters().into_iter().map(|(n, _)| n).collect();
     assert_eq!(
         names,
-        ["tcp_data_ready_calls", "tcp_write_space_calls", "tcp_sndbuf_full", "tcp_connect_raced", "tcp_listen_closed_stale"]
+        [
+            "tcp_data_ready_calls",
+            "tcp_write_space_calls",
+            "tcp_sndbuf_full",
+            "tcp_connect_raced",
+            "tcp_listen_closed_stale",
+            "tcp_rx_partial_discarded",
+            "tcp_tx_partial"
+        ]
     );
     t1.close();
     t2.close();
