@@ -161,8 +161,8 @@ pub(crate) struct Conn {
     /// The peer's congestion maps carry GEN_NUM and name the path they
     /// travel on: an rds-rs node with `HandshakeExts::Full`.
     pub peer_gen_maps: bool,
-    /// Some path of this connection came up before.
-    pub ever_up: bool,
+    /// A message from the peer arrived on some path of this connection.
+    pub heard: bool,
     /// Paths that came up so far (numbers `Path::up_seq`).
     pub ups: u64,
     /// The latest `up_seq` of a path instance that announced `peer_gen`:

@@ -415,7 +415,7 @@ impl Node {
             with_sport_idx: false,
             map_queued: false,
             peer_gen_maps: false,
-            ever_up: false,
+            heard: false,
             ups: 0,
             gen_up_seq: 0,
         });

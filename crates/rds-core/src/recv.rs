@@ -68,6 +68,7 @@ impl Node {
             pid
         };
         let conn = pid.conn;
+        self.conn_mut(conn).heard = true;
         let hdr = msg.header;
         let kind = hdr.kind();
         if kind == Kind::CongMap {

@@ -559,9 +559,8 @@ impl Node {
     fn complete_path(&mut self, pid: PathId) {
         // With HandshakeExts::Full a new connection carries only our map
         // until the peer's first message on it arrived, if the peer is an
-        // rds-rs node with Full (its maps carry GEN_NUM), or if this is the
-        // connection's first path ever: a map is then what the peer sends
-        // first. That map tells whether the peer restarted before anything
+        // rds-rs node with Full (its maps carry GEN_NUM), or if we never
+        // heard from the peer: a map is then what the peer sends first. That map tells whether the peer restarted before anything
         // meant for its previous instance goes out (so nothing is delivered
         // twice), and whether the connection is the peer's same path (an
         // accept race can pair different paths; such a connection is
@@ -570,8 +569,7 @@ impl Node {
         let full = self.cfg.handshake_exts == HandshakeExts::Full;
         let sends_map = self.caps_of(self.conn(pid.conn).kind).sends_cong_map;
         let c = self.conn_mut(pid.conn);
-        let hold = full && sends_map && (c.peer_gen_maps || !c.ever_up);
-        c.ever_up = true;
+        let hold = full && sends_map && (c.peer_gen_maps || !c.heard);
         c.ups += 1;
         let up_seq = c.ups;
         let path = self.path_mut(pid).unwrap();

@@ -249,3 +249,34 @@ fn a_dead_instances_late_generation_is_not_a_restart() {
     assert_eq!(n.counters().peer_restart, 1);
     assert_eq!(n.info_connections()[0].peer_gen, 88);
 }
+
+/// rds-sim seed 2818: a Full node that had never heard from its peer (the
+/// peer's maps were lost in a reset) accepted, before the handshake, a
+/// connection that was the peer's path 1, put it in slot 0, and sent its
+/// retransmissions on it at once; the peer saw the wrong path index in our
+/// map and dropped the connection, but only after delivering them against
+/// its path 1's receive sequence: twice. A node now holds every new
+/// connection until it has heard from the peer at all.
+#[test]
+fn nothing_but_maps_goes_to_a_peer_never_heard_from() {
+    let mut n = make_node(full(1), ip(2), TransportKind::Tcp);
+    let s = n.socket();
+    n.bind(s, sa(2, 4000)).unwrap();
+    n.send(s, Some(sa(1, 5000)), &Payload::copy_from(b"m"), &SendOptions::default()).unwrap();
+    let pull = |n: &mut Node, p: &PathInfo| {
+        while n.poll_output().is_some() {}
+        let mut out = Vec::new();
+        n.pull(p.id, p.inst, 1 << 20, &mut out);
+        out.iter().map(|m| m.header.kind()).collect::<Vec<Kind>>()
+    };
+    let Accept::Path(p) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    assert_eq!(pull(&mut n, &p), [Kind::CongMap]);
+    // The connection breaks before anything from the peer arrived.
+    n.path_down(p.id, p.inst, DownReason::Closed, Instant::now());
+    let Accept::Path(p) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    assert_eq!(pull(&mut n, &p), [Kind::CongMap], "still holding: nothing heard from the peer");
+    // The peer's map (with its generation and the right path) arrives.
+    n.received(p.id, p.inst, full_map(77, 0, 1, &[]));
+    let kinds = pull(&mut n, &p);
+    assert!(kinds.contains(&Kind::Data) && kinds.contains(&Kind::ProbePing), "{kinds:?}");
+}
