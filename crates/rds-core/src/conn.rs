@@ -12,7 +12,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use crate::message::QueuedMsg;
-use crate::types::{ConnId, PathId, TransportKind};
+use crate::types::{ConnId, PathId, SockId, TransportKind};
 
 /// Path states, numbered as the kernel numbers them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -104,6 +104,10 @@ pub(crate) struct Path {
     pub inst_gen: u32,
     /// When this instance came up, in the connection's order of path ups.
     pub up_seq: u64,
+    /// Path 0: cancelled messages that were on the wire and held their
+    /// sockets' lanes (pre-handshake messages, see `QueuedMsg::lane0_of`),
+    /// by sequence: the hold lasts until this path's acks pass them.
+    pub lane0_wire: Vec<(u64, SockId)>,
 }
 
 impl Path {
@@ -129,6 +133,7 @@ impl Path {
             hello_owed: false,
             inst_gen: 0,
             up_seq: 0,
+            lane0_wire: Vec::new(),
         }
     }
 

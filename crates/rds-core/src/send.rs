@@ -383,6 +383,26 @@ impl Node {
             self.counters.send_drop_acked += 1;
             self.remove_from_sock(pid.conn, &m, rdma_status::SUCCESS);
         }
+        let path = self.path_mut(pid).unwrap();
+        if !path.lane0_wire.is_empty() {
+            let (passed, wait) = std::mem::take(&mut path.lane0_wire).into_iter().partition(|(q, _)| *q <= seq);
+            path.lane0_wire = wait;
+            for (_, s) in passed {
+                self.release_lane0(pid.conn, s);
+            }
+        }
+    }
+
+    /// One message of socket `s` no longer holds its lane behind path 0.
+    fn release_lane0(&mut self, conn: ConnId, s: SockId) {
+        let Some(sock) = self.sock_mut(s) else { return };
+        let n = sock.lane0(conn);
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            for i in 1..self.conn(conn).paths.len() {
+                self.kick(PathId { conn, index: i as u8 });
+            }
+        }
     }
 
     /// `rds_send_remove_from_sock`: release a message's send-buffer bytes,
@@ -418,8 +438,11 @@ impl Node {
 
     /// Drops the socket's messages still queued or unacked, all of them or
     /// those to `dst` (`rds_send_drop_to`, RDS_CANCEL_SENT_TO). Messages a
-    /// transport is already writing still complete on the wire. Returns how
-    /// many were dropped.
+    /// transport is already writing still complete on the wire, so a
+    /// dropped message that was transmitted on path 0 before the handshake
+    /// keeps holding its socket's lane until path 0's acks pass it: the
+    /// socket's next messages must not overtake it on another path. Returns
+    /// how many were dropped.
     pub fn drop_messages(&mut self, s: SockId, dst: Option<SocketAddr>) -> usize {
         let Some(bound) = self.sock(s).and_then(|k| k.bound) else { return 0 };
         let mut dropped = Vec::new();
@@ -431,16 +454,22 @@ impl Node {
                 m.sock == Some(s) && dst.is_none_or(|d| d.port() == m.hdr.dport)
             };
             for path in c.paths.iter_mut() {
-                for q in [&mut path.send_queue, &mut path.retrans] {
+                let mut wire = Vec::new();
+                for (sent, q) in [(false, &mut path.send_queue), (true, &mut path.retrans)] {
                     let mut i = 0;
                     while i < q.len() {
                         if matches(&q[i]) {
-                            dropped.push((c.id, q.remove(i).unwrap()));
+                            let mut m = q.remove(i).unwrap();
+                            if sent && m.lane0_of.take().is_some() {
+                                wire.push((m.hdr.sequence, s));
+                            }
+                            dropped.push((c.id, m));
                         } else {
                             i += 1;
                         }
                     }
                 }
+                path.lane0_wire.extend(wire);
             }
         }
         let n = dropped.len();
@@ -664,6 +693,10 @@ impl Node {
             self.counters.conn_reset += 1;
         }
         self.send_path_reset(pid);
+        // Cancelled messages that held lanes are no longer on a connection.
+        for (_, s) in std::mem::take(&mut self.path_mut(pid).unwrap().lane0_wire) {
+            self.release_lane0(pid.conn, s);
+        }
         let conn = pid.conn;
         let path = self.path_mut(pid).unwrap();
         path.state = PathState::Down;

@@ -280,3 +280,45 @@ fn nothing_but_maps_goes_to_a_peer_never_heard_from() {
     let kinds = pull(&mut n, &p);
     assert!(kinds.contains(&Kind::Data) && kinds.contains(&Kind::ProbePing), "{kinds:?}");
 }
+
+/// rds-sim seed 5888: a message sent before the handshake (so on path 0)
+/// was cancelled (RDS_CANCEL_SENT_TO) while on the wire. That released its
+/// socket's hold on its own lane at once, so the socket's next message went
+/// out on path 1 and was delivered before the cancelled one, which the
+/// peer still received on path 0. The hold now lasts until path 0's acks
+/// pass the cancelled message.
+#[test]
+fn a_cancelled_message_on_the_wire_still_holds_its_sockets_lane() {
+    let mut n = make_node(config(0), ip(1), TransportKind::Tcp);
+    let a = n.socket();
+    n.bind(a, sa(1, 5001)).unwrap(); // lane 1 of 8
+    let dst = sa(2, 4000);
+    let send = |n: &mut Node, p: &[u8]| n.send(a, Some(dst), &Payload::copy_from(p), &SendOptions::default());
+    let drain = |n: &mut Node| std::iter::from_fn(|| n.poll_output()).collect::<Vec<Output>>();
+    let pull = |n: &mut Node, p: PathInfo| {
+        let mut out = Vec::new();
+        n.pull(p.id, p.inst, 1 << 20, &mut out);
+        out.iter().filter(|m| m.header.kind() == Kind::Data).map(|m| (m.payload.to_vec(), m.header.sequence)).collect::<Vec<_>>()
+    };
+    send(&mut n, b"m1").unwrap();
+    let Some(Output::Connect(p0)) = drain(&mut n).into_iter().find(|o| matches!(o, Output::Connect(_))) else { panic!() };
+    n.path_up(p0.id, p0.inst);
+    let sent0 = pull(&mut n, p0);
+    assert_eq!(sent0.iter().map(|m| m.0.clone()).collect::<Vec<_>>(), [b"m1".to_vec()]);
+    // The peer's probe: 8 paths; path 1 connects.
+    n.received(p0.id, p0.inst, probe(1, 8));
+    let p1 = drain(&mut n)
+        .into_iter()
+        .find_map(|o| match o {
+            Output::Connect(p) if p.id.index == 1 => Some(p),
+            _ => None,
+        })
+        .unwrap();
+    n.path_up(p1.id, p1.inst);
+    // m1 is on the wire, unacked; it is cancelled, then m2 is sent.
+    assert_eq!(n.drop_messages(a, Some(dst)), 1);
+    send(&mut n, b"m2").unwrap();
+    assert!(pull(&mut n, p1).is_empty(), "m2 waits while m1 may still arrive on path 0");
+    n.acked(p0.id, p0.inst, sent0[0].1);
+    assert_eq!(pull(&mut n, p1).iter().map(|m| m.0.clone()).collect::<Vec<_>>(), [b"m2".to_vec()]);
+}
