@@ -1,6 +1,8 @@
 //! Shared helpers of the integration tests: nodes on private loopback
 //! addresses, deterministic payloads, and flow bookkeeping.
 
+pub mod sim;
+
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU8, Ordering};
 
