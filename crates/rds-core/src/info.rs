@@ -240,16 +240,29 @@ pub fn inum_of(s: SockId) -> u64 {
     s.number() + 1
 }
 
+/// The kernel's RDS-TCP counters (`rds_tcp_stat_names`), in its order.
+pub const KERNEL_TCP_COUNTERS: [&str; 5] =
+    ["tcp_data_ready_calls", "tcp_write_space_calls", "tcp_sndbuf_full", "tcp_connect_raced", "tcp_listen_closed_stale"];
+
+/// Whether a transport counter is one the kernel has: the RDS-TCP ones,
+/// and every `ib_` one (rds-ib reports only kernel counters).
+pub fn is_kernel_transport_counter(name: &str) -> bool {
+    KERNEL_TCP_COUNTERS.contains(&name) || name.starts_with("ib_")
+}
+
 /// Counters in the order `RDS_INFO_COUNTERS` lists them: the kernel's core
-/// counters, then each transport's (kernel names), then our own core
-/// counters.
+/// counters, the transports' kernel counters, then our own: the core's,
+/// then the transports'. Each group keeps its order.
 pub fn counters_in_kernel_order(core: &Counters, transports: &[(&str, u64)]) -> Vec<(String, u64)> {
     let all: Vec<(&str, u64)> = core.iter().collect();
     let (kernel, ours) = all.split_at(KERNEL_CORE_COUNTERS.min(all.len()));
+    let (t_kernel, t_ours): (Vec<(&str, u64)>, Vec<(&str, u64)>) =
+        transports.iter().partition(|(n, _)| is_kernel_transport_counter(n));
     kernel
         .iter()
-        .chain(transports.iter())
+        .chain(t_kernel.iter())
         .chain(ours.iter())
+        .chain(t_ours.iter())
         .map(|(k, v)| (k.to_string(), *v))
         .collect()
 }
@@ -259,17 +272,25 @@ mod tests {
     use super::*;
 
     #[test]
-    fn kernel_core_counters_come_first_then_transports_then_ours() {
+    fn kernel_counters_come_first_core_then_transports_then_ours() {
         assert_eq!(Counters::NAMES[KERNEL_CORE_COUNTERS - 1], "send_stuck_rm");
         assert_eq!(Counters::NAMES[KERNEL_CORE_COUNTERS], "recv_drop_bad_frame");
         let c = Counters { conn_reset: 1, send_stuck_rm: 2, recv_drop_bad_frame: 3, ..Counters::default() };
-        let v = counters_in_kernel_order(&c, &[("tcp_data_ready_calls", 7), ("tcp_sndbuf_full", 8)]);
-        assert_eq!(v.len(), Counters::NAMES.len() + 2);
+        let v = counters_in_kernel_order(
+            &c,
+            &[("tcp_data_ready_calls", 7), ("tcp_our_own", 9), ("tcp_sndbuf_full", 8), ("tcp_our_other", 10)],
+        );
+        assert_eq!(v.len(), Counters::NAMES.len() + 4);
         assert_eq!(v[0], ("conn_reset".to_string(), 1));
         assert_eq!(v[35], ("send_stuck_rm".to_string(), 2));
         assert_eq!(v[36], ("tcp_data_ready_calls".to_string(), 7));
         assert_eq!(v[37], ("tcp_sndbuf_full".to_string(), 8));
         assert_eq!(v[38], ("recv_drop_bad_frame".to_string(), 3));
-        assert_eq!(v.last().unwrap().0, *Counters::NAMES.last().unwrap());
+        let n = v.len();
+        assert_eq!(v[n - 3].0, *Counters::NAMES.last().unwrap());
+        assert_eq!(v[n - 2], ("tcp_our_own".to_string(), 9));
+        assert_eq!(v[n - 1], ("tcp_our_other".to_string(), 10));
+        assert!(is_kernel_transport_counter("ib_tx_ring_full"));
+        assert!(!is_kernel_transport_counter("tcp_tx_partial"));
     }
 }
