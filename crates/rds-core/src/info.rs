@@ -256,13 +256,13 @@ pub fn is_kernel_transport_counter(name: &str) -> bool {
 pub fn counters_in_kernel_order(core: &Counters, transports: &[(&str, u64)]) -> Vec<(String, u64)> {
     let all: Vec<(&str, u64)> = core.iter().collect();
     let (kernel, ours) = all.split_at(KERNEL_CORE_COUNTERS.min(all.len()));
-    let (t_kernel, t_ours): (Vec<(&str, u64)>, Vec<(&str, u64)>) =
-        transports.iter().partition(|(n, _)| is_kernel_transport_counter(n));
+    let t_kernel = transports.iter().filter(|(n, _)| is_kernel_transport_counter(n));
+    let t_ours = transports.iter().filter(|(n, _)| !is_kernel_transport_counter(n));
     kernel
         .iter()
-        .chain(t_kernel.iter())
+        .chain(t_kernel)
         .chain(ours.iter())
-        .chain(t_ours.iter())
+        .chain(t_ours)
         .map(|(k, v)| (k.to_string(), *v))
         .collect()
 }
