@@ -108,6 +108,20 @@ pub(crate) struct Path {
     /// sockets' lanes (pre-handshake messages, see `QueuedMsg::lane0_of`),
     /// by sequence: the hold lasts until this path's acks pass them.
     pub lane0_wire: Vec<(u64, SockId)>,
+    /// The peer evidently took this connection: a frame arrived on it, or
+    /// a congestion map arrived on any path after we started connecting it
+    /// (a 6.1 kernel sends its map whenever it accepts a connection). The
+    /// smaller side connects path i+1 only after path i is confirmed
+    /// (`connect_worker`).
+    pub confirmed: bool,
+    /// `Conn::maps_rx` when this connection attempt started.
+    pub maps_at_connect: u64,
+    /// A sequenced message was accepted on this path (any connection).
+    pub rx_any: bool,
+    /// Connections of this path that the peer may have sent on: accepted
+    /// ones, and our own attempts unless they were the larger address's
+    /// poke (the peer never sends on those).
+    pub rx_conns: u64,
 }
 
 impl Path {
@@ -134,6 +148,10 @@ impl Path {
             inst_gen: 0,
             up_seq: 0,
             lane0_wire: Vec::new(),
+            confirmed: false,
+            maps_at_connect: 0,
+            rx_any: false,
+            rx_conns: 0,
         }
     }
 
@@ -174,6 +192,8 @@ pub(crate) struct Conn {
     /// a different generation heard on an older instance is a dead peer
     /// instance's leftover, not a restart.
     pub gen_up_seq: u64,
+    /// Congestion maps received from the peer (`Path::confirmed`).
+    pub maps_rx: u64,
 }
 
 impl Conn {

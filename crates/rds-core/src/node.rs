@@ -53,6 +53,13 @@ pub struct NodeConfig {
     /// `reconnect_min_delay_ms` / `reconnect_max_delay_ms`.
     pub reconnect_min: Duration,
     pub reconnect_max: Duration,
+    /// The smaller side's first reconnect of a path other than 0, towards a
+    /// peer that cannot tell which path a connection is for (no SPORT_IDX:
+    /// a 6.1 kernel gives it its lowest free slot), waits this long, so that
+    /// the deaths of lower paths that went at the same time (a reset of all
+    /// paths) are known first and the paths reconnect in order. The kernel
+    /// reconnects at once (0, the default here; the engine uses 50 ms).
+    pub reconnect_settle: Duration,
     /// `max_unacked_packets` / `max_unacked_bytes` (ACK_REQUIRED pacing).
     pub max_unacked_packets: u32,
     pub max_unacked_bytes: u64,
@@ -79,6 +86,7 @@ impl Default for NodeConfig {
             ping_enable: true,
             reconnect_min: Duration::from_millis(1),
             reconnect_max: Duration::from_millis(1000),
+            reconnect_settle: Duration::ZERO,
             max_unacked_packets: 8,
             max_unacked_bytes: 16 << 20,
             wmem_default: bufs::DEFAULT_BUF,
@@ -418,6 +426,7 @@ impl Node {
             heard: false,
             ups: 0,
             gen_up_seq: 0,
+            maps_rx: 0,
         });
         if kind == TransportKind::Loop {
             // Loopback paths need no connection: they are up from the start.

@@ -23,6 +23,10 @@ pub enum RecvOutcome {
     CongMap,
     /// Dropped: an old retransmission.
     DupDropped,
+    /// Dropped: a retransmission of a message first sent to a previous
+    /// instance of this node (it came first on the first connection this
+    /// instance had on the path; `recv_drop_stale`).
+    Stale,
     /// Dropped: no socket bound to the destination port.
     NoSocket,
     /// Dropped: the socket's receive queue is far over its limit (the peer
@@ -50,9 +54,26 @@ impl Node {
         if path.inst != inst || !matches!(path.state, PathState::Up | PathState::Disconnecting) {
             return RecvOutcome::Ignored;
         }
+        // Anything on a connection shows the peer took it; a congestion map
+        // on any path shows it took every connection we had started (a 6.1
+        // kernel sends its map when it accepts a connection, on whichever
+        // path transmits first; it may arrive before our end of the new
+        // connection reported it up).
+        if msg.header.kind() == Kind::CongMap {
+            let c = self.conn_mut(pid.conn);
+            c.maps_rx += 1;
+            let started: Vec<u8> = (0..c.paths.len() as u8)
+                .filter(|&i| c.paths[usize::from(i)].maps_at_connect < c.maps_rx)
+                .collect();
+            for i in started {
+                self.confirm_path(PathId { conn: pid.conn, index: i });
+            }
+        } else {
+            self.confirm_path(pid);
+        }
         // The peer's first message on this connection lifts the hold
         // (`complete_path`) once it has been processed.
-        if path.hold {
+        if self.path(pid).is_some_and(|p| p.hold) {
             self.path_mut(pid).unwrap().hold = false;
             let r = self.received(pid, inst, msg);
             self.kick(pid);
@@ -83,7 +104,18 @@ impl Node {
             self.counters.recv_drop_old_seq += 1;
             return RecvOutcome::DupDropped;
         }
+        // A retransmission before anything else on the only connection of
+        // the path the peer could ever have sent on to this node was first
+        // sent to a previous instance of this node, which died without
+        // acking it: stale, not ours. (A peer resends its unacked messages
+        // first on a new connection; the 6.1 kernel cannot tell that we
+        // restarted, and would deliver them.)
+        if hdr.is_retransmitted() && path.rx_conns <= 1 && !path.rx_any && hdr.sport > PROBE_PORT {
+            self.counters.recv_drop_stale += 1;
+            return RecvOutcome::Stale;
+        }
         path.next_rx_seq = hdr.sequence.wrapping_add(1);
+        path.rx_any = true;
 
         if self.cfg.ping_enable && hdr.dport == 0 {
             if hdr.sport == 0 {

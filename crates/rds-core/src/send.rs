@@ -520,25 +520,36 @@ impl Node {
 
     /// `rds_connect_worker`: DOWN -> CONNECTING and ask the driver to connect.
     /// Paths other than 0 are only ever opened by the smaller address, and
-    /// in order: path i once paths 0..i are up, so that a peer that cannot
-    /// tell which path a connection is for (no SPORT_IDX) gives it its
-    /// lowest free slot, the right one (the kernel connects all at once and
-    /// its peer takes them in arrival order, which crosses sequence spaces).
+    /// in order: path i once paths 0..i are up and the peer evidently took
+    /// them (`Path::confirmed`), so that a peer that cannot tell which path
+    /// a connection is for (no SPORT_IDX) gives it its lowest free slot, the
+    /// right one (the kernel connects all at once and its peer takes them in
+    /// arrival order, which crosses sequence spaces). A 6.1 kernel accepts
+    /// in its own time: a connection established on our side may still
+    /// wait in its accept queue, so "up" alone is not enough.
     pub(crate) fn connect_worker(&mut self, pid: PathId) {
         let c = self.conn(pid.conn);
         let caps = self.caps_of(c.kind);
         let smaller = Node::is_smaller(&c.laddr, &c.faddr);
         let i = usize::from(pid.index);
-        if i > 0 && (!smaller || i >= c.active_paths() || c.paths[..i].iter().any(|p| p.state != PathState::Up)) {
+        if i > 0
+            && (!smaller
+                || i >= c.active_paths()
+                || c.paths[..i].iter().any(|p| p.state != PathState::Up || !p.confirmed))
+        {
             return;
         }
-        let _ = caps;
         let path = self.path_mut(pid).unwrap();
         if path.state != PathState::Down {
             return;
         }
         path.state = PathState::Connecting;
         path.inst += 1;
+        if smaller || !caps.smaller_connects {
+            path.rx_conns += 1;
+        }
+        let maps = self.conn(pid.conn).maps_rx;
+        self.path_mut(pid).unwrap().maps_at_connect = maps;
         let info = self.conn(pid.conn).info(usize::from(pid.index));
         self.outputs.push_back(Output::Connect(info));
     }
@@ -559,12 +570,17 @@ impl Node {
         if pid.index > 0 && usize::from(pid.index) >= c.active_paths() {
             return;
         }
+        let settle = if pid.index > 0 && caps.mp_capable && Node::is_smaller(&c.laddr, &c.faddr) && !c.with_sport_idx {
+            self.cfg.reconnect_settle
+        } else {
+            Duration::ZERO
+        };
         let (min, max) = (self.cfg.reconnect_min, self.cfg.reconnect_max);
         let jitter = self.rng.next_u64();
         let path = self.path_mut(pid).unwrap();
         let at = if path.reconnect_delay.is_zero() {
             path.reconnect_delay = min;
-            now
+            now + settle
         } else {
             let bound = path.reconnect_delay.as_nanos().max(1) as u64;
             let d = Duration::from_nanos(jitter % bound);
@@ -597,6 +613,14 @@ impl Node {
         // of taking it got nothing it would have acked and then lost.
         let full = self.cfg.handshake_exts == HandshakeExts::Full;
         let sends_map = self.caps_of(self.conn(pid.conn).kind).sends_cong_map;
+        // Only our own connections of a multipath connection need the
+        // peer's confirmation (`connect_worker`); a map may have come already.
+        let confirmed = {
+            let c = self.conn(pid.conn);
+            !self.caps_of(c.kind).mp_capable
+                || !Node::is_smaller(&c.laddr, &c.faddr)
+                || c.maps_rx > c.paths[usize::from(pid.index)].maps_at_connect
+        };
         let c = self.conn_mut(pid.conn);
         let hold = full && sends_map && (c.peer_gen_maps || !c.heard);
         c.ups += 1;
@@ -606,6 +630,7 @@ impl Node {
         path.hello_owed = full && sends_map;
         path.inst_gen = 0;
         path.up_seq = up_seq;
+        path.confirmed = confirmed;
         path.state = PathState::Up;
         path.reconnect_delay = Duration::ZERO;
         path.reconnect_at = None;
@@ -672,6 +697,7 @@ impl Node {
         }
         let path = self.path_mut(pid).unwrap();
         path.inst += 1;
+        path.rx_conns += 1;
         self.complete_path(pid);
         Accept::Path(self.conn(conn).info(i))
     }
@@ -707,6 +733,23 @@ impl Node {
             let c = self.conn_mut(conn);
             c.npaths = 0;
             c.ping_triggered = false;
+        }
+        // Our later paths that the peer has not evidently taken yet may sit in
+        // its accept queue: a 6.1 kernel would give them the slot this path
+        // just freed (its lowest free one), crossing sequence spaces. Close
+        // them; they connect again in order after this one.
+        let c = self.conn(conn);
+        if self.caps_of(c.kind).mp_capable && Node::is_smaller(&c.laddr, &c.faddr) && !c.with_sport_idx {
+            let later: Vec<usize> = (usize::from(pid.index) + 1..c.paths.len())
+                .filter(|&k| match c.paths[k].state {
+                    PathState::Connecting => true,
+                    PathState::Up => !c.paths[k].confirmed,
+                    _ => false,
+                })
+                .collect();
+            for k in later {
+                self.drop_path(PathId { conn, index: k as u8 });
+            }
         }
         if reason != DownReason::DirectionRule || !self.path(pid).unwrap().send_queue.is_empty() {
             self.queue_reconnect(pid, now);
@@ -836,6 +879,17 @@ impl Node {
         for i in 1..n {
             self.kick(PathId { conn, index: i as u8 });
         }
+    }
+
+    /// The peer evidently took the path's connection: the next path may
+    /// connect (`connect_worker`).
+    pub(crate) fn confirm_path(&mut self, pid: PathId) {
+        let Some(path) = self.path_mut(pid) else { return };
+        if path.confirmed || path.state != PathState::Up {
+            return;
+        }
+        path.confirmed = true;
+        self.start_mprds(pid.conn);
     }
 
     /// Starts the extra paths once the count is known (`rds_start_mprds`).

@@ -78,6 +78,9 @@ counters! {
         mprds_probe_sent,
         /// Messages held on a path until the socket's path-0 backlog was acked.
         mprds_lane_hold,
+        /// Retransmissions that arrived on a path's first connection: sent
+        /// to a previous instance of this node, dropped.
+        recv_drop_stale,
     }
 }
 

@@ -235,7 +235,7 @@ fn receiver_drops_only_older_sequence_numbers_marked_retransmitted() {
     let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
     assert_eq!((p0.id.index, p1.id.index), (0, 1));
     let r = flags::RETRANSMITTED;
-    let cases: [(PathInfo, u64, u8, RecvOutcome); 10] = [
+    let cases: [(PathInfo, u64, u8, RecvOutcome); 11] = [
         (p0, 5, 0, RecvOutcome::Delivered),
         // Lower without the flag: accepted (a restarted peer), next is 4.
         (p0, 3, 0, RecvOutcome::Delivered),
@@ -247,7 +247,8 @@ fn receiver_drops_only_older_sequence_numbers_marked_retransmitted() {
         (p0, 11, r, RecvOutcome::Delivered),
         (p0, 11, r, RecvOutcome::DupDropped),
         // Each path has its own sequence space.
-        (p1, 1, r, RecvOutcome::Delivered),
+        (p1, 1, 0, RecvOutcome::Delivered),
+        (p1, 2, r, RecvOutcome::Delivered),
         (p1, 1, r, RecvOutcome::DupDropped),
     ];
     for (k, (p, seq, fl, want)) in cases.iter().enumerate() {
@@ -258,7 +259,7 @@ fn receiver_drops_only_older_sequence_numbers_marked_retransmitted() {
     while let Ok(Received::Data(i)) = n.recv(b, false) {
         got.push(i.payload[0]);
     }
-    assert_eq!(got, [5, 3, 4, 10, 11, 1]);
+    assert_eq!(got, [5, 3, 4, 10, 11, 1, 2]);
     // Sequence numbers at the top of the range neither panic nor wrap
     // into dropping: u64::MAX is accepted, and the next one (0) too.
     assert_eq!(n.received(p0.id, p0.inst, rx(u64::MAX, 0)), RecvOutcome::Delivered);

@@ -58,6 +58,8 @@ impl Default for EngineConfig {
         let r = random_u64();
         node.gen_num = (r as u32).max(1);
         node.seed = r;
+        // Reconnects in order after a reset of all paths (see the field).
+        node.reconnect_settle = Duration::from_millis(50);
         let mut tcp = TcpConfig::default();
         if let Some(p) = std::env::var("RDS_TCP_PORT").ok().and_then(|v| v.parse().ok()) {
             tcp.port = p;

@@ -253,6 +253,13 @@ fn acks_free_the_send_buffer() {
     let sa = a.plain_socket(5000);
     let sb = b.socket(4000);
     let to = SocketAddr::new(b.addr, 4000);
+    // Let the paths come up first: each one that does makes us send our
+    // congestion map (on path 0), which would come after the burst (the
+    // paths connect one after another, once the peer took the previous).
+    let warm = a.plain_socket(5008);
+    a.send(warm, to, &Payload::new(pattern(999, 16)), d);
+    assert_eq!(index_of(&b.recv(sb, d).payload), 999);
+    a.wait_for(d, "8 paths up", |n| n.info_connections().iter().any(|c| c.faddr == b.addr && c.paths_up() == 8));
     for i in 0..50u64 {
         a.send(sa, to, &Payload::new(pattern(i, 8192)), d);
     }

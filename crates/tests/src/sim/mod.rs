@@ -126,7 +126,12 @@
 //!      flushed probes and pongs);
 //!    * *stale sequence* (Mainline only, see below): messages of a
 //!      restarted sender instance that the receiver dropped as old
-//!      retransmissions and never delivered.
+//!      retransmissions and never delivered;
+//!    * *stale receiver*: messages sent to an instance of the destination
+//!      that died before acking them, resent by the survivor and dropped by
+//!      the new instance as meant for its predecessor (`RecvOutcome::Stale`:
+//!      a retransmission that comes first on the first connection the new
+//!      instance has on the path).
 //! 5. **Bounds.** A socket's queued send bytes never exceed its limit plus
 //!    one message (`rds_send_queue_rm` admits while below the limit); a
 //!    receive queue never exceeds its limit plus what every sender can have
@@ -158,9 +163,10 @@
 //!   dropped before it carries anything but maps.
 //! * With `Mainline` (the 6.1 kernels' wire, byte for byte: NPATHS only,
 //!   plain maps) a restart cannot be detected. (a) The survivor resends its
-//!   unacked messages to the new instance, which delivers them: a message
-//!   the old instance had received (and perhaps read) before its TCP ack
-//!   reached the survivor is read again by the new instance. (b) The
+//!   unacked messages to the new instance, which drops them as stale (they
+//!   come first, marked RETRANSMITTED, on its first connection of the
+//!   path), so a message the old instance had received (and perhaps read)
+//!   before its TCP ack reached the survivor is not read again. (b) The
 //!   survivor still holds the old instance's receive sequence, so the new
 //!   instance's first retransmissions can be dropped as duplicates
 //!   ("stale sequence": counted, excused only for messages of a restarted

@@ -62,6 +62,11 @@ pub enum Excuse {
     /// receiver as an old retransmission, because the receiver, unable to
     /// see the restart, still held the previous instance's sequence.
     StaleSequence,
+    /// Sent to an instance of the destination that died before acking it;
+    /// the survivor (unable to see the restart: Mainline) resent it, and the
+    /// destination's new instance dropped it as meant for its previous
+    /// instance (`RecvOutcome::Stale`), as a 6.1 kernel's peer must.
+    StaleReceiver,
 }
 
 #[derive(Clone, Debug)]
@@ -247,6 +252,10 @@ impl Oracle {
                     s.stale_sequence += 1;
                     continue;
                 }
+                Some(Excuse::StaleReceiver) => {
+                    s.stale_receiver += 1;
+                    continue;
+                }
                 None => {}
             }
             if cancelled[id] {
@@ -300,6 +309,7 @@ pub struct Summary {
     pub sender_died: u64,
     pub receiver_died: u64,
     pub stale_sequence: u64,
+    pub stale_receiver: u64,
 }
 
 #[cfg(test)]

@@ -1067,6 +1067,17 @@ impl Sim {
                 }
                 Ok(())
             }
+            RecvOutcome::Stale => {
+                // A restarted receiver drops what was resent to it but had
+                // been sent to its previous instance.
+                match id {
+                    Some(id) if self.nodes[n].deaths > 0 => {
+                        self.oracle.excuse(id, Excuse::StaleReceiver);
+                        Ok(())
+                    }
+                    _ => Err(format!("n{n} (never restarted) dropped message {id:?} as stale")),
+                }
+            }
             RecvOutcome::NoSocket => Err(format!("n{n}: message {id:?} for a port nobody bound")),
             RecvOutcome::OverLimit => Err(format!("n{n}: message {id:?} dropped over the hard receive limit")),
             RecvOutcome::ProtocolError => Err(format!("n{n}: protocol error on message {id:?}")),

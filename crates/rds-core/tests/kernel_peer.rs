@@ -1,0 +1,265 @@
+//! Behaviour against a Linux 6.1 peer, found by the conformance tests
+//! (crates/tests/tests/kernel_tcp.rs) and reproduced here without the VM.
+//!
+//! * A 6.1 kernel accepts a connection into its lowest free path slot, in
+//!   accept order, whenever its worker gets to it. We are the smaller
+//!   address and connect: path i+1 only once the kernel evidently took path
+//!   i (something arrived on it, or a congestion map arrived on any path:
+//!   the kernel sends its map whenever it accepts), and a path that goes
+//!   down closes our later paths the kernel has not taken yet. (In the VM,
+//!   after a reset of all paths, our paths 0..7 landed in the kernel's slots
+//!   3, 2, 0, 4, 5, 6, 1, 7: retransmissions were delivered twice and ours
+//!   dropped by the kernel.)
+//! * A 6.1 kernel cannot tell that we restarted: after a kill -9 it sends
+//!   the messages it had sent to our previous process, unacked, again, with
+//!   RETRANSMITTED. They come first on our first connection of the path and
+//!   are dropped (`recv_drop_stale`).
+
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::time::{Duration, Instant};
+
+use rds_core::wire::{self, Ext, Header};
+use rds_core::*;
+
+fn ip(last: u8) -> IpAddr {
+    IpAddr::V4(Ipv4Addr::new(127, 0, 0, last))
+}
+
+fn node(addr: IpAddr) -> Node {
+    node_with(addr, Duration::ZERO)
+}
+
+fn node_with(addr: IpAddr, settle: Duration) -> Node {
+    let mut n = Node::new(NodeConfig { gen_num: 7, seed: 1, reconnect_settle: settle, ..NodeConfig::default() });
+    n.register_transport(TransportCaps::tcp());
+    n.register_transport(TransportCaps::loopback());
+    n.add_local(addr, TransportKind::Tcp);
+    n
+}
+
+/// Drains the outputs: (connects, shutdowns) as path indexes.
+fn outputs(n: &mut Node) -> (Vec<PathInfo>, Vec<PathInfo>) {
+    let (mut c, mut s) = (Vec::new(), Vec::new());
+    while let Some(o) = n.poll_output() {
+        match o {
+            Output::Connect(i) => c.push(i),
+            Output::Shutdown(i) => s.push(i),
+            _ => {}
+        }
+    }
+    (c, s)
+}
+
+fn indexes(v: &[PathInfo]) -> Vec<u8> {
+    v.iter().map(|i| i.id.index).collect()
+}
+
+fn pong(seq: u64) -> RxMessage {
+    let mut h = Header::data(0, wire::PROBE_PORT, 0);
+    h.sequence = seq;
+    h.push_extension(Ext::Npaths(8)).unwrap();
+    RxMessage { header: h, payload: Payload::empty(), rx_time_ns: None }
+}
+
+fn map() -> RxMessage {
+    RxMessage { header: Header::cong_map(), payload: Payload::copy_from(&[0u8; wire::CONG_MAP_BYTES]), rx_time_ns: None }
+}
+
+fn data(sport: u16, dport: u16, seq: u64, flags: u8, body: &[u8]) -> RxMessage {
+    let mut h = Header::data(sport, dport, body.len() as u32);
+    h.sequence = seq;
+    h.flags = flags;
+    RxMessage { header: h, payload: Payload::copy_from(body), rx_time_ns: None }
+}
+
+/// Node at 127.0.0.1 (the smaller address) with path 0 up and the
+/// handshake answered (8 paths); returns the node, the path infos so far
+/// and the connects it asked for after the pong.
+fn handshaken() -> (Node, Vec<PathInfo>, Vec<PathInfo>) {
+    handshaken_with(Duration::ZERO)
+}
+
+fn handshaken_with(settle: Duration) -> (Node, Vec<PathInfo>, Vec<PathInfo>) {
+    let mut n = node_with(ip(1), settle);
+    let s = n.socket();
+    n.bind(s, SocketAddr::new(ip(1), 5000)).unwrap();
+    n.send(s, Some(SocketAddr::new(ip(2), 4000)), &Payload::copy_from(b"x"), &SendOptions::default()).unwrap();
+    let (c, _) = outputs(&mut n);
+    assert_eq!(indexes(&c), [0]);
+    let p0 = c[0];
+    n.path_up(p0.id, p0.inst);
+    outputs(&mut n);
+    assert_eq!(n.received(p0.id, p0.inst, pong(1)), RecvOutcome::ProbePong);
+    let (c, _) = outputs(&mut n);
+    (n, vec![p0], c)
+}
+
+#[test]
+fn paths_connect_one_at_a_time_once_the_kernel_took_the_previous() {
+    let (mut n, mut paths, c) = handshaken();
+    // The pong arrived on path 0: the kernel took it; path 1, and only it.
+    assert_eq!(indexes(&c), [1]);
+    let mut next = c[0];
+    for i in 1..8u8 {
+        assert_eq!(next.id.index, i);
+        n.path_up(next.id, next.inst);
+        paths.push(next);
+        // Established on our side is not enough: the kernel may not have
+        // accepted it yet.
+        let (c, _) = outputs(&mut n);
+        assert!(c.is_empty(), "path {i} up but not confirmed: no connect, got {:?}", indexes(&c));
+        if i == 7 {
+            break;
+        }
+        // The kernel's map when it accepts: on the new path, or (as here for
+        // odd paths) on another one.
+        let on = if i % 2 == 0 { next } else { paths[0] };
+        assert_eq!(n.received(on.id, on.inst, map()), RecvOutcome::CongMap);
+        let (c, _) = outputs(&mut n);
+        assert_eq!(indexes(&c), [i + 1], "after the kernel took path {i}");
+        next = c[0];
+    }
+    let conn = paths[0].id.conn;
+    for i in 0..8u8 {
+        assert_eq!(n.path_state(PathId { conn, index: i }), Some(PathState::Up));
+    }
+}
+
+#[test]
+fn a_path_going_down_closes_later_paths_the_kernel_has_not_taken() {
+    let (mut n, mut paths, c) = handshaken();
+    let mut next = c[0];
+    // Paths 1..3 up and confirmed, path 4 up unconfirmed, path 5 not yet asked for.
+    for _ in 1..=4 {
+        n.path_up(next.id, next.inst);
+        paths.push(next);
+        outputs(&mut n);
+        if paths.len() == 5 {
+            break;
+        }
+        n.received(next.id, next.inst, map());
+        let (c, _) = outputs(&mut n);
+        next = c[0];
+    }
+    let conn = paths[0].id.conn;
+    let p = |i: u8| PathId { conn, index: i };
+    // Path 2 breaks. Path 3 (taken by the kernel) stays; path 4 may sit in
+    // the kernel's accept queue and would get slot 2 there: closed.
+    let now = Instant::now();
+    n.path_down(paths[2].id, paths[2].inst, DownReason::Closed, now);
+    n.handle_timeout(now);
+    let (c, s) = outputs(&mut n);
+    assert_eq!(indexes(&s), [4]);
+    assert_eq!(indexes(&c), [2], "path 2 reconnects at once");
+    assert_eq!(n.path_state(p(3)), Some(PathState::Up));
+    let p4 = s[0];
+    n.path_down(p4.id, p4.inst, DownReason::ShutdownDone, Instant::now());
+    n.handle_timeout(Instant::now());
+    let (c4, _) = outputs(&mut n);
+    assert!(c4.is_empty(), "path 4 waits for path 2: {:?}", indexes(&c4));
+    // Path 2 is up again, then confirmed: path 4 follows (3 is still up).
+    let p2 = c[0];
+    n.path_up(p2.id, p2.inst);
+    assert!(outputs(&mut n).0.is_empty());
+    n.received(p2.id, p2.inst, map());
+    n.handle_timeout(Instant::now());
+    let (c, _) = outputs(&mut n);
+    assert_eq!(indexes(&c), [4]);
+    // A connect in progress is closed as well.
+    let p4 = c[0];
+    n.path_down(paths[1].id, paths[1].inst, DownReason::Closed, Instant::now());
+    let (_, s) = outputs(&mut n);
+    assert_eq!(indexes(&s), [4], "the connecting path 4; paths 2 and 3 were taken");
+    assert_eq!(s[0].inst, p4.inst);
+}
+
+#[test]
+fn a_restarted_node_drops_retransmissions_meant_for_its_previous_instance() {
+    // We are 127.0.0.2 (the larger address): the kernel connects to us.
+    let mut n = node(ip(2));
+    let s = n.socket();
+    n.bind(s, SocketAddr::new(ip(2), 7100)).unwrap();
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    let r = wire::flags::RETRANSMITTED;
+    // What the kernel had sent to our previous process, unacked, comes first.
+    assert_eq!(n.received(p0.id, p0.inst, map()), RecvOutcome::CongMap);
+    assert_eq!(n.received(p0.id, p0.inst, data(7200, 7100, 41, r, b"old-41")), RecvOutcome::Stale);
+    assert_eq!(n.received(p0.id, p0.inst, data(7200, 7100, 42, r, b"old-42")), RecvOutcome::Stale);
+    assert_eq!(n.counters().recv_drop_stale, 2);
+    assert_eq!(n.counters().recv_drop_old_seq, 0);
+    // Then what it sends to us.
+    assert_eq!(n.received(p0.id, p0.inst, data(7200, 7100, 43, 0, b"new-43")), RecvOutcome::Delivered);
+    // The connection breaks before 44 arrived; on the next connection the
+    // kernel resends 43 (delivered: dropped as usual) and 44 (ours).
+    n.path_down(p0.id, p0.inst, DownReason::Closed, Instant::now());
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    assert_eq!(p0.id.index, 0);
+    assert_eq!(n.received(p0.id, p0.inst, data(7200, 7100, 43, r, b"new-43")), RecvOutcome::DupDropped);
+    assert_eq!(n.received(p0.id, p0.inst, data(7200, 7100, 44, r, b"new-44")), RecvOutcome::Delivered);
+    assert_eq!(n.counters().recv_drop_stale, 2);
+    assert_eq!(n.counters().recv_drop_old_seq, 1);
+    let mut got = Vec::new();
+    while let Ok(Received::Data(i)) = n.recv(s, false) {
+        got.push(i.payload.to_vec());
+    }
+    assert_eq!(got, [b"new-43".to_vec(), b"new-44".to_vec()]);
+}
+
+#[test]
+fn a_retransmission_on_a_later_connection_is_delivered_even_if_nothing_came_before() {
+    // The kernel sent 5 to us on our first connection, which broke before
+    // anything arrived: the retransmission on the second one is ours.
+    let mut n = node(ip(2));
+    let s = n.socket();
+    n.bind(s, SocketAddr::new(ip(2), 7100)).unwrap();
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    n.path_down(p0.id, p0.inst, DownReason::Closed, Instant::now());
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    let r = wire::flags::RETRANSMITTED;
+    assert_eq!(n.received(p0.id, p0.inst, data(7200, 7100, 5, r, b"five")), RecvOutcome::Delivered);
+    assert_eq!(n.counters().recv_drop_stale, 0);
+    let Ok(Received::Data(i)) = n.recv(s, false) else { panic!() };
+    assert_eq!(&i.payload[..], b"five");
+}
+
+#[test]
+fn after_a_reset_of_all_paths_they_reconnect_in_order_whatever_order_their_deaths_are_seen() {
+    let settle = Duration::from_millis(50);
+    let (mut n, mut paths, c) = handshaken_with(settle);
+    let mut next = c[0];
+    for i in 1..8u8 {
+        n.path_up(next.id, next.inst);
+        paths.push(next);
+        n.received(next.id, next.inst, map());
+        let (c, _) = outputs(&mut n);
+        if i < 7 {
+            next = c[0];
+        }
+    }
+    // The kernel reset every path; we see path 5's end first, path 2's 10
+    // ms later. Reconnecting path 5 at once would give it the kernel's slot
+    // 2 (its lowest free one).
+    let t = Instant::now();
+    n.path_down(paths[5].id, paths[5].inst, DownReason::Closed, t);
+    n.handle_timeout(t);
+    assert!(outputs(&mut n).0.is_empty(), "path 5 waits {settle:?}");
+    let t2 = t + Duration::from_millis(10);
+    n.path_down(paths[2].id, paths[2].inst, DownReason::Closed, t2);
+    n.handle_timeout(t2);
+    assert!(outputs(&mut n).0.is_empty());
+    n.handle_timeout(t2 + settle);
+    let (c, _) = outputs(&mut n);
+    assert_eq!(indexes(&c), [2], "path 2 first; path 5 waits for it");
+    let p2 = c[0];
+    n.path_up(p2.id, p2.inst);
+    assert!(outputs(&mut n).0.is_empty());
+    n.received(p2.id, p2.inst, map());
+    let (c, _) = outputs(&mut n);
+    assert_eq!(indexes(&c), [5]);
+    // Path 0 never waits: nothing below it can take its slot.
+    n.path_down(paths[0].id, paths[0].inst, DownReason::Closed, t2 + settle);
+    n.handle_timeout(t2 + settle);
+    let (c, s) = outputs(&mut n);
+    assert_eq!(indexes(&c), [0]);
+    assert_eq!(indexes(&s), [5], "path 5 was connecting: closed, it follows path 0 again");
+}
