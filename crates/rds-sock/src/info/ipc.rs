@@ -291,7 +291,8 @@ impl std::fmt::Display for QueryError {
 impl std::error::Error for QueryError {}
 
 /// The info sockets in `dir`, by pid and engine number. Leftovers of
-/// processes that died (temporary names) are removed on the way.
+/// processes that died (sockets and temporary names) are removed on the
+/// way: no live process can be serving them.
 pub fn list(dir: &Path) -> io::Result<Vec<NodeEntry>> {
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
@@ -304,6 +305,10 @@ pub fn list(dir: &Path) -> io::Result<Vec<NodeEntry>> {
         let name = ent.file_name();
         let Some(name) = name.to_str() else { continue };
         if let Some((pid, engine)) = parse_name(name) {
+            if pid_dead(pid) {
+                let _ = std::fs::remove_file(ent.path());
+                continue;
+            }
             out.push(NodeEntry { pid, engine, path: ent.path() });
         } else if let Some(tmp) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) {
             if tmp.split_once('.').and_then(|(p, _)| p.parse().ok()).is_some_and(pid_dead) {
@@ -442,13 +447,19 @@ mod tests {
         assert!(!path.exists(), "socket removed on stop");
         assert!(query_all(&d, 1).unwrap().is_empty());
 
-        // A socket left by a process that died: bound, listener gone.
-        let stale = d.join("4194304.0.sock");
-        drop(UnixListener::bind(&stale).unwrap());
+        // Sockets left by a process that died (no process has pid
+        // 4194304, above Linux's pid_max): removed by listing.
+        let dead = d.join("4194304.0.sock");
+        drop(UnixListener::bind(&dead).unwrap());
         let tmp = d.join(".4194304.1.tmp");
         std::fs::write(&tmp, b"").unwrap();
+        assert!(list(&d).unwrap().is_empty());
+        assert!(!dead.exists() && !tmp.exists(), "leftovers of a dead process removed");
+        // A socket of a live process whose listener is gone: removed by the
+        // reader that is refused.
+        let stale = d.join(format!("{}.999.sock", std::process::id()));
+        drop(UnixListener::bind(&stale).unwrap());
         assert!(list(&d).unwrap().iter().any(|e| e.path == stale));
-        assert!(!tmp.exists(), "temporary name of a dead process removed");
         assert!(matches!(query(&stale, 1), Err(QueryError::Gone)));
         assert!(!stale.exists(), "stale socket removed by the reader");
         std::fs::remove_dir_all(&d).unwrap();
