@@ -856,6 +856,20 @@ impl Node {
                 m.flags.flush = true;
             }
         }
+        // Connections that came up before the one that announced the new
+        // generation reach the dead instance: a message first written on
+        // one now would be lost, then resent to the new instance as a
+        // retransmission, which it must take for its predecessor's and
+        // drop. Close them at once; they connect again, to the new one.
+        let c = self.conn(conn);
+        let fresh = c.paths[usize::from(on)].up_seq;
+        let old: Vec<u8> = (0..c.paths.len())
+            .filter(|&i| i != usize::from(on) && c.paths[i].state == PathState::Up && c.paths[i].up_seq < fresh)
+            .map(|i| i as u8)
+            .collect();
+        for i in old {
+            self.drop_path(PathId { conn, index: i });
+        }
     }
 
     /// After the path count was (re)negotiated: messages queued on paths

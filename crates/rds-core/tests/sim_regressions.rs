@@ -322,3 +322,33 @@ fn a_cancelled_message_on_the_wire_still_holds_its_sockets_lane() {
     n.acked(p0.id, p0.inst, sent0[0].1);
     assert_eq!(pull(&mut n, p1).iter().map(|m| m.0.clone()).collect::<Vec<_>>(), [b"m2".to_vec()]);
 }
+
+/// rds-sim seed 7994 (with the stale-retransmission rule of a restarted
+/// receiver): a Full node learned of its peer's restart on a new
+/// connection, but kept sending on an older one, which still went to the
+/// dead instance. A message first written there after the restart was
+/// known (so not flushed) was lost, resent on a new connection marked
+/// RETRANSMITTED, and dropped by the new instance as meant for its
+/// predecessor: lost without a report. Connections older than the one that
+/// announced the new generation are now closed when the restart is seen.
+#[test]
+fn connections_to_a_restarted_peers_old_instance_are_closed() {
+    let mut n = make_node(config(1), ip(2), TransportKind::Tcp);
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    n.received(p0.id, p0.inst, full_map(77, 0, 1, &[]));
+    n.received(p0.id, p0.inst, probe(1, 8));
+    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    n.received(p1.id, p1.inst, full_map(77, 1, 2, &[]));
+    while n.poll_output().is_some() {}
+    // Path 0's connection died and the peer's new instance (88) connected.
+    n.path_down(p0.id, p0.inst, DownReason::Closed, Instant::now());
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40002) else { panic!() };
+    assert_eq!(p0.id.index, 0);
+    while n.poll_output().is_some() {}
+    n.received(p0.id, p0.inst, full_map(88, 0, 1, &[]));
+    assert_eq!(n.counters().peer_restart, 1);
+    let outs: Vec<Output> = std::iter::from_fn(|| n.poll_output()).collect();
+    assert!(outs.contains(&Output::Shutdown(n.path_info(p1.id).unwrap())), "{outs:?}");
+    assert_eq!(n.path_state(p1.id), Some(PathState::Disconnecting));
+    assert_eq!(n.path_state(p0.id), Some(PathState::Up));
+}
