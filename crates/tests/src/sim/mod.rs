@@ -127,7 +127,7 @@
 //!    * *stale sequence* (Mainline only, see below): messages of a
 //!      restarted sender instance that the receiver dropped as old
 //!      retransmissions and never delivered;
-//!    * *stale receiver*: messages sent to an instance of the destination
+//!    * *stale receiver* (Mainline only): messages sent to an instance of the destination
 //!      that died before acking them, resent by the survivor and dropped by
 //!      the new instance as meant for its predecessor (`RecvOutcome::Stale`:
 //!      a retransmission that comes first on the first connection the new

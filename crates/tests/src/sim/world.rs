@@ -1069,11 +1069,17 @@ impl Sim {
             }
             RecvOutcome::Stale => {
                 // A restarted receiver drops what was resent to it but had
-                // been sent to its previous instance.
+                // been sent to its previous instance. A Full survivor learns
+                // the new generation before it resends anything and flushes
+                // (reports) such messages: there a stale drop is a loss
+                // nobody reports.
                 match id {
-                    Some(id) if self.nodes[n].deaths > 0 => {
+                    Some(id) if self.nodes[n].deaths > 0 && self.p.handshake == HandshakeExts::Mainline => {
                         self.oracle.excuse(id, Excuse::StaleReceiver);
                         Ok(())
+                    }
+                    Some(id) if self.nodes[n].deaths > 0 => {
+                        Err(format!("n{n} dropped message {id} as stale: a Full peer resent it before learning of the restart"))
                     }
                     _ => Err(format!("n{n} (never restarted) dropped message {id:?} as stale")),
                 }
