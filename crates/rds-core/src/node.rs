@@ -433,6 +433,7 @@ impl Node {
             let p = &mut self.conns[id.0 as usize].paths[0];
             p.state = PathState::Up;
             p.inst = 1;
+            p.confirmed = true;
         }
         self.conn_index.insert((laddr, faddr, kind, tos), id);
         self.maps.entry(faddr).or_default();

@@ -276,6 +276,12 @@ impl Node {
         if self.path(pid).unwrap().hold {
             return false;
         }
+        // On a connection the peer has not evidently taken yet
+        // (`Path::confirmed`) only maps and our leading probes go out, no
+        // socket's message: a 6.1 kernel that finds no free slot for it
+        // resets it, and what its TCP had already acked would be lost. (The
+        // probe lets a peer that stays silent until it hears from us answer.)
+        let confirmed = self.path(pid).unwrap().confirmed;
         let (max_packets, max_bytes) = (self.cfg.max_unacked_packets, self.cfg.max_unacked_bytes);
         let mut sent = 0usize;
         let mut flushed = Vec::new();
@@ -284,6 +290,9 @@ impl Node {
                 break;
             }
             let Some(front) = self.path(pid).unwrap().send_queue.front() else { break };
+            if !confirmed && front.sock.is_some() {
+                break;
+            }
             if front.gated {
                 let s = front.sock.unwrap();
                 if self.sock(s).is_some_and(|k| k.lane0_count(conn) > 0) {
@@ -342,7 +351,8 @@ impl Node {
         let path = self.path(pid).unwrap();
         !path.send_queue.is_empty()
             && !path.send_queue.front().is_some_and(|m| {
-                m.gated && m.sock.and_then(|s| self.sock(s)).is_some_and(|k| k.lane0_count(conn) > 0)
+                (!confirmed && m.sock.is_some())
+                    || (m.gated && m.sock.and_then(|s| self.sock(s)).is_some_and(|k| k.lane0_count(conn) > 0))
             })
     }
 
@@ -904,6 +914,7 @@ impl Node {
         }
         path.confirmed = true;
         self.start_mprds(pid.conn);
+        self.kick(pid);
     }
 
     /// Starts the extra paths once the count is known (`rds_start_mprds`).

@@ -263,3 +263,42 @@ fn after_a_reset_of_all_paths_they_reconnect_in_order_whatever_order_their_death
     assert_eq!(indexes(&c), [0]);
     assert_eq!(indexes(&s), [5], "path 5 was connecting: closed, it follows path 0 again");
 }
+
+/// In the VM our first connection was reset by the kernel's accept (its
+/// slot was busy with its own connect): the two datagrams we had already
+/// written on it were acked by its TCP and lost. Until the kernel shows it
+/// took a connection, only maps and our probe go out on it.
+#[test]
+fn nothing_of_a_socket_goes_out_before_the_kernel_took_the_connection() {
+    let mut n = node(ip(1));
+    let s = n.socket();
+    n.bind(s, SocketAddr::new(ip(1), 5000)).unwrap();
+    let dst = SocketAddr::new(ip(2), 4000);
+    for m in [b"m1", b"m2"] {
+        n.send(s, Some(dst), &Payload::copy_from(m), &SendOptions::default()).unwrap();
+    }
+    let pull = |n: &mut Node, p: &PathInfo| {
+        while n.poll_output().is_some() {}
+        let mut out = Vec::new();
+        n.pull(p.id, p.inst, 1 << 20, &mut out);
+        out.iter().map(|m| (m.header.kind(), m.payload.to_vec())).collect::<Vec<_>>()
+    };
+    let (c, _) = outputs(&mut n);
+    let p0 = c[0];
+    n.path_up(p0.id, p0.inst);
+    let sent = pull(&mut n, &p0);
+    let kinds: Vec<wire::Kind> = sent.iter().map(|m| m.0).collect();
+    assert_eq!(kinds, [wire::Kind::CongMap, wire::Kind::ProbePing], "no datagram yet");
+    // The kernel resets it (no free slot): nothing of ours is lost.
+    let t = Instant::now();
+    n.path_down(p0.id, p0.inst, DownReason::Closed, t);
+    n.handle_timeout(t);
+    let (c, _) = outputs(&mut n);
+    let p0 = c[0];
+    n.path_up(p0.id, p0.inst);
+    assert!(pull(&mut n, &p0).iter().all(|m| m.0 != wire::Kind::Data));
+    // Its map: it took this one.
+    n.received(p0.id, p0.inst, map());
+    let data: Vec<Vec<u8>> = pull(&mut n, &p0).into_iter().filter(|m| m.0 == wire::Kind::Data).map(|m| m.1).collect();
+    assert_eq!(data, [b"m1".to_vec(), b"m2".to_vec()]);
+}

@@ -303,6 +303,13 @@ fn a_cancelled_message_on_the_wire_still_holds_its_sockets_lane() {
     send(&mut n, b"m1").unwrap();
     let Some(Output::Connect(p0)) = drain(&mut n).into_iter().find(|o| matches!(o, Output::Connect(_))) else { panic!() };
     n.path_up(p0.id, p0.inst);
+    // The peer's map: it took the connection (we hold data until then).
+    let map = || RxMessage {
+        header: Header::cong_map(),
+        payload: Payload::copy_from(&[0u8; wire::CONG_MAP_BYTES]),
+        rx_time_ns: None,
+    };
+    n.received(p0.id, p0.inst, map());
     let sent0 = pull(&mut n, p0);
     assert_eq!(sent0.iter().map(|m| m.0.clone()).collect::<Vec<_>>(), [b"m1".to_vec()]);
     // The peer's probe: 8 paths; path 1 connects.
@@ -315,6 +322,7 @@ fn a_cancelled_message_on_the_wire_still_holds_its_sockets_lane() {
         })
         .unwrap();
     n.path_up(p1.id, p1.inst);
+    n.received(p0.id, p0.inst, map());
     // m1 is on the wire, unacked; it is cancelled, then m2 is sent.
     assert_eq!(n.drop_messages(a, Some(dst)), 1);
     send(&mut n, b"m2").unwrap();
