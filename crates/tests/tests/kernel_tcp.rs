@@ -1,0 +1,268 @@
+//! Conformance against the Linux kernel's RDS over TCP, in the VM rig
+//! (`/work/shared/vmrig`: two Debian 12 guests, kernel 6.1, under qemu).
+//!
+//! Two boots, one per address order: the kernel's RDS on node2
+//! (10.99.0.2, our node the smaller address and the connecting side) and on
+//! node1 (our node the larger address). In each boot `kernel/run.sh` runs
+//! every scenario: `kernel/conform.py` on the kernel's guest,
+//! `rds-conform` (src/bin) on ours. Both sides print `RESULT <scenario>
+//! <direction> PASS|FAIL <note>` lines; this test collects them, prints the
+//! table of what interoperates (docs/interop.md is filled from it; it is
+//! also written to `$CARGO_TARGET_TMPDIR/kernel-interop.md`) and fails on
+//! any FAIL or missing result.
+//!
+//! When the rig cannot start (not found, never set up, qemu missing, the
+//! guests do not come up) the test prints one line starting with `SKIP:`
+//! and passes. `VMRIG_DIR` points at the rig; `KERNEL_TCP_SCENARIOS`
+//! (space-separated) runs a subset; `KERNEL_TCP_ORDERS` = `smaller`,
+//! `larger` or both (default).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+const SCENARIOS: &str = "ping datagrams congestion mprds reconnect restart selftest";
+
+/// (scenario, direction) pairs every boot must report.
+const EXPECTED: &[(&str, &str)] = &[
+    ("ping", "us->kernel"),
+    ("ping", "kernel->us"),
+    ("datagrams", "us->kernel"),
+    ("datagrams", "kernel->us"),
+    ("congestion", "us->kernel"),
+    ("congestion", "kernel->us"),
+    ("mprds", "both"),
+    ("mprds", "us->kernel"),
+    ("mprds", "kernel->us"),
+    ("reconnect", "us->kernel"),
+    ("reconnect", "kernel->us"),
+    ("restart", "stale"),
+    ("restart", "us->kernel"),
+    ("restart", "kernel->us"),
+    ("selftest", "us->kernel"),
+    ("selftest", "kernel->us"),
+];
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+/// The rig: $VMRIG_DIR, ../shared/vmrig next to the repository, or
+/// /work/shared/vmrig.
+fn find_rig() -> Result<PathBuf, String> {
+    let mut tried = Vec::new();
+    let mut cands = Vec::new();
+    if let Ok(d) = std::env::var("VMRIG_DIR") {
+        cands.push(PathBuf::from(d));
+    }
+    cands.push(workspace_root().join("../shared/vmrig"));
+    cands.push(PathBuf::from("/work/shared/vmrig"));
+    for d in cands {
+        if d.join("vmrig").is_file() {
+            return Ok(d);
+        }
+        tried.push(d.display().to_string());
+    }
+    Err(format!("no VM rig found (tried {}; set VMRIG_DIR)", tried.join(", ")))
+}
+
+fn rig_ready() -> Result<(), String> {
+    let cache = PathBuf::from(std::env::var("VMRIG_CACHE").unwrap_or_else(|_| "/var/cache/vmrig".into()));
+    for f in ["initrd.img", "kernel", "qemu"] {
+        if !cache.join(f).exists() {
+            return Err(format!("the VM rig is not set up ({} missing; run `vmrig setup` or scripts/setup.sh)", cache.join(f).display()));
+        }
+    }
+    Ok(())
+}
+
+#[derive(Default)]
+struct Cell {
+    reports: Vec<(String, bool, String)>,
+}
+
+impl Cell {
+    fn ok(&self) -> bool {
+        !self.reports.is_empty() && self.reports.iter().all(|r| r.1)
+    }
+}
+
+struct Boot {
+    order: &'static str,
+    cells: BTreeMap<(String, String), Cell>,
+    hashes: Vec<(String, String, String, String)>,
+    secs: f64,
+    log: String,
+}
+
+fn run_boot(rig: &Path, bin: &Path, knode: u8, order: &'static str, scenarios: &str) -> Result<Boot, String> {
+    let root = workspace_root();
+    let mut cmd = Command::new(rig.join("vmrig"));
+    cmd.current_dir(&root).args(["run", "-n", "2", "-t", "720"]);
+    if !bin.starts_with(&root) {
+        cmd.arg("-s").arg(bin);
+    }
+    cmd.arg("-e").arg(format!("CONFORM_KNODE={knode}"));
+    cmd.arg("-e").arg(format!("CONFORM_BIN={}", bin.display()));
+    cmd.arg("-e").arg(format!("CONFORM_SCENARIOS={scenarios}"));
+    cmd.args(["--", "bash"]).arg(root.join("crates/tests/kernel/run.sh"));
+    let t0 = Instant::now();
+    let out = cmd.output().map_err(|e| format!("cannot run {}: {e}", rig.join("vmrig").display()))?;
+    let secs = t0.elapsed().as_secs_f64();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    if !stdout.contains("INFO setup") {
+        let tail: Vec<&str> = stderr.lines().rev().take(6).collect();
+        return Err(format!(
+            "the guests did not come up (vmrig exit {:?}): {}",
+            out.status.code(),
+            tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
+        ));
+    }
+    let mut boot = Boot { order, cells: BTreeMap::new(), hashes: Vec::new(), secs, log: format!("{stdout}\n{stderr}") };
+    for line in stdout.lines() {
+        // "[nodeN] RESULT scenario direction PASS|FAIL note"
+        let (node, rest) = match line.strip_prefix("[node") {
+            Some(r) => (r.chars().next().unwrap_or('?'), r.get(3..).unwrap_or("")),
+            None => ('?', line),
+        };
+        let side = if u8::try_from(node.to_digit(10).unwrap_or(0)).unwrap_or(0) == knode { "kernel" } else { "ours" };
+        let mut f = rest.splitn(5, ' ');
+        match f.next() {
+            Some("RESULT") => {
+                let (Some(sc), Some(dir), Some(verdict)) = (f.next(), f.next(), f.next()) else { continue };
+                let note = f.next().unwrap_or("").to_string();
+                boot.cells
+                    .entry((sc.to_string(), dir.to_string()))
+                    .or_default()
+                    .reports
+                    .push((side.to_string(), verdict == "PASS", note));
+            }
+            Some("HASH") => {
+                let parts: Vec<&str> = rest.split(' ').collect();
+                // HASH selftest sent|recv <dir> <count> <hex>
+                if parts.len() == 6 {
+                    boot.hashes.push((parts[2].into(), parts[3].into(), parts[4].into(), parts[5].into()));
+                }
+            }
+            _ => {}
+        }
+    }
+    // The selftest criterion across the two guests: what one side sent on a
+    // pair hashes like what the other received.
+    for dir in ["us->kernel", "kernel->us"] {
+        let sent = boot.hashes.iter().find(|h| h.0 == "sent" && h.1 == dir);
+        let recv = boot.hashes.iter().find(|h| h.0 == "recv" && h.1 == dir);
+        if let (Some(s), Some(r)) = (sent, recv) {
+            let same = s.2 == r.2 && s.3 == r.3;
+            boot.cells.entry(("selftest".into(), dir.into())).or_default().reports.push((
+                "harness".into(),
+                same,
+                format!("sender's running sha256 {} receiver's ({} / {} messages)", if same { "==" } else { "!=" }, s.2, r.2),
+            ));
+        }
+    }
+    Ok(boot)
+}
+
+fn build_rds_ping(bin: &Path) -> Result<(), String> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.current_dir(workspace_root()).args(["build", "-q", "-p", "rds-tools", "--bin", "rds-ping"]);
+    // The profile of this test's own binaries (target/<profile>/).
+    match bin.file_name().and_then(|n| n.to_str()) {
+        Some("release") => {
+            cmd.arg("--release");
+        }
+        Some("debug") | None => {}
+        Some(p) => {
+            cmd.args(["--profile", p]);
+        }
+    }
+    let st = cmd.status().map_err(|e| format!("cargo: {e}"))?;
+    if !st.success() || !bin.join("rds-ping").is_file() {
+        return Err(format!("building rds-ping failed ({st})"));
+    }
+    Ok(())
+}
+
+fn table(boots: &[Boot]) -> String {
+    let mut s = String::new();
+    s.push_str("| scenario | direction | address order | result | notes |\n|---|---|---|---|---|\n");
+    for (sc, dir) in EXPECTED {
+        for b in boots {
+            let key = (sc.to_string(), dir.to_string());
+            let (res, notes) = match b.cells.get(&key) {
+                Some(c) => (
+                    if c.ok() { "pass" } else { "**FAIL**" },
+                    c.reports.iter().map(|r| format!("{}: {}", r.0, r.2.replace('|', "/"))).collect::<Vec<_>>().join("<br>"),
+                ),
+                None => ("**missing**", String::new()),
+            };
+            s.push_str(&format!("| {sc} | {dir} | {} | {res} | {notes} |\n", b.order));
+        }
+    }
+    s
+}
+
+#[test]
+fn kernel_tcp_conformance() {
+    let rig = match find_rig().and_then(|r| rig_ready().map(|_| r)) {
+        Ok(r) => r,
+        Err(why) => {
+            println!("SKIP: kernel conformance over TCP not run: {why}");
+            return;
+        }
+    };
+    let bin = Path::new(env!("CARGO_BIN_EXE_rds-conform")).parent().unwrap().to_path_buf();
+    build_rds_ping(&bin).expect("rds-ping");
+    let scenarios = std::env::var("KERNEL_TCP_SCENARIOS").unwrap_or_else(|_| SCENARIOS.into());
+    let orders = std::env::var("KERNEL_TCP_ORDERS").unwrap_or_else(|_| "smaller larger".into());
+    let t0 = Instant::now();
+    let mut boots = Vec::new();
+    for (knode, order) in [(2u8, "us smaller"), (1u8, "us larger")] {
+        if !orders.contains(order.trim_start_matches("us ")) {
+            continue;
+        }
+        match run_boot(&rig, &bin, knode, order, &scenarios) {
+            Ok(b) => {
+                println!("{}: {} results in {:.0} s", order, b.cells.len(), b.secs);
+                boots.push(b);
+            }
+            Err(why) if boots.is_empty() => {
+                println!("SKIP: kernel conformance over TCP not run: {why}");
+                return;
+            }
+            Err(why) => panic!("the second boot failed: {why}"),
+        }
+    }
+    let t = table(&boots);
+    println!("\n{t}\nkernel conformance: {:.0} s for {} boots", t0.elapsed().as_secs_f64(), boots.len());
+    let _ = std::fs::write(Path::new(env!("CARGO_TARGET_TMPDIR")).join("kernel-interop.md"), &t);
+    let wanted: Vec<&str> = scenarios.split_whitespace().collect();
+    let mut failed = Vec::new();
+    for b in &boots {
+        for (sc, dir) in EXPECTED.iter().filter(|(sc, _)| wanted.contains(sc)) {
+            match b.cells.get(&(sc.to_string(), dir.to_string())) {
+                Some(c) if c.ok() => {}
+                Some(c) => failed.push(format!("{} {sc} {dir}: {:?}", b.order, c.reports)),
+                None => failed.push(format!("{} {sc} {dir}: no result", b.order)),
+            }
+        }
+        // Anything reported beyond the table is a failure too.
+        for ((sc, dir), c) in &b.cells {
+            if !c.ok() && !EXPECTED.contains(&(sc.as_str(), dir.as_str())) {
+                failed.push(format!("{} {sc} {dir}: {:?}", b.order, c.reports));
+            }
+        }
+    }
+    if !failed.is_empty() {
+        for b in &boots {
+            let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("kernel-{}.log", b.order.replace(' ', "-")));
+            let _ = std::fs::write(&path, &b.log);
+            println!("log of the {} boot: {}", b.order, path.display());
+        }
+        panic!("kernel conformance failures:\n{}", failed.join("\n"));
+    }
+}
