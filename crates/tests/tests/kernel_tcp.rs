@@ -11,6 +11,14 @@
 //! also written to `$CARGO_TARGET_TMPDIR/kernel-interop.md`) and fails on
 //! any FAIL or missing result.
 //!
+//! `reconnect` kills single TCP connections and demands every message
+//! exactly once. `resetall` resets every path at once; a 6.1 kernel gives a
+//! reconnecting path its lowest free slot, so paths can swap sequence
+//! spaces and the kernel itself then loses and duplicates messages: there
+//! losses and duplicates are counted, not failed, and a third boot with the
+//! kernel's RDS on both guests (`kernel/baseline.sh`) measures the kernel's
+//! own figures in the same run (`KERNEL_TCP_BASELINE=0` skips it).
+//!
 //! When the rig cannot start (not found, never set up, qemu missing, the
 //! guests do not come up) the test prints one line starting with `SKIP:`
 //! and passes. `VMRIG_DIR` points at the rig; `KERNEL_TCP_SCENARIOS`
@@ -22,7 +30,11 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-const SCENARIOS: &str = "ping datagrams congestion mprds reconnect restart selftest";
+const SCENARIOS: &str = "ping datagrams congestion mprds reconnect resetall restart selftest";
+
+/// Scenarios that count lost and duplicated messages (GAPS lines) and have
+/// a kernel-to-kernel baseline.
+const GAP_SCENARIOS: &[&str] = &["reconnect", "resetall"];
 
 /// (scenario, direction) pairs every boot must report.
 const EXPECTED: &[(&str, &str)] = &[
@@ -37,6 +49,8 @@ const EXPECTED: &[(&str, &str)] = &[
     ("mprds", "kernel->us"),
     ("reconnect", "us->kernel"),
     ("reconnect", "kernel->us"),
+    ("resetall", "us->kernel"),
+    ("resetall", "kernel->us"),
     ("restart", "stale"),
     ("restart", "us->kernel"),
     ("restart", "kernel->us"),
@@ -92,6 +106,8 @@ struct Boot {
     order: &'static str,
     cells: BTreeMap<(String, String), Cell>,
     hashes: Vec<(String, String, String, String)>,
+    /// (scenario, receiving direction, lost, duplicated) from GAPS lines.
+    gaps: Vec<(String, String, u64, u64)>,
     secs: f64,
     log: String,
 }
@@ -120,7 +136,8 @@ fn run_boot(rig: &Path, bin: &Path, knode: u8, order: &'static str, scenarios: &
             tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
         ));
     }
-    let mut boot = Boot { order, cells: BTreeMap::new(), hashes: Vec::new(), secs, log: format!("{stdout}\n{stderr}") };
+    let mut boot =
+        Boot { order, cells: BTreeMap::new(), hashes: Vec::new(), gaps: Vec::new(), secs, log: format!("{stdout}\n{stderr}") };
     for line in stdout.lines() {
         // "[nodeN] RESULT scenario direction PASS|FAIL note"
         let (node, rest) = match line.strip_prefix("[node") {
@@ -138,6 +155,15 @@ fn run_boot(rig: &Path, bin: &Path, knode: u8, order: &'static str, scenarios: &
                     .or_default()
                     .reports
                     .push((side.to_string(), verdict == "PASS", note));
+            }
+            Some("GAPS") => {
+                // GAPS <scenario> <direction> <lost> <duplicated>
+                let parts: Vec<&str> = rest.split(' ').collect();
+                if let [_, sc, dir, lost, dup] = parts[..] {
+                    if let (Ok(l), Ok(d)) = (lost.parse(), dup.parse()) {
+                        boot.gaps.push((sc.into(), dir.into(), l, d));
+                    }
+                }
             }
             Some("HASH") => {
                 let parts: Vec<&str> = rest.split(' ').collect();
@@ -164,6 +190,42 @@ fn run_boot(rig: &Path, bin: &Path, knode: u8, order: &'static str, scenarios: &
         }
     }
     Ok(boot)
+}
+
+/// The kernel's RDS on both guests (`kernel/baseline.sh`): lost and
+/// duplicated messages per scenario, both directions summed.
+fn run_baseline(rig: &Path, bin: &Path, scenarios: &[&str]) -> Result<(BTreeMap<String, (u64, u64)>, f64), String> {
+    let root = workspace_root();
+    let mut cmd = Command::new(rig.join("vmrig"));
+    cmd.current_dir(&root).args(["run", "-n", "2", "-t", "600"]);
+    if !bin.starts_with(&root) {
+        cmd.arg("-s").arg(bin);
+    }
+    cmd.arg("-e").arg(format!("CONFORM_BIN={}", bin.display()));
+    cmd.arg("-e").arg(format!("BASELINE_SCENARIOS={}", scenarios.join(" ")));
+    cmd.args(["--", "bash"]).arg(root.join("crates/tests/kernel/baseline.sh"));
+    let t0 = Instant::now();
+    let out = cmd.output().map_err(|e| format!("cannot run {}: {e}", rig.join("vmrig").display()))?;
+    let mut gaps: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut seen = BTreeMap::new();
+    for line in String::from_utf8_lossy(&out.stdout).lines() {
+        let Some(i) = line.find("GAPS ") else { continue };
+        let parts: Vec<&str> = line[i..].split(' ').collect();
+        if let [_, sc, _, lost, dup] = parts[..] {
+            if let (Ok(l), Ok(d)) = (lost.parse::<u64>(), dup.parse::<u64>()) {
+                let e = gaps.entry(sc.to_string()).or_default();
+                e.0 += l;
+                e.1 += d;
+                *seen.entry(sc.to_string()).or_insert(0) += 1;
+            }
+        }
+    }
+    // Both receivers must have reported.
+    gaps.retain(|sc, _| seen.get(sc) == Some(&2));
+    if gaps.is_empty() {
+        return Err(format!("no figures (vmrig exit {:?})", out.status.code()));
+    }
+    Ok((gaps, t0.elapsed().as_secs_f64()))
 }
 
 fn build_rds_ping(bin: &Path) -> Result<(), String> {
@@ -237,7 +299,29 @@ fn kernel_tcp_conformance() {
             Err(why) => panic!("the second boot failed: {why}"),
         }
     }
-    let t = table(&boots);
+    let mut t = table(&boots);
+    // Lost and duplicated messages: ours against the kernel's own.
+    let gap_wanted: Vec<&str> = GAP_SCENARIOS.iter().copied().filter(|sc| scenarios.split_whitespace().any(|w| w == *sc)).collect();
+    if !gap_wanted.is_empty() {
+        t.push_str("\n| scenario | peers | lost | duplicated |\n|---|---|---|---|\n");
+        for sc in &gap_wanted {
+            for b in &boots {
+                let (l, d) = b.gaps.iter().filter(|g| g.0 == *sc).fold((0, 0), |a, g| (a.0 + g.2, a.1 + g.3));
+                let n = b.gaps.iter().filter(|g| g.0 == *sc).count();
+                t.push_str(&format!("| {sc} | ours and kernel, {} ({n} receivers) | {l} | {d} |\n", b.order));
+            }
+        }
+        if std::env::var("KERNEL_TCP_BASELINE").as_deref() != Ok("0") {
+            match run_baseline(&rig, &bin, &gap_wanted) {
+                Ok((g, secs)) => {
+                    for (sc, (l, d)) in g {
+                        t.push_str(&format!("| {sc} | kernel and kernel (2 receivers, {secs:.0} s boot) | {l} | {d} |\n"));
+                    }
+                }
+                Err(why) => t.push_str(&format!("\nkernel-to-kernel baseline not measured: {why}\n")),
+            }
+        }
+    }
     println!("\n{t}\nkernel conformance: {:.0} s for {} boots", t0.elapsed().as_secs_f64(), boots.len());
     let _ = std::fs::write(Path::new(env!("CARGO_TARGET_TMPDIR")).join("kernel-interop.md"), &t);
     let wanted: Vec<&str> = scenarios.split_whitespace().collect();
