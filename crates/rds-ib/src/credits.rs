@@ -1,0 +1,836 @@
+//! Credit flow control and acks of an RDS-IB connection, sans I/O.
+//!
+//! **Credits** ([`Credits`], `rds_ib_send_grab_credits`,
+//! `rds_ib_send_add_credits`, `rds_ib_advertise_credits`). Two counters:
+//!
+//! * *send credits*: SEND work requests we may post without overrunning the
+//!   peer's receive queue; one per frame (data fragment or ack-only frame);
+//! * *posted credits*: receive buffers we posted and have not advertised to
+//!   the peer yet. Every frame may carry up to 255 of them in `h_credit`.
+//!
+//! Both peers running out of send credits while holding unadvertised posted
+//! credits would deadlock, so the last send credit is only spent on a frame
+//! that also advertises credits: when posted credits are 0, one send credit
+//! is held back. Posting 16 or more unadvertised buffers requests an
+//! explicit credit update (an ack-only frame). When a grab comes up short the
+//! connection is "send full" and stops pulling; credits arriving clear it
+//! and the transport pulls again.
+//!
+//! Flow control is negotiated in the CM private data: our sends are limited
+//! only when this side enables it and the peer advertised a non-zero initial
+//! credit (`rds_ib_set_flow_control`). Mainline kernels have it off (the
+//! `flow_control` sysctl is 0, and their initial advertisement is taken
+//! before any receive is posted, so it is 0 anyway); then every grab
+//! succeeds, nothing is advertised and the peer relies on RNR retry. Having
+//! advertised non-zero initial credits, we keep granting credits even when
+//! the answer turns our own limiting off ([`Credits`] explains why).
+//!
+//! **Acks** ([`AckState`], `rds_ib_set_ack`, `rds_ib_attempt_ack`,
+//! `rds_ib_piggyb_ack`, `rds_ib_ack_send_complete`). Every frame carries
+//! `h_ack`, the sequence of the last complete message received (congestion
+//! maps excluded). An explicit ack is *requested* when a complete message
+//! had ACK_REQUIRED (the core's pacing, [`rds_core::TxMessage::ack_required`])
+//! or when a credit update is due; a data frame posted meanwhile
+//! piggybacks it and clears the request, otherwise an ack-only frame is sent
+//! (it needs a send credit like any frame). Only one ack-only frame is in
+//! flight at a time; a request made meanwhile is served when its send
+//! completes. A received `h_ack` above the last one seen acks everything up
+//! to it ([`rds_core::TransportSink::acked`]).
+//!
+//! [`FlowControl`] combines both the way `rds_ib_xmit` and the receive
+//! completion handler use them.
+
+/// Most credits one header advertises (`RDS_MAX_ADV_CREDIT`, `h_credit` is a byte).
+pub const MAX_ADV_CREDIT: u32 = 255;
+/// Unadvertised posted credits that request an explicit credit update.
+pub const CREDIT_UPDATE_THRESHOLD: u32 = 16;
+/// The kernel keeps each counter in 16 bits of one atomic.
+pub const MAX_CREDITS: u32 = 0xffff;
+
+/// What a grab obtained.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Grant {
+    /// Send credits obtained (frames that may be posted).
+    pub got: u32,
+    /// Posted credits taken for advertisement in the frame(s) being posted.
+    pub advertise: u32,
+}
+
+/// The credit counters of one connection.
+///
+/// The kernel has one flag (`i_flowctl`) for both directions. Here the two
+/// uses are kept apart: *limiting* (our sends need send credits) and
+/// *advertising* (we count posted receives and grant them in `h_credit`).
+/// They differ in one case only: we sent non-zero initial credits in our
+/// connect request and the accept came back with 0. The peer may then have
+/// turned flow control on (a kernel passive side does when its sysctl is on,
+/// yet always answers 0 because its receive ring is filled only later), and
+/// it would stall for ever if we stopped granting credits; so we keep
+/// advertising while our own sends stay unlimited.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Credits {
+    limiting: bool,
+    advertising: bool,
+    initial_advertised: bool,
+    send: u32,
+    posted: u32,
+    send_full: bool,
+}
+
+impl Credits {
+    /// Counters of a new connection attempt; `flowctl` is whether this side
+    /// advertises flow control in its connect request (the active side's
+    /// `i_flowctl = flow_control` sysctl; a passive side starts with false and
+    /// calls [`Credits::set_flow_control`] with the request's credits).
+    pub fn new(flowctl: bool) -> Credits {
+        Credits { limiting: flowctl, advertising: flowctl, ..Credits::default() }
+    }
+
+    /// Our sends are limited by send credits.
+    pub fn flow_control(&self) -> bool {
+        self.limiting
+    }
+
+    /// We count posted receives and grant them to the peer.
+    pub fn advertising(&self) -> bool {
+        self.advertising
+    }
+
+    pub fn send_credits(&self) -> u32 {
+        self.send
+    }
+
+    pub fn posted_credits(&self) -> u32 {
+        self.posted
+    }
+
+    /// A grab came up short and no credits arrived since.
+    pub fn send_full(&self) -> bool {
+        self.send_full
+    }
+
+    /// The negotiation (`rds_ib_set_flow_control`): our sends are limited
+    /// only if flow control is `enabled` locally and the peer's private data
+    /// advertised `peer_credits` > 0, which become our send credits. We
+    /// advertise when limited, and also after having sent non-zero initial
+    /// credits ourselves (see the type's docs). Returns whether our sends
+    /// are limited.
+    pub fn set_flow_control(&mut self, enabled: bool, peer_credits: u32) -> bool {
+        self.limiting = enabled && peer_credits != 0;
+        self.advertising = self.limiting || self.initial_advertised;
+        if self.limiting {
+            self.add_send_credits(peer_credits);
+        }
+        self.limiting
+    }
+
+    /// The credits to put in our private data (`rds_ib_cm_fill_conn_param`):
+    /// all posted credits when flow control is (being) advertised, 0
+    /// otherwise. They count as advertised.
+    pub fn take_initial_advertisement(&mut self) -> u32 {
+        if !self.advertising {
+            return 0;
+        }
+        let n = std::mem::take(&mut self.posted);
+        self.initial_advertised |= n != 0;
+        n
+    }
+
+    /// `rds_ib_send_grab_credits`: up to `wanted` send credits, keeping the
+    /// last one back unless posted credits go with it, and up to
+    /// `max_posted` posted credits to advertise when something is sent (or
+    /// always with `need_posted`). Without limiting, all of `wanted`. A
+    /// short grab marks the connection send full.
+    pub fn grab(&mut self, wanted: u32, need_posted: bool, max_posted: u32) -> Grant {
+        let got = if self.limiting {
+            let mut avail = self.send;
+            if avail > 0 && self.posted == 0 {
+                avail -= 1;
+            }
+            let got = if avail < wanted {
+                self.send_full = true;
+                avail
+            } else {
+                wanted
+            };
+            self.send -= got;
+            got
+        } else {
+            wanted
+        };
+        let mut advertise = 0;
+        if self.advertising && self.posted > 0 && (got > 0 || need_posted) {
+            advertise = self.posted.min(max_posted);
+            self.posted -= advertise;
+        }
+        Grant { got, advertise }
+    }
+
+    /// `rds_ib_send_add_credits`: credits granted by the peer (`h_credit` of a
+    /// received frame) or unused credits given back. Returns true when the
+    /// connection was send full, i.e. the transport should pull again.
+    pub fn add_send_credits(&mut self, credits: u32) -> bool {
+        if credits == 0 {
+            return false;
+        }
+        self.send = self.send.saturating_add(credits).min(MAX_CREDITS);
+        std::mem::take(&mut self.send_full)
+    }
+
+    /// `rds_ib_advertise_credits`: `posted` receive buffers were (re)posted.
+    /// Returns true when a credit update should be sent now (16 or more
+    /// credits wait for advertisement). Nothing is counted without flow
+    /// control.
+    pub fn advertise(&mut self, posted: u32) -> bool {
+        if !self.advertising || posted == 0 {
+            return false;
+        }
+        self.posted = self.posted.saturating_add(posted).min(MAX_CREDITS);
+        self.posted >= CREDIT_UPDATE_THRESHOLD
+    }
+}
+
+/// Ack state of one connection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AckState {
+    next: u64,
+    requested: bool,
+    in_flight: bool,
+    recv: u64,
+}
+
+/// An ack-only frame to post: its `h_ack` and `h_credit`
+/// ([`crate::frag::ack_only_header`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AckOnly {
+    pub ack: u64,
+    pub credit: u8,
+}
+
+impl AckState {
+    pub fn new() -> AckState {
+        AckState::default()
+    }
+
+    /// A complete message arrived (`rds_ib_process_recv` + `rds_ib_set_ack`):
+    /// its sequence becomes the ack to send unless it is a congestion map,
+    /// and ACK_REQUIRED requests an explicit ack.
+    pub fn on_message(&mut self, seq: u64, h_flags: u8) {
+        if h_flags != rds_core::wire::flags::CONG_BITMAP {
+            self.next = seq;
+        }
+        if h_flags & rds_core::wire::flags::ACK_REQUIRED != 0 {
+            self.requested = true;
+        }
+    }
+
+    /// Request an explicit ack (credit update due).
+    pub fn request(&mut self) {
+        self.requested = true;
+    }
+
+    pub fn requested(&self) -> bool {
+        self.requested
+    }
+
+    /// An ack-only frame is posted and not completed.
+    pub fn in_flight(&self) -> bool {
+        self.in_flight
+    }
+
+    /// The ack we would send now.
+    pub fn current(&self) -> u64 {
+        self.next
+    }
+
+    /// The highest `h_ack` received so far.
+    pub fn peer_acked(&self) -> u64 {
+        self.recv
+    }
+
+    /// The `h_ack` of a received frame; returns the sequence to report as
+    /// acked when it advances.
+    pub fn on_peer_ack(&mut self, h_ack: u64) -> Option<u64> {
+        if h_ack > self.recv {
+            self.recv = h_ack;
+            Some(h_ack)
+        } else {
+            None
+        }
+    }
+
+    /// The ack a data frame piggybacks (`rds_ib_piggyb_ack`); clears a
+    /// pending request. Returns the ack and whether a request was served.
+    pub fn piggyback(&mut self) -> (u64, bool) {
+        (self.next, std::mem::take(&mut self.requested))
+    }
+
+    /// `rds_ib_attempt_ack`: an ack-only frame if one is requested, none is
+    /// in flight and a send credit is available (taking posted credits to
+    /// advertise with it).
+    pub fn attempt(&mut self, credits: &mut Credits, counters: &mut FlowCounters) -> Option<AckOnly> {
+        if !self.requested {
+            return None;
+        }
+        if self.in_flight {
+            counters.ack_send_delayed += 1;
+            return None;
+        }
+        let g = credits.grab(1, false, MAX_ADV_CREDIT);
+        if g.got == 0 {
+            counters.tx_throttle += 1;
+            // Posted credits are only taken with a send credit.
+            debug_assert_eq!(g.advertise, 0);
+            return None;
+        }
+        self.requested = false;
+        self.in_flight = true;
+        counters.ack_sent += 1;
+        if g.advertise > 0 {
+            counters.tx_credit_updates += 1;
+        }
+        Some(AckOnly { ack: self.next, credit: g.advertise as u8 })
+    }
+
+    /// The ack-only frame's send completed: another may go.
+    pub fn send_complete(&mut self) {
+        self.in_flight = false;
+    }
+
+    /// Posting the ack-only frame failed: it is requested again.
+    pub fn send_failed(&mut self) {
+        self.in_flight = false;
+        self.requested = true;
+    }
+}
+
+/// Flow control counters under the kernel's names (`ib_*`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowCounters {
+    /// `ib_tx_throttle`: a send or ack found no credit.
+    pub tx_throttle: u64,
+    /// `ib_tx_credit_updates`: frames that advertised credits.
+    pub tx_credit_updates: u64,
+    /// `ib_rx_credit_updates`: received frames that granted credits.
+    pub rx_credit_updates: u64,
+    /// `ib_ack_sent`: ack-only frames posted.
+    pub ack_sent: u64,
+    /// `ib_ack_send_delayed`: an ack was due while one was in flight.
+    pub ack_send_delayed: u64,
+    /// `ib_ack_send_piggybacked`: a requested ack went out on a data frame.
+    pub ack_send_piggybacked: u64,
+}
+
+impl FlowCounters {
+    /// The counters with the kernel's names.
+    pub fn named(&self) -> [(&'static str, u64); 6] {
+        [
+            ("ib_tx_throttle", self.tx_throttle),
+            ("ib_tx_credit_updates", self.tx_credit_updates),
+            ("ib_rx_credit_updates", self.rx_credit_updates),
+            ("ib_ack_sent", self.ack_sent),
+            ("ib_ack_send_delayed", self.ack_send_delayed),
+            ("ib_ack_send_piggybacked", self.ack_send_piggybacked),
+        ]
+    }
+}
+
+/// A batch of data frames the sender may post now.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DataBatch {
+    /// Frames (send credits) obtained; at most the number wanted.
+    pub frames: u32,
+    /// Credits to advertise in the batch's first frame.
+    pub adv_credits: u8,
+    /// The `h_ack` of the batch's frames.
+    pub ack: u64,
+}
+
+/// Credits and acks of one connection, used as `rds_ib_xmit` and the receive
+/// completion handler use them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FlowControl {
+    pub credits: Credits,
+    pub acks: AckState,
+    pub counters: FlowCounters,
+}
+
+impl FlowControl {
+    /// See [`Credits::new`].
+    pub fn new(flowctl: bool) -> FlowControl {
+        FlowControl { credits: Credits::new(flowctl), ..FlowControl::default() }
+    }
+
+    /// Credits for the next `wanted` fragments of a message. `first` is
+    /// whether this is the message's first batch: then the ack is
+    /// piggybacked (serving a pending request), and since no ack-only frame
+    /// will carry the pending credits now, all of them that fit are taken
+    /// for this batch too. Later batches carry the current ack. `None` when
+    /// no frame may be posted (the connection is send full).
+    pub fn data_batch(&mut self, wanted: u32, first: bool) -> Option<DataBatch> {
+        let g = self.credits.grab(wanted, false, MAX_ADV_CREDIT);
+        if g.got == 0 {
+            if self.credits.flow_control() {
+                self.counters.tx_throttle += 1;
+            }
+            return None;
+        }
+        let mut adv = g.advertise;
+        let ack = if first {
+            let (ack, served) = self.acks.piggyback();
+            if served {
+                self.counters.ack_send_piggybacked += 1;
+            }
+            if self.credits.advertising() {
+                adv += self.credits.grab(0, true, MAX_ADV_CREDIT - adv).advertise;
+            }
+            ack
+        } else {
+            self.acks.current()
+        };
+        if adv > 0 {
+            self.counters.tx_credit_updates += 1;
+        }
+        Some(DataBatch { frames: g.got, adv_credits: adv as u8, ack })
+    }
+
+    /// Credits of a batch that were not used (the message had fewer frames
+    /// left, or posting failed) go back. Returns true when the transport
+    /// should pull again.
+    pub fn give_back(&mut self, frames: u32) -> bool {
+        if !self.credits.flow_control() {
+            return false;
+        }
+        self.credits.add_send_credits(frames)
+    }
+
+    /// A valid frame arrived with `h_ack` and `h_credit`. Returns the
+    /// sequence to report acked (if it advanced) and whether the transport
+    /// should pull again (credits arrived while send full).
+    pub fn on_frame(&mut self, h_ack: u64, h_credit: u8) -> (Option<u64>, bool) {
+        let mut kick = false;
+        if h_credit != 0 {
+            self.counters.rx_credit_updates += 1;
+            kick = self.credits.add_send_credits(u32::from(h_credit));
+        }
+        (self.acks.on_peer_ack(h_ack), kick)
+    }
+
+    /// `posted` receive buffers were (re)posted; requests a credit update
+    /// when enough wait for advertisement.
+    pub fn on_refill(&mut self, posted: u32) {
+        if self.credits.advertise(posted) {
+            self.acks.request();
+        }
+    }
+
+    /// An ack-only frame to post now, if one is due and possible.
+    pub fn attempt_ack(&mut self) -> Option<AckOnly> {
+        self.acks.attempt(&mut self.credits, &mut self.counters)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rds_core::wire::flags;
+    use std::collections::VecDeque;
+
+    #[test]
+    fn no_flow_control_grants_everything() {
+        let mut c = Credits::new(false);
+        assert_eq!(c.grab(1000, true, 255), Grant { got: 1000, advertise: 0 });
+        assert!(!c.advertise(100));
+        assert_eq!(c.posted_credits(), 0);
+        assert_eq!(c.take_initial_advertisement(), 0);
+        // A peer advertising 0 turns it off even if we wanted it.
+        let mut c = Credits::new(true);
+        assert!(!c.set_flow_control(true, 0));
+        assert!(!c.flow_control());
+        // And so does our own setting.
+        assert!(!Credits::new(false).set_flow_control(false, 64));
+    }
+
+    #[test]
+    fn the_last_credit_is_kept_for_a_credit_update() {
+        let mut c = Credits::new(false);
+        assert!(c.set_flow_control(true, 3));
+        assert_eq!(c.send_credits(), 3);
+        // Nothing posted: one credit is held back.
+        assert_eq!(c.grab(5, false, 255), Grant { got: 2, advertise: 0 });
+        assert!(c.send_full());
+        assert_eq!(c.grab(1, false, 255), Grant { got: 0, advertise: 0 });
+        assert_eq!(c.send_credits(), 1);
+        // With posted credits to advertise the last one may go.
+        assert!(!c.advertise(4));
+        assert_eq!(c.grab(1, false, 255), Grant { got: 1, advertise: 4 });
+        assert_eq!((c.send_credits(), c.posted_credits()), (0, 0));
+        // Credits arriving clear "send full" and say so once.
+        assert!(c.add_send_credits(10));
+        assert!(!c.add_send_credits(1));
+        assert!(!c.send_full());
+    }
+
+    #[test]
+    fn advertisement_is_capped_and_need_posted_takes_without_sending() {
+        let mut c = Credits::new(true);
+        assert!(c.advertise(300));
+        assert_eq!(c.take_initial_advertisement(), 300);
+        assert!(c.set_flow_control(true, 10));
+        assert!(!c.advertise(15));
+        assert!(c.advertise(1), "16 pending request an update");
+        c.advertise(300);
+        assert_eq!(c.grab(2, false, MAX_ADV_CREDIT), Grant { got: 2, advertise: 255 });
+        assert_eq!(c.posted_credits(), 61);
+        // wanted 0: nothing taken unless need_posted.
+        assert_eq!(c.grab(0, false, 255), Grant { got: 0, advertise: 0 });
+        assert_eq!(c.grab(0, true, 50), Grant { got: 0, advertise: 50 });
+        assert_eq!(c.posted_credits(), 11);
+        // Counters saturate at 16 bits.
+        c.add_send_credits(u32::MAX);
+        assert_eq!(c.send_credits(), MAX_CREDITS);
+    }
+
+    #[test]
+    fn initial_credits_sent_keep_us_advertising() {
+        // We (active) advertised 40; the accept says 0 (a kernel passive side
+        // with flow control on answers 0 but limits its sends by our 40).
+        let mut c = Credits::new(true);
+        c.advertise(40);
+        assert_eq!(c.take_initial_advertisement(), 40);
+        assert!(!c.set_flow_control(true, 0));
+        assert!(c.advertising());
+        // Our sends are unlimited, but reposted receives are still granted.
+        assert!(!c.advertise(10));
+        assert_eq!(c.grab(500, false, 255), Grant { got: 500, advertise: 10 });
+        assert!(c.advertise(16));
+        assert_eq!(c.grab(0, true, 255), Grant { got: 0, advertise: 16 });
+        // Without an initial advertisement, 0 back turns both off.
+        let mut c = Credits::new(true);
+        assert_eq!(c.take_initial_advertisement(), 0);
+        assert!(!c.set_flow_control(true, 0));
+        assert!(!c.advertising());
+        assert!(!c.advertise(100));
+        // The passive side decides before advertising: both or neither.
+        let mut p = Credits::new(false);
+        assert!(p.set_flow_control(true, 8));
+        assert!(p.advertising());
+        let mut p = Credits::new(false);
+        assert!(!p.set_flow_control(false, 8));
+        assert!(!p.advertising());
+    }
+
+    #[test]
+    fn ack_requests_piggyback_and_one_ack_in_flight() {
+        let mut f = FlowControl::new(false);
+        f.acks.on_message(5, 0);
+        assert_eq!(f.attempt_ack(), None, "not requested");
+        f.acks.on_message(6, flags::ACK_REQUIRED);
+        assert_eq!(f.attempt_ack(), Some(AckOnly { ack: 6, credit: 0 }));
+        // A second request while the first is in flight waits.
+        f.acks.on_message(7, flags::ACK_REQUIRED);
+        assert_eq!(f.attempt_ack(), None);
+        assert_eq!(f.counters.ack_send_delayed, 1);
+        f.acks.send_complete();
+        assert_eq!(f.attempt_ack(), Some(AckOnly { ack: 7, credit: 0 }));
+        f.acks.send_complete();
+        // A congestion map (h_flags exactly CONG_BITMAP) does not move the
+        // ack; any other flag makes it data, as in the kernel's equality test.
+        f.acks.on_message(0, flags::CONG_BITMAP);
+        assert_eq!(f.acks.current(), 7);
+        assert!(!f.acks.requested());
+        f.acks.on_message(7, flags::RETRANSMITTED | flags::ACK_REQUIRED);
+        assert_eq!(f.acks.current(), 7);
+        // A data batch piggybacks the request.
+        let b = f.data_batch(3, true).unwrap();
+        assert_eq!(b, DataBatch { frames: 3, adv_credits: 0, ack: 7 });
+        assert_eq!(f.counters.ack_send_piggybacked, 1);
+        assert_eq!(f.attempt_ack(), None);
+        // Failed posting requests again.
+        f.acks.request();
+        assert!(f.attempt_ack().is_some());
+        f.acks.send_failed();
+        assert!(f.acks.requested() && !f.acks.in_flight());
+        // Received acks only move forward.
+        assert_eq!(f.on_frame(10, 0), (Some(10), false));
+        assert_eq!(f.on_frame(9, 0), (None, false));
+        assert_eq!(f.on_frame(10, 0), (None, false));
+    }
+
+    #[test]
+    fn ack_only_frames_need_a_credit() {
+        let mut f = FlowControl::new(false);
+        f.credits.set_flow_control(true, 1);
+        f.acks.request();
+        // One credit, nothing posted: it is held back.
+        assert_eq!(f.attempt_ack(), None);
+        assert_eq!(f.counters.tx_throttle, 1);
+        assert!(f.acks.requested());
+        // Posting 16 buffers requests an update and frees the last credit.
+        f.on_refill(16);
+        assert_eq!(f.attempt_ack(), Some(AckOnly { ack: 0, credit: 16 }));
+        assert_eq!(f.credits.send_credits(), 0);
+        assert_eq!(f.counters.tx_credit_updates, 1);
+    }
+
+    #[test]
+    fn first_batch_takes_all_pending_credits() {
+        let mut f = FlowControl::new(false);
+        f.credits.set_flow_control(true, 100);
+        f.on_refill(20);
+        let b = f.data_batch(2, true).unwrap();
+        assert_eq!((b.frames, b.adv_credits), (2, 20));
+        f.on_refill(5);
+        // A later batch of the same message takes them only with credits used.
+        let b = f.data_batch(1, false).unwrap();
+        assert_eq!((b.frames, b.adv_credits), (1, 5));
+        assert!(!f.give_back(0));
+        assert_eq!(f.credits.send_credits(), 97);
+    }
+
+    // ---- randomized two-peer schedule ----------------------------------
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 >> 12;
+            self.0 ^= self.0 << 25;
+            self.0 ^= self.0 >> 27;
+            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+        }
+        fn below(&mut self, n: u64) -> u64 {
+            self.next() % n
+        }
+    }
+
+    #[derive(Debug)]
+    enum Kind {
+        Data { seq: u64, last: bool, ack_required: bool },
+        Ack,
+    }
+
+    #[derive(Debug)]
+    struct Frame {
+        ack: u64,
+        credit: u8,
+        kind: Kind,
+    }
+
+    struct Peer {
+        fc: FlowControl,
+        ring: u32,
+        /// Receive buffers posted to the QP and not consumed.
+        rx_posted: u32,
+        /// Messages to send: (seq, fragments left, fragments total, ack_required).
+        queue: VecDeque<(u64, u32, u32, bool)>,
+        next_seq: u64,
+        /// Sequences received complete, in order.
+        delivered: Vec<u64>,
+        frags_seen: u32,
+        acked: u64,
+    }
+
+    impl Peer {
+        fn new(ring: u32) -> Peer {
+            let mut fc = FlowControl::new(true);
+            fc.on_refill(ring);
+            Peer { fc, ring, rx_posted: ring, queue: VecDeque::new(), next_seq: 1, delivered: Vec::new(), frags_seen: 0, acked: 0 }
+        }
+
+        fn enqueue(&mut self, frags: u32, ack_required: bool) {
+            self.queue.push_back((self.next_seq, frags, frags, ack_required));
+            self.next_seq += 1;
+        }
+
+        /// Posts as much of the head message as credits allow.
+        fn send(&mut self, wire: &mut VecDeque<Frame>) -> bool {
+            let Some(&(seq, left, total, ackreq)) = self.queue.front() else { return false };
+            let Some(b) = self.fc.data_batch(left, left == total) else { return false };
+            assert!(b.frames <= left);
+            let mut credit = b.adv_credits;
+            for i in 0..b.frames {
+                let last = i + 1 == left;
+                wire.push_back(Frame { ack: b.ack, credit, kind: Kind::Data { seq, last, ack_required: ackreq } });
+                credit = 0;
+            }
+            if b.frames == left {
+                self.queue.pop_front();
+            } else {
+                self.queue.front_mut().unwrap().1 -= b.frames;
+            }
+            true
+        }
+
+        fn attempt_ack(&mut self, wire: &mut VecDeque<Frame>) -> bool {
+            match self.fc.attempt_ack() {
+                Some(a) => {
+                    wire.push_back(Frame { ack: a.ack, credit: a.credit, kind: Kind::Ack });
+                    true
+                }
+                None => false,
+            }
+        }
+
+        fn refill(&mut self, wire: &mut VecDeque<Frame>) -> bool {
+            let n = self.ring - self.rx_posted;
+            if n == 0 {
+                return false;
+            }
+            self.rx_posted = self.ring;
+            self.fc.on_refill(n);
+            self.attempt_ack(wire);
+            true
+        }
+
+        /// Receives one frame; returns whether it was an ack-only frame
+        /// (whose sender's send completion then runs).
+        fn receive(&mut self, f: Frame, wire_back: &mut VecDeque<Frame>) -> bool {
+            assert!(self.rx_posted > 0, "receiver not ready (RNR): credits overran the ring");
+            self.rx_posted -= 1;
+            let (acked, _kick) = self.fc.on_frame(f.ack, f.credit);
+            if let Some(a) = acked {
+                assert!(a > self.acked);
+                self.acked = a;
+            }
+            let is_ack = matches!(f.kind, Kind::Ack);
+            if let Kind::Data { seq, last, ack_required } = f.kind {
+                self.frags_seen += 1;
+                if last {
+                    let fl = if ack_required { flags::ACK_REQUIRED } else { 0 };
+                    self.fc.acks.on_message(seq, fl);
+                    self.delivered.push(seq);
+                }
+            }
+            self.attempt_ack(wire_back);
+            is_ack
+        }
+    }
+
+    fn adv_in_flight(w: &VecDeque<Frame>) -> u32 {
+        w.iter().map(|f| u32::from(f.credit)).sum()
+    }
+
+    /// Every posted receive buffer of `rx` is accounted for exactly once: as
+    /// a send credit of the peer, as credits advertised in flight, as
+    /// credits not advertised yet, or as a frame in flight towards it.
+    fn check_conservation(tx: &Peer, rx: &Peer, to_rx: &VecDeque<Frame>, to_tx: &VecDeque<Frame>) {
+        let c = &tx.fc.credits;
+        assert!(c.send_credits() <= rx.ring && rx.fc.credits.posted_credits() <= rx.ring);
+        assert_eq!(
+            rx.rx_posted,
+            c.send_credits() + adv_in_flight(to_tx) + rx.fc.credits.posted_credits() + to_rx.len() as u32,
+            "credit conservation"
+        );
+    }
+
+    #[test]
+    fn randomized_schedules_conserve_credits_and_never_deadlock() {
+        for seed in 1..=200u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+            let ring_a = 17 + rng.below(48) as u32;
+            let ring_b = 17 + rng.below(48) as u32;
+            let mut a = Peer::new(ring_a);
+            let mut b = Peer::new(ring_b);
+            // Connection setup: each side advertises its posted buffers.
+            let adv_a = a.fc.credits.take_initial_advertisement();
+            let adv_b = b.fc.credits.take_initial_advertisement();
+            assert!(a.fc.credits.set_flow_control(true, adv_b));
+            assert!(b.fc.credits.set_flow_control(true, adv_a));
+            let (mut ab, mut ba) = (VecDeque::<Frame>::new(), VecDeque::<Frame>::new());
+            let msgs = 30 + rng.below(60);
+            let max_frags = 1 + rng.below(40) as u32;
+            let mut sent = (0u64, 0u64);
+            for _ in 0..3000 {
+                match rng.below(9) {
+                    0 if sent.0 < msgs => {
+                        sent.0 += 1;
+                        a.enqueue(1 + rng.below(u64::from(max_frags)) as u32, rng.below(8) == 0 || sent.0 == msgs);
+                    }
+                    1 if sent.1 < msgs => {
+                        sent.1 += 1;
+                        b.enqueue(1 + rng.below(u64::from(max_frags)) as u32, rng.below(8) == 0 || sent.1 == msgs);
+                    }
+                    2 => {
+                        a.send(&mut ab);
+                    }
+                    3 => {
+                        b.send(&mut ba);
+                    }
+                    4 => {
+                        if let Some(f) = ab.pop_front() {
+                            if b.receive(f, &mut ba) {
+                                a.fc.acks.send_complete();
+                                a.attempt_ack(&mut ab);
+                            }
+                        }
+                    }
+                    5 => {
+                        if let Some(f) = ba.pop_front() {
+                            if a.receive(f, &mut ab) {
+                                b.fc.acks.send_complete();
+                                b.attempt_ack(&mut ba);
+                            }
+                        }
+                    }
+                    6 => {
+                        a.refill(&mut ab);
+                    }
+                    7 => {
+                        b.refill(&mut ba);
+                    }
+                    _ => {}
+                }
+                check_conservation(&a, &b, &ab, &ba);
+                check_conservation(&b, &a, &ba, &ab);
+            }
+            // Finish the traffic, then drain: every step does whatever is
+            // possible; progress must continue until everything is delivered.
+            while sent.0 < msgs {
+                sent.0 += 1;
+                a.enqueue(1 + rng.below(u64::from(max_frags)) as u32, sent.0 == msgs);
+            }
+            while sent.1 < msgs {
+                sent.1 += 1;
+                b.enqueue(1 + rng.below(u64::from(max_frags)) as u32, sent.1 == msgs);
+            }
+            let mut steps = 0;
+            loop {
+                let mut progress = false;
+                progress |= a.send(&mut ab);
+                progress |= b.send(&mut ba);
+                while let Some(f) = ab.pop_front() {
+                    progress = true;
+                    if b.receive(f, &mut ba) {
+                        a.fc.acks.send_complete();
+                        a.attempt_ack(&mut ab);
+                    }
+                    check_conservation(&a, &b, &ab, &ba);
+                }
+                while let Some(f) = ba.pop_front() {
+                    progress = true;
+                    if a.receive(f, &mut ab) {
+                        b.fc.acks.send_complete();
+                        b.attempt_ack(&mut ba);
+                    }
+                    check_conservation(&b, &a, &ba, &ab);
+                }
+                progress |= a.refill(&mut ab);
+                progress |= b.refill(&mut ba);
+                check_conservation(&a, &b, &ab, &ba);
+                check_conservation(&b, &a, &ba, &ab);
+                if !progress {
+                    break;
+                }
+                steps += 1;
+                assert!(steps < 100_000, "seed {seed}: no quiescence");
+            }
+            let all: Vec<u64> = (1..=msgs).collect();
+            assert_eq!(a.queue.len() + b.queue.len(), 0, "seed {seed}: deadlock with data queued");
+            assert_eq!(b.delivered, all, "seed {seed}: A->B delivery");
+            assert_eq!(a.delivered, all, "seed {seed}: B->A delivery");
+            // The last message of each side had ACK_REQUIRED: fully acked.
+            assert_eq!((a.acked, b.acked), (msgs, msgs), "seed {seed}: final acks");
+            assert!(!a.fc.acks.in_flight() && !b.fc.acks.in_flight());
+        }
+    }
+}
