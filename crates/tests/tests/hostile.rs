@@ -1,0 +1,728 @@
+//! A hostile peer against our node over real TCP (issue "Reliability under
+//! faults"): an `h_len` above 1 MiB, a truncated header or payload, garbage
+//! extension headers, congestion maps of the wrong length, and a flood to a
+//! socket that never reads.
+//!
+//! Every test has the same bed: our node (an engine serving 127.48.n.2),
+//! an honest peer (another engine on 127.48.n.3) that plays ping-pong with
+//! the node the whole time, and the hostile peer, a raw TCP client bound to
+//! 127.48.n.1 (the smaller address, which is the side that connects) that
+//! writes bytes of its choice to 127.48.n.2:16385. The node must reset (or
+//! close) the hostile connection where the protocol says so, count it,
+//! keep its memory bounded, keep serving the honest peer (every round trip
+//! exact and in order; the longest one is printed), and afterwards accept a
+//! valid connection from the same address and deliver its message exactly
+//! once.
+//!
+//! Where we differ from the 6.1 kernel (docs/kernel-facts.md §8): the
+//! kernel buffers any `h_len` up to 4 GiB and skips a congestion map of
+//! the wrong length; we reset the connection for the first and shut it
+//! down for the second, and count both in `recv_drop_bad_frame`.
+//!
+//! Open bug: a flood of empty messages bypasses the hard receive cap
+//! (`flood_of_empty_messages_keeps_memory_bounded`, ignored).
+//!
+//! The tests run one at a time (they measure the process's memory).
+
+use std::collections::HashMap;
+use std::io::{self, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rds_core::recv::RCV_HARD_FLOOR;
+use rds_core::wire::{ext_type, flags, Header, HEADER_LEN, MAX_MSG_SIZE, RDS_TCP_PORT};
+use rds_sock::{Engine, EngineConfig, RdsSocket, RecvFlags};
+use rds_tests::*;
+
+/// The node's socket the hostile traffic goes to.
+const TARGET: u16 = 4000;
+/// The node's socket that receives the valid message after each reset.
+const CHECK: u16 = 4001;
+/// The node's socket that echoes the honest peer's pings.
+const ECHO: u16 = 4002;
+/// The honest peer's socket.
+const HONEST: u16 = 5000;
+/// The hostile peer's RDS source port.
+const SPORT: u16 = 7777;
+/// Bound of every wait for something that should happen at once.
+const WAIT: Duration = Duration::from_secs(10);
+/// Round trips the honest peer completes at least, concurrently.
+const ROUND_TRIPS: u64 = 200;
+
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Resident memory of this process, bytes.
+fn rss() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let line = s.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
+    line.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).expect("VmRSS value") * 1024
+}
+
+/// All counters of an engine at one moment.
+struct Counts(HashMap<String, u64>);
+
+impl Counts {
+    fn of(e: &Engine) -> Counts {
+        Counts(e.counters().into_iter().collect())
+    }
+    fn get(&self, name: &str) -> u64 {
+        *self.0.get(name).unwrap_or_else(|| panic!("no counter {name}"))
+    }
+    fn delta(&self, before: &Counts, name: &str) -> u64 {
+        self.get(name) - before.get(name)
+    }
+}
+
+/// Waits (bounded) until counter `name` has grown by `want` since `before`;
+/// returns the growth then, which the caller asserts on.
+fn wait_delta(e: &Engine, before: &Counts, name: &str, want: u64) -> u64 {
+    let until = Instant::now() + WAIT;
+    loop {
+        let d = Counts::of(e).delta(before, name);
+        if d >= want || Instant::now() >= until {
+            return d;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// A TCP connection from `from` (any port) to `to`: std cannot bind before
+/// connecting.
+fn connect_from(from: IpAddr, to: SocketAddr) -> io::Result<TcpStream> {
+    let (IpAddr::V4(f), SocketAddr::V4(t)) = (from, to) else {
+        return Err(io::Error::from(io::ErrorKind::Unsupported));
+    };
+    let sin = |a: Ipv4Addr, port: u16| libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from(a).to_be() },
+        sin_zero: [0; 8],
+    };
+    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+    // SAFETY: socket() returns a fresh descriptor (or -1); the TcpStream
+    // owns and closes it from here on.
+    let s = unsafe {
+        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        TcpStream::from_raw_fd(fd)
+    };
+    let local = sin(f, 0);
+    // SAFETY: `local` is a sockaddr_in of `len` bytes.
+    if unsafe { libc::bind(s.as_raw_fd(), (&raw const local).cast(), len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let peer = sin(*t.ip(), t.port());
+    loop {
+        // SAFETY: `peer` is a sockaddr_in of `len` bytes.
+        if unsafe { libc::connect(s.as_raw_fd(), (&raw const peer).cast(), len) } == 0 {
+            return Ok(s);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// How the hostile connection ended, seen by its reader.
+#[derive(Debug, PartialEq, Eq)]
+enum End {
+    Eof,
+    Reset,
+    Error(io::ErrorKind),
+}
+
+/// The hostile peer: a raw TCP connection whose reader thread discards
+/// what our node sends (its congestion map, a probe) and reports the end.
+struct Raw {
+    s: TcpStream,
+    end: mpsc::Receiver<(End, u64)>,
+    ended: Option<(End, u64)>,
+}
+
+impl Raw {
+    fn connect(from: IpAddr, to: SocketAddr) -> Raw {
+        let s = connect_from(from, to).unwrap_or_else(|e| panic!("connect {from} -> {to}: {e}"));
+        let mut r = s.try_clone().unwrap();
+        let (tx, end) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut buf = vec![0u8; 64 << 10];
+            let mut total = 0u64;
+            let end = loop {
+                match r.read(&mut buf) {
+                    Ok(0) => break End::Eof,
+                    Ok(n) => total += n as u64,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                    Err(e) if e.kind() == io::ErrorKind::ConnectionReset => break End::Reset,
+                    Err(e) => break End::Error(e.kind()),
+                }
+            };
+            let _ = tx.send((end, total));
+        });
+        Raw { s, end, ended: None }
+    }
+
+    fn local(&self) -> SocketAddr {
+        self.s.local_addr().unwrap()
+    }
+
+    fn write(&self, b: &[u8]) -> io::Result<()> {
+        (&self.s).write_all(b)
+    }
+
+    /// How the connection ended, waiting up to `within`; `None` if it is
+    /// still open.
+    fn ended(&mut self, within: Duration) -> Option<&End> {
+        if self.ended.is_none() {
+            self.ended = self.end.recv_timeout(within).ok();
+        }
+        self.ended.as_ref().map(|e| &e.0)
+    }
+}
+
+impl Drop for Raw {
+    fn drop(&mut self) {
+        // Also ends the reader (which holds a duplicate of the descriptor).
+        let _ = self.s.shutdown(Shutdown::Both);
+    }
+}
+
+/// One framed message: header (sequence `seq`) and payload.
+fn frame(mut h: Header, seq: u64, payload: &[u8]) -> Vec<u8> {
+    h.sequence = seq;
+    let mut v = h.to_bytes().to_vec();
+    v.extend_from_slice(payload);
+    v
+}
+
+/// The honest peer's ping-pong with the node: the node's echo socket sends
+/// every datagram back; the peer checks each answer's source, content and
+/// order, and measures the round trip.
+struct Honest {
+    stop: Arc<AtomicBool>,
+    done: Arc<AtomicU64>,
+    echo: JoinHandle<Result<u64, String>>,
+    pinger: JoinHandle<Result<(u64, Duration), String>>,
+}
+
+impl Honest {
+    fn start(node: &Engine, node_ip: IpAddr, honest: &Engine, honest_ip: IpAddr) -> Honest {
+        let stop = Arc::new(AtomicBool::new(false));
+        let done = Arc::new(AtomicU64::new(0));
+        let echo_sock = node.socket().unwrap();
+        echo_sock.bind(sa(node_ip, ECHO)).unwrap();
+        echo_sock.set_read_timeout(Some(Duration::from_millis(100))).unwrap();
+        let ping_sock = honest.socket().unwrap();
+        ping_sock.bind(sa(honest_ip, HONEST)).unwrap();
+        ping_sock.set_read_timeout(Some(WAIT)).unwrap();
+        let echo = {
+            let stop = stop.clone();
+            std::thread::spawn(move || -> Result<u64, String> {
+                let mut buf = vec![0u8; 1 << 16];
+                let mut n = 0;
+                let deadline = Instant::now() + Duration::from_secs(300);
+                while Instant::now() < deadline {
+                    match echo_sock.recv_from(&mut buf) {
+                        Ok((len, from)) => {
+                            echo_sock.send_to(&buf[..len], from).map_err(|e| format!("echo {n}: {e}"))?;
+                            n += 1;
+                        }
+                        Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => {
+                            if stop.load(Ordering::SeqCst) {
+                                break;
+                            }
+                        }
+                        Err(e) => return Err(format!("echo after {n}: {e}")),
+                    }
+                }
+                Ok(n)
+            })
+        };
+        let pinger = {
+            let (stop, done) = (stop.clone(), done.clone());
+            std::thread::spawn(move || -> Result<(u64, Duration), String> {
+                let to = sa(node_ip, ECHO);
+                let mut buf = vec![0u8; 1 << 16];
+                let mut max = Duration::ZERO;
+                let deadline = Instant::now() + Duration::from_secs(300);
+                let mut i = 0u64;
+                while !(stop.load(Ordering::SeqCst) && i >= ROUND_TRIPS) && i < 1_000_000 {
+                    if Instant::now() > deadline {
+                        return Err(format!("only {i} round trips in 300 s"));
+                    }
+                    let p = payload(11, i, 16 + (i as usize * 97) % 2000);
+                    let t = Instant::now();
+                    ping_sock.send_to(&p, to).map_err(|e| format!("ping {i}: {e}"))?;
+                    let (len, from) = ping_sock.recv_from(&mut buf).map_err(|e| format!("pong {i}: {e}"))?;
+                    max = max.max(t.elapsed());
+                    if from != to {
+                        return Err(format!("pong {i} from {from}"));
+                    }
+                    check_payload(11, i, &buf[..len])?;
+                    if len != p.len() {
+                        return Err(format!("pong {i}: {len} bytes, sent {}", p.len()));
+                    }
+                    i += 1;
+                    done.store(i, Ordering::SeqCst);
+                }
+                Ok((i, max))
+            })
+        };
+        Honest { stop, done, echo, pinger }
+    }
+
+    /// Waits (bounded) for the first round trip: the connection is up.
+    fn wait_first(&self) {
+        let until = Instant::now() + WAIT;
+        while self.done.load(Ordering::SeqCst) == 0 {
+            assert!(Instant::now() < until, "the honest peer's first round trip did not complete");
+            assert!(!self.pinger.is_finished(), "the honest peer stopped");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+
+    fn finish(self, test: &str) {
+        self.stop.store(true, Ordering::SeqCst);
+        let (n, max) = self.pinger.join().unwrap().unwrap_or_else(|e| panic!("{test}: honest peer: {e}"));
+        let echoed = self.echo.join().unwrap().unwrap_or_else(|e| panic!("{test}: node's echo: {e}"));
+        assert_eq!(echoed, n, "{test}: the node echoed {echoed} datagrams for {n} round trips");
+        assert!(n >= ROUND_TRIPS);
+        println!("{test}: honest peer: {n} round trips, each exact and in order; longest {:.2} ms", max.as_secs_f64() * 1e3);
+    }
+}
+
+/// The node, the honest peer and the hostile address.
+struct Bed {
+    name: &'static str,
+    hostile: IpAddr,
+    node_ip: IpAddr,
+    node: Engine,
+    honest: Engine,
+    target: RdsSocket,
+    check: RdsSocket,
+    traffic: Option<Honest>,
+}
+
+impl Bed {
+    fn new(name: &'static str) -> Bed {
+        let ip = addr_block(48);
+        let (hostile, node_ip, honest_ip) = (ip(1), ip(2), ip(3));
+        let node = Engine::new(EngineConfig::default()).unwrap();
+        let honest = Engine::new(EngineConfig::default()).unwrap();
+        let target = node.socket().unwrap();
+        target.bind(sa(node_ip, TARGET)).unwrap();
+        let check = node.socket().unwrap();
+        check.bind(sa(node_ip, CHECK)).unwrap();
+        check.set_read_timeout(Some(WAIT)).unwrap();
+        let traffic = Honest::start(&node, node_ip, &honest, honest_ip);
+        traffic.wait_first();
+        Bed { name, hostile, node_ip, node, honest, target, check, traffic: Some(traffic) }
+    }
+
+    fn raw(&self) -> Raw {
+        Raw::connect(self.hostile, sa(self.node_ip, RDS_TCP_PORT))
+    }
+
+    fn counts(&self) -> Counts {
+        Counts::of(&self.node)
+    }
+
+    /// Messages and bytes queued on a socket of the node.
+    fn queued(&self, port: u16) -> (usize, u64) {
+        let s = self.node.sockets().into_iter().find(|s| s.bound == Some(sa(self.node_ip, port))).expect("socket");
+        (s.recv_queue, s.rcv_bytes)
+    }
+
+    /// Closes a hostile connection that the node still has, and waits for
+    /// the node to count its end.
+    fn close(&self, raw: Raw) {
+        let before = self.counts();
+        drop(raw);
+        let d = wait_delta(&self.node, &before, "conn_reset", 1);
+        assert_eq!(d, 1, "{}: the node did not see the hostile peer's close", self.name);
+    }
+
+    /// A valid connection from the hostile address: its message (sequence
+    /// 1) is delivered exactly once, from the right address and port.
+    fn valid_again(&self, tag: u64) {
+        let raw = self.raw();
+        let p = payload(99, tag, 300);
+        raw.write(&frame(Header::data(SPORT, CHECK, p.len() as u32), 1, &p)).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let m = self.check.recv_msg(&mut buf, RecvFlags::default()).unwrap_or_else(|e| {
+            panic!("{} ({tag}): a valid message after the reset was not delivered: {e}", self.name)
+        });
+        assert_eq!(m.from, Some(sa(self.hostile, SPORT)), "{}: source", self.name);
+        assert_eq!(m.len, p.len());
+        check_payload(99, tag, &buf[..m.len]).unwrap();
+        assert_eq!(m.rdma_dest, None);
+        // Exactly once.
+        std::thread::sleep(Duration::from_millis(200));
+        let again = self.check.recv_msg(&mut buf, RecvFlags { dontwait: true, ..RecvFlags::default() });
+        assert_eq!(again.map(|m| m.len).unwrap_err().raw_os_error(), Some(libc::EAGAIN), "{}: delivered twice", self.name);
+        self.close(raw);
+    }
+
+    fn finish(mut self) {
+        self.traffic.take().unwrap().finish(self.name);
+        self.node.shutdown(Duration::ZERO);
+        self.honest.shutdown(Duration::ZERO);
+    }
+}
+
+/// `h_len` above 1 MiB: the node resets the connection as soon as it has
+/// the header, without buffering anything for the message.
+#[test]
+fn oversized_h_len_resets_the_connection() {
+    let _g = serial();
+    let bed = Bed::new("oversized h_len");
+    for len in [MAX_MSG_SIZE as u32 + 1, u32::MAX] {
+        let before = bed.counts();
+        let rss0 = rss();
+        let mut raw = bed.raw();
+        // The header, then 256 KiB of what would be its payload.
+        let mut bytes = frame(Header::data(SPORT, TARGET, len), 1, &[]);
+        bytes.resize(HEADER_LEN + (256 << 10), 0xa5);
+        // The node may reset the connection before it took everything.
+        let _ = raw.write(&bytes);
+        let end = raw.ended(WAIT).unwrap_or_else(|| panic!("h_len {len}: the connection is still open after {WAIT:?}"));
+        assert!(matches!(end, End::Eof | End::Reset), "h_len {len}: {end:?}");
+        println!("h_len {len}: the hostile peer saw {end:?}");
+        assert_eq!(wait_delta(&bed.node, &before, "recv_drop_bad_frame", 1), 1, "h_len {len}");
+        assert_eq!(wait_delta(&bed.node, &before, "conn_reset", 1), 1, "h_len {len}");
+        let after = bed.counts();
+        assert_eq!(after.delta(&before, "tcp_rx_partial_discarded"), 0, "h_len {len}: nothing was buffered");
+        assert_eq!(after.delta(&before, "tcp_listen_closed_stale"), 0, "h_len {len}: the connection was accepted");
+        assert_eq!(bed.queued(TARGET), (0, 0), "h_len {len}: nothing is delivered");
+        assert!(bed.node.tcp_connections().iter().all(|c| c.peer != Some(raw.local())), "h_len {len}: connection kept");
+        let grew = rss().saturating_sub(rss0);
+        assert!(grew < 64 << 20, "h_len {len}: memory grew by {grew} bytes");
+        drop(raw);
+        bed.valid_again(u64::from(len));
+    }
+    bed.finish();
+}
+
+/// A truncated header (or payload), then silence: nothing is delivered,
+/// the connection waits with the partial message; when the peer closes,
+/// the partial message is discarded and counted.
+#[test]
+fn truncated_header_or_payload_is_discarded_at_the_close() {
+    let _g = serial();
+    let bed = Bed::new("truncated header");
+    let full = frame(Header::data(SPORT, TARGET, 100), 1, &[0x5a; 100]);
+    // (bytes written, header bytes still missing, payload bytes still missing)
+    for (n, hdr_rem, data_rem) in [(20usize, 28u64, 0u64), (1, 47, 0), (47, 1, 0), (HEADER_LEN + 50, 0, 50)] {
+        let before = bed.counts();
+        let mut raw = bed.raw();
+        raw.write(&full[..n]).unwrap();
+        // The node's decoder holds the partial message.
+        let until = Instant::now() + WAIT;
+        let state = loop {
+            let row = bed.node.tcp_connections().into_iter().find(|c| c.peer == Some(raw.local()));
+            let state = row.map(|c| (c.hdr_rem, c.data_rem));
+            if state == Some((hdr_rem, data_rem)) || Instant::now() >= until {
+                break state;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert_eq!(state, Some((hdr_rem, data_rem)), "{n} bytes: the node's decoder state");
+        // Stall: the connection is kept, nothing is delivered.
+        assert_eq!(raw.ended(Duration::from_millis(700)), None, "{n} bytes: closed while waiting for the rest");
+        assert_eq!(bed.queued(TARGET), (0, 0), "{n} bytes: something was delivered");
+        // Half-close: the node closes too and discards the partial message.
+        raw.s.shutdown(Shutdown::Write).unwrap();
+        let end = raw.ended(WAIT).unwrap_or_else(|| panic!("{n} bytes: not closed after our FIN"));
+        assert_eq!(*end, End::Eof, "{n} bytes");
+        assert_eq!(wait_delta(&bed.node, &before, "conn_reset", 1), 1, "{n} bytes");
+        assert_eq!(wait_delta(&bed.node, &before, "tcp_rx_partial_discarded", 1), 1, "{n} bytes");
+        let after = bed.counts();
+        assert_eq!(after.delta(&before, "recv_drop_bad_frame"), 0, "{n} bytes: not a protocol error");
+        assert_eq!(bed.queued(TARGET), (0, 0), "{n} bytes: something was delivered");
+        drop(raw);
+        bed.valid_again(n as u64);
+    }
+    bed.finish();
+}
+
+/// The RDMA_DEST cookie a receiver derives from an extension area, by the
+/// kernel's parsing rule (`rds_message_next_extension`: stop at NONE, at a
+/// type >= 16, or when a body would run past the 16 bytes; the newest size
+/// table), written here independently of rds-core. The last RDMA_DEST
+/// wins (`rds_recv_incoming_exthdrs`).
+fn kernel_cookie(area: &[u8; 16]) -> Option<u64> {
+    let size = |t: u8| match t {
+        1 | 2 | 6 | 7 => 4,
+        3 | 4 | 9 => 8,
+        5 => 2,
+        8 => 1,
+        _ => 0,
+    };
+    let mut pos = 0;
+    let mut cookie = None;
+    while pos < 16 {
+        let t = area[pos];
+        if t == 0 || t >= 16 || pos + 1 + size(t) > 16 {
+            break;
+        }
+        if t == 3 {
+            let b = &area[pos + 1..pos + 9];
+            let rkey = u32::from_be_bytes(b[..4].try_into().unwrap());
+            let offset = u32::from_be_bytes(b[4..].try_into().unwrap());
+            cookie = Some(u64::from(rkey) | u64::from(offset) << 32);
+        }
+        pos += 1 + size(t);
+    }
+    cookie
+}
+
+/// Garbage in the extension area of valid data messages: parsing stops
+/// where the kernel's stops, and the messages are delivered exact, in
+/// order (with the RDMA_DEST cookie where a well-formed one came before the
+/// garbage). Garbage in h_ack, h_credit, h_padding, h_csum and unknown
+/// flag bits is ignored too, as the kernel ignores it on TCP.
+#[test]
+fn garbage_extension_headers_are_skipped_and_messages_delivered() {
+    let _g = serial();
+    let bed = Bed::new("garbage extension headers");
+    let r = [0x11, 0x22, 0x33, 0x44];
+    let o = [0x00, 0x00, 0x10, 0x00];
+    let cookie = Some(0x1122_3344u64 | 0x1000u64 << 32);
+    let cat = |parts: &[&[u8]]| -> [u8; 16] {
+        let mut a = [0xeeu8; 16];
+        let v: Vec<u8> = parts.concat();
+        a[..v.len()].copy_from_slice(&v);
+        a
+    };
+    let dest = ext_type::RDMA_DEST;
+    let mut cases: Vec<(String, [u8; 16], Option<u64>)> = vec![
+        ("a type >= 16 first, an RDMA_DEST after it".into(), cat(&[&[17, dest], &r, &o]), None),
+        ("type 255 everywhere".into(), [0xff; 16], None),
+        ("NONE first, an RDMA_DEST after it".into(), cat(&[&[0, dest], &r, &o]), None),
+        ("VERSION, NONE, then an RDMA_DEST".into(), cat(&[&[1, 0, 0, 3, 1, 0, dest], &r, &o]), None),
+        ("NPATHS then an RDMA_DEST".into(), cat(&[&[5, 0, 8, dest], &r, &o, &[0xff; 4]]), cookie),
+        ("RDMA_DEST then one that overruns the area".into(), cat(&[&[dest], &r, &o, &[dest, 1, 2, 3, 4, 5, 6]]), cookie),
+        ("RDMA then RDMA_DEST".into(), cat(&[&[2, 9, 9, 9, 9, dest], &r, &o, &[0, 0]]), cookie),
+        ("a GEN_NUM on a data message, then types 15..13 and garbage".into(), cat(&[&[6, 0xde, 0xad, 0xbe, 0xef, 15, 14, 13, 200]]), None),
+        ("an RDMA_DEST cut by the end of the area".into(), cat(&[&[8, 0, 10, 10, 10, 10, 10, 10, dest], &r]), None),
+    ];
+    let mut rng = Stream::new(48);
+    for k in 0..24 {
+        let mut a = [0u8; 16];
+        for b in a.iter_mut() {
+            // Mostly small types so that parsing goes on for a while.
+            *b = if rng.below(2) == 0 { rng.below(18) as u8 } else { rng.next_u64() as u8 };
+        }
+        cases.push((format!("random area {k}"), a, kernel_cookie(&a)));
+    }
+    for (what, area, want) in &cases[..9] {
+        assert_eq!(kernel_cookie(area), *want, "the test's own parser on: {what}");
+    }
+    assert!(cases.iter().any(|c| c.2.is_some()) && cases.iter().any(|c| c.2.is_none()));
+
+    let before = bed.counts();
+    let mut raw = bed.raw();
+    let mut stream = Vec::new();
+    let mut sent = Vec::new();
+    for (i, (_, area, _)) in cases.iter().enumerate() {
+        let p = payload(3, i as u64, [0, 1, 47, 300, 20_000][i % 5]);
+        let mut h = Header::data(SPORT, TARGET, p.len() as u32);
+        h.exthdr = *area;
+        h.ack = rng.next_u64();
+        h.credit = rng.next_u64() as u8;
+        h.padding = (rng.next_u64() as u32).to_be_bytes();
+        h.csum = rng.next_u64() as u16 | 1;
+        // Unknown and IB-only flag bits (never RETRANSMITTED, never a map).
+        h.flags = [0, flags::ACK_REQUIRED, 0x40, 0x80 | flags::ACK_REQUIRED][i % 4];
+        stream.extend_from_slice(&frame(h, i as u64 + 1, &p));
+        sent.push(p);
+    }
+    // In pieces of every size, as a peer may write them.
+    for piece in stream.chunks(4093) {
+        raw.write(piece).unwrap();
+    }
+    bed.target.set_read_timeout(Some(WAIT)).unwrap();
+    let mut buf = vec![0u8; 1 << 16];
+    for (i, (what, _, want)) in cases.iter().enumerate() {
+        let m = bed
+            .target
+            .recv_msg(&mut buf, RecvFlags::default())
+            .unwrap_or_else(|e| panic!("message {i} ({what}) not delivered: {e}"));
+        assert_eq!(m.from, Some(sa(bed.hostile, SPORT)), "{what}");
+        assert_eq!(m.len, sent[i].len(), "{what}: length (or order)");
+        check_payload(3, i as u64, &buf[..m.len]).unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert_eq!(m.rdma_dest, *want, "{what}: RDMA_DEST cookie");
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let more = bed.target.recv_msg(&mut buf, RecvFlags { dontwait: true, ..RecvFlags::default() });
+    assert_eq!(more.map(|m| m.len).unwrap_err().raw_os_error(), Some(libc::EAGAIN), "more messages than sent");
+    let after = bed.counts();
+    assert_eq!(after.delta(&before, "recv_drop_bad_frame"), 0);
+    assert_eq!(after.delta(&before, "conn_reset"), 0, "the connection was reset");
+    assert_eq!(raw.ended(Duration::ZERO), None, "the connection was closed");
+    bed.close(raw);
+    bed.valid_again(1);
+    bed.finish();
+}
+
+/// A congestion map (h_flags 0x01) whose length is not 8192: the node
+/// shuts the connection down and counts it; the map is not applied.
+#[test]
+fn congestion_map_of_the_wrong_length_closes_the_connection() {
+    let _g = serial();
+    let bed = Bed::new("bad congestion map");
+    for len in [0u32, 100, 8191, 8193] {
+        let before = bed.counts();
+        let mut raw = bed.raw();
+        let mut h = Header::cong_map();
+        h.len = len;
+        raw.write(&frame(h, 0, &vec![0xff; len as usize])).unwrap();
+        let end = raw.ended(WAIT).unwrap_or_else(|| panic!("map of {len} bytes: the connection is still open"));
+        assert!(matches!(end, End::Eof | End::Reset), "map of {len} bytes: {end:?}");
+        assert_eq!(wait_delta(&bed.node, &before, "recv_drop_bad_frame", 1), 1, "map of {len} bytes");
+        // The node waits for our FIN (its shutdown is graceful).
+        bed.close(raw);
+        let after = bed.counts();
+        assert_eq!(after.delta(&before, "recv_drop_bad_frame"), 1, "map of {len} bytes: counted once");
+        assert_eq!(after.delta(&before, "conn_reset"), 1, "map of {len} bytes");
+        assert_eq!(bed.queued(TARGET), (0, 0), "map of {len} bytes: something was delivered");
+        bed.valid_again(u64::from(len));
+    }
+    bed.finish();
+}
+
+/// A flood of valid messages to a socket that never reads: the node keeps
+/// at most the hard receive cap queued for it and drops (and counts) the
+/// rest; its memory stays bounded; the flood's connection is not reset.
+#[test]
+fn flood_to_a_socket_that_never_reads_keeps_memory_bounded() {
+    let _g = serial();
+    let bed = Bed::new("flood");
+    const MSG: usize = 64 << 10;
+    const MAX_BYTES: usize = 320 << 20;
+    let cfg = EngineConfig::default();
+    let rcvbuf = bed.node.sockets().into_iter().find(|s| s.bound == Some(sa(bed.node_ip, TARGET))).unwrap().rcvbuf;
+    let cap = (u64::from(rcvbuf) * u64::from(cfg.node.rcv_hard_factor.max(1))).max(RCV_HARD_FLOOR);
+    // Messages are queued while the socket holds at most cap + 1 MiB.
+    let keep = (cap + MAX_MSG_SIZE as u64) / MSG as u64 + 1;
+    assert!(((MAX_BYTES / MSG) as u64) > keep + 100, "the flood must exceed the cap");
+
+    let before = bed.counts();
+    let rss0 = rss();
+    let mut raw = bed.raw();
+    raw.s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    let body = payload(5, 0, MSG);
+    let honest0 = bed.traffic.as_ref().unwrap().done.load(Ordering::SeqCst);
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs(30);
+    let mut sent = 0u64;
+    let mut stalled = None;
+    let mut batch = Vec::with_capacity(16 * (HEADER_LEN + MSG));
+    while sent < (MAX_BYTES / MSG) as u64 && Instant::now() < deadline {
+        batch.clear();
+        for k in 0..16 {
+            batch.extend_from_slice(&frame(Header::data(SPORT, TARGET, MSG as u32), sent + k + 1, &body));
+        }
+        if let Err(e) = raw.write(&batch) {
+            stalled = Some(e);
+            break;
+        }
+        sent += 16;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let during = bed.traffic.as_ref().unwrap().done.load(Ordering::SeqCst) - honest0;
+    assert!(stalled.is_none(), "the node stopped reading the flood after {sent} messages: {stalled:?}");
+    assert!(sent > keep + 100, "only {sent} messages written in {secs:.1} s: the flood did not exceed the cap");
+    // Everything written is taken: queued or dropped over the cap.
+    let over = wait_delta(&bed.node, &before, "recv_drop_over_limit", sent - keep);
+    let (queued, bytes) = bed.queued(TARGET);
+    let grew = rss().saturating_sub(rss0);
+    println!(
+        "flood: {sent} messages of {MSG} bytes ({:.0} MB) in {secs:.2} s; {queued} queued ({bytes} bytes, hard cap {cap}), \
+         {over} dropped; memory grew by {} MiB; {during} honest round trips meanwhile",
+        (sent as usize * (HEADER_LEN + MSG)) as f64 / 1e6,
+        grew >> 20
+    );
+    assert_eq!(queued as u64, keep, "messages queued on the socket that never reads");
+    assert_eq!(bytes, keep * MSG as u64);
+    assert!(bytes <= cap + (MAX_MSG_SIZE + MSG) as u64);
+    assert_eq!(over, sent - keep, "recv_drop_over_limit");
+    let after = bed.counts();
+    assert_eq!(after.delta(&before, "conn_reset"), 0, "the flood's connection was reset");
+    assert_eq!(after.delta(&before, "recv_drop_bad_frame"), 0);
+    assert!(grew < 600 << 20, "memory grew by {grew} bytes");
+    assert_eq!(raw.ended(Duration::ZERO), None, "the connection was closed");
+    bed.close(raw);
+    bed.valid_again(7);
+    bed.finish();
+}
+
+/// A flood of empty messages (h_len 0) to a socket that never reads.
+///
+/// FAILS today (open bug): the hard receive cap counts payload bytes only
+/// (`Node::deliver` in rds-core recv.rs compares `rcv_bytes` with the cap),
+/// so empty messages are queued without limit, each costing about 200
+/// bytes of memory (an `Incoming` in the socket's queue plus an empty
+/// `Arc<Vec<u8>>` payload) for 48 bytes on the wire: 4 million of them
+/// (192 MB in 3 s over loopback) grew the process by about 800 MiB, with
+/// `recv_drop_over_limit` still 0. rds-tcp is not at fault: it hands every
+/// frame to the node, which keeps them. A fix belongs in the cap check
+/// (count a per-message overhead, e.g. `rcv_bytes + queue length x 256`,
+/// against the cap). The 6.1 kernel also accounts only h_len, but it
+/// bounds nothing on receive anyway (docs/kernel-facts.md §8).
+/// Run with `cargo test --release -p rds-tests --test hostile -- --ignored`.
+#[test]
+#[ignore = "empty messages bypass the hard receive cap: memory grows without bound (open bug)"]
+fn flood_of_empty_messages_keeps_memory_bounded() {
+    let _g = serial();
+    let bed = Bed::new("empty flood");
+    const COUNT: u64 = 6_000_000;
+    const BATCH: u64 = 4096;
+    let before = bed.counts();
+    let rss0 = rss();
+    let mut raw = bed.raw();
+    raw.s.set_write_timeout(Some(Duration::from_secs(5))).unwrap();
+    let t0 = Instant::now();
+    let mut sent = 0u64;
+    let mut batch = Vec::with_capacity(BATCH as usize * HEADER_LEN);
+    while sent < COUNT && t0.elapsed() < Duration::from_secs(60) {
+        batch.clear();
+        for k in 0..BATCH {
+            batch.extend_from_slice(&frame(Header::data(SPORT, TARGET, 0), sent + k + 1, &[]));
+        }
+        if let Err(e) = raw.write(&batch) {
+            panic!("the node stopped reading the flood after {sent} messages: {e}");
+        }
+        sent += BATCH;
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    // Everything written is taken: queued or dropped.
+    let until = Instant::now() + Duration::from_secs(30);
+    let (queued, over) = loop {
+        let q = bed.queued(TARGET).0 as u64;
+        let over = bed.counts().delta(&before, "recv_drop_over_limit");
+        if q + over >= sent || Instant::now() >= until {
+            break (q, over);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let grew = rss().saturating_sub(rss0);
+    println!("empty flood: {sent} messages in {secs:.2} s; {queued} queued, {over} dropped; memory grew by {} MiB", grew >> 20);
+    assert_eq!(queued + over, sent, "messages taken");
+    assert_eq!(bed.counts().delta(&before, "conn_reset"), 0, "the flood's connection was reset");
+    assert!(grew < 600 << 20, "memory grew by {} MiB for {queued} empty messages queued", grew >> 20);
+    assert_eq!(raw.ended(Duration::ZERO), None, "the connection was closed");
+    bed.close(raw);
+    bed.valid_again(8);
+    bed.finish();
+}
