@@ -46,6 +46,13 @@ pub enum RecvOutcome {
 /// small receive buffer, a conformant sender of 64 KiB datagrams lost some.
 pub const RCV_HARD_FLOOR: u64 = 256 << 20;
 
+/// What a queued message costs besides its payload (its header, addresses,
+/// payload handle and queue slot: about 200 bytes), counted against the
+/// hard cap, so that a flood of empty messages is bounded too. The socket's
+/// own accounting (`rcv_bytes`, congestion) counts payload bytes only, as
+/// the kernel does.
+pub const RCV_MSG_OVERHEAD: u64 = 256;
+
 impl Node {
     /// A complete message arrived on a path (`rds_recv_incoming`, and the
     /// transports' congestion-map receive).
@@ -149,7 +156,8 @@ impl Node {
         let hard = u64::from(self.cfg.rcv_hard_factor.max(1));
         let sock = self.sock_mut(s).unwrap();
         let cap = sock.rcvbuf_limit().saturating_mul(hard).max(RCV_HARD_FLOOR);
-        if sock.rcv_bytes > cap + crate::wire::MAX_MSG_SIZE as u64 {
+        let held = sock.rcv_bytes.saturating_add((sock.recv_queue.len() as u64).saturating_mul(RCV_MSG_OVERHEAD));
+        if held > cap + crate::wire::MAX_MSG_SIZE as u64 {
             self.counters.recv_drop_over_limit += 1;
             return RecvOutcome::OverLimit;
         }

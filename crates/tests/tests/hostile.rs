@@ -19,9 +19,6 @@
 //! the wrong length; we reset the connection for the first and shut it
 //! down for the second, and count both in `recv_drop_bad_frame`.
 //!
-//! Open bug: a flood of empty messages bypasses the hard receive cap
-//! (`flood_of_empty_messages_keeps_memory_bounded`, ignored).
-//!
 //! The tests run one at a time (they measure the process's memory).
 
 use std::collections::HashMap;
@@ -33,7 +30,7 @@ use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rds_core::recv::RCV_HARD_FLOOR;
+use rds_core::recv::{RCV_HARD_FLOOR, RCV_MSG_OVERHEAD};
 use rds_core::wire::{ext_type, flags, Header, HEADER_LEN, MAX_MSG_SIZE, RDS_TCP_PORT};
 use rds_sock::{Engine, EngineConfig, RdsSocket, RecvFlags};
 use rds_tests::*;
@@ -613,8 +610,9 @@ fn flood_to_a_socket_that_never_reads_keeps_memory_bounded() {
     let cfg = EngineConfig::default();
     let rcvbuf = bed.node.sockets().into_iter().find(|s| s.bound == Some(sa(bed.node_ip, TARGET))).unwrap().rcvbuf;
     let cap = (u64::from(rcvbuf) * u64::from(cfg.node.rcv_hard_factor.max(1))).max(RCV_HARD_FLOOR);
-    // Messages are queued while the socket holds at most cap + 1 MiB.
-    let keep = (cap + MAX_MSG_SIZE as u64) / MSG as u64 + 1;
+    // Messages are queued while the socket holds at most cap + 1 MiB,
+    // counting each queued message's overhead besides its payload.
+    let keep = (cap + MAX_MSG_SIZE as u64) / (MSG as u64 + RCV_MSG_OVERHEAD) + 1;
     assert!(((MAX_BYTES / MSG) as u64) > keep + 100, "the flood must exceed the cap");
 
     let before = bed.counts();
@@ -669,20 +667,14 @@ fn flood_to_a_socket_that_never_reads_keeps_memory_bounded() {
 
 /// A flood of empty messages (h_len 0) to a socket that never reads.
 ///
-/// FAILS today (open bug): the hard receive cap counts payload bytes only
-/// (`Node::deliver` in rds-core recv.rs compares `rcv_bytes` with the cap),
-/// so empty messages are queued without limit, each costing about 200
-/// bytes of memory (an `Incoming` in the socket's queue plus an empty
-/// `Arc<Vec<u8>>` payload) for 48 bytes on the wire: 4 million of them
-/// (192 MB in 3 s over loopback) grew the process by about 800 MiB, with
-/// `recv_drop_over_limit` still 0. rds-tcp is not at fault: it hands every
-/// frame to the node, which keeps them. A fix belongs in the cap check
-/// (count a per-message overhead, e.g. `rcv_bytes + queue length x 256`,
-/// against the cap). The 6.1 kernel also accounts only h_len, but it
-/// bounds nothing on receive anyway (docs/kernel-facts.md §8).
-/// Run with `cargo test --release -p rds-tests --test hostile -- --ignored`.
+/// Each queued message costs about 200 bytes of memory for 48 bytes on the
+/// wire; the hard receive cap counts a per-message overhead
+/// (`rds_core::recv::RCV_MSG_OVERHEAD`) besides payload bytes, so the
+/// queue stops at about a million messages and the rest are dropped and
+/// counted (`recv_drop_over_limit`). Before that, 4 million of them (192 MB
+/// in 3 s over loopback) grew the process by about 800 MiB with nothing
+/// dropped. The 6.1 kernel bounds nothing on receive (docs/kernel-facts.md §8).
 #[test]
-#[ignore = "empty messages bypass the hard receive cap: memory grows without bound (open bug)"]
 fn flood_of_empty_messages_keeps_memory_bounded() {
     let _g = serial();
     let bed = Bed::new("empty flood");

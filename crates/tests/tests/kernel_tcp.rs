@@ -192,9 +192,12 @@ fn run_boot(rig: &Path, bin: &Path, knode: u8, order: &'static str, scenarios: &
     Ok(boot)
 }
 
-/// The kernel's RDS on both guests (`kernel/baseline.sh`): lost and
-/// duplicated messages per scenario, both directions summed.
-fn run_baseline(rig: &Path, bin: &Path, scenarios: &[&str]) -> Result<(BTreeMap<String, (u64, u64)>, f64), String> {
+/// Lost and duplicated messages per scenario, both directions summed.
+type Gaps = BTreeMap<String, (u64, u64)>;
+
+/// The kernel's RDS on both guests (`kernel/baseline.sh`): its own gaps,
+/// and how long the boot took.
+fn run_baseline(rig: &Path, bin: &Path, scenarios: &[&str]) -> Result<(Gaps, f64), String> {
     let root = workspace_root();
     let mut cmd = Command::new(rig.join("vmrig"));
     cmd.current_dir(&root).args(["run", "-n", "2", "-t", "600"]);
@@ -206,7 +209,7 @@ fn run_baseline(rig: &Path, bin: &Path, scenarios: &[&str]) -> Result<(BTreeMap<
     cmd.args(["--", "bash"]).arg(root.join("crates/tests/kernel/baseline.sh"));
     let t0 = Instant::now();
     let out = cmd.output().map_err(|e| format!("cannot run {}: {e}", rig.join("vmrig").display()))?;
-    let mut gaps: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    let mut gaps = Gaps::new();
     let mut seen = BTreeMap::new();
     for line in String::from_utf8_lossy(&out.stdout).lines() {
         let Some(i) = line.find("GAPS ") else { continue };
