@@ -737,9 +737,11 @@ impl Node {
         let path = self.path_mut(pid).unwrap();
         path.state = PathState::Down;
         path.inst += 1;
-        if self.conn(conn).paths.len() > 1 && self.conn(conn).all_down() {
+        if was_up && self.conn(conn).paths.len() > 1 && self.conn(conn).all_down() {
             // The peer may come back as a new instance with other settings:
-            // negotiate the path count again on the next connection.
+            // negotiate the path count again on the next connection. (Not
+            // after a failed connect: every send to an unreachable peer
+            // would queue one more probe.)
             let c = self.conn_mut(conn);
             c.npaths = 0;
             c.ping_triggered = false;

@@ -777,7 +777,7 @@ def sc_selftest():
         # pair paths differently (see sc_resetall); that case is measured
         # there against the kernel-to-kernel baseline.
         k = 0
-        while not stop_resets.wait(1.5):
+        while not stop_resets.wait(0.7):
             kill_one_kernel(k)
             k += 1
             resets[0] += 1

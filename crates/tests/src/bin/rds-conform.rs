@@ -958,7 +958,7 @@ fn sc_selftest(ctx: &Ctx) {
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_secs(240);
     let mut buf = vec![0u8; 4096];
-    let mut next_kill = t0 + Duration::from_secs(3);
+    let mut next_kill = t0 + Duration::from_millis(900);
     let mut kills = 0;
     let done = |idx: usize, got_n: &[u64; 2]| idx >= mine.len() && got_n[0] >= expect_n[0] && got_n[1] >= expect_n[1];
     while !done(idx, &got_n) && Instant::now() < deadline {
@@ -999,7 +999,7 @@ fn sc_selftest(ctx: &Ctx) {
         if Instant::now() >= next_kill {
             kill_ours(ctx, true);
             kills += 1;
-            next_kill += Duration::from_secs(3);
+            next_kill += Duration::from_millis(900);
         }
     }
     let elapsed = t0.elapsed().as_secs_f64();
