@@ -1,4 +1,4 @@
-//! # rds-ib: RDS over InfiniBand / RoCE verbs (protocol pieces only)
+//! # rds-ib: RDS over InfiniBand / RoCE verbs
 //!
 //! This crate will hold the IB transport behind [`rds_core::RdsTransport`],
 //! wire-compatible with the kernel's `rds_rdma`. How each part of it maps
@@ -27,15 +27,39 @@
 //!   ack state (piggybacked `h_ack`, explicit ack requests, one ack-only
 //!   frame in flight).
 //!
+//! ## The verbs path (feature `verbs`)
+//!
+//! Off by default, so the workspace builds without the RDMA libraries.
+//! Building it needs `libibverbs-dev`, `librdmacm-dev`, `libclang-dev` and
+//! `pkg-config` (`rdma-sys` runs bindgen over the system headers;
+//! `scripts/setup.sh` installs them):
+//!
+//! ```text
+//! cargo build --release -p rds-ib --features verbs
+//! cargo test --release -p rds-ib --features verbs --test kernel_ib
+//! ```
+//!
+//! [`verbs`] (IPv4 only so far): device discovery, one PD per device context
+//! shared by all connections, RDMA CM connect ([`verbs::Conn::connect`], to
+//! port 18634, proposing 4.1 with the kernel's private data, falling back to
+//! 3.1 on a reject) and accept ([`verbs::Listener`]), an RC QP per
+//! connection with its CQs, a ring of 512 two-SGE receives (header + 4 KiB)
+//! and two-SGE sends (header copy + fragment), reassembly and acks from the
+//! sans-IO modules. The `ib-probe` bin drives it; `tests/kernel_ib.rs` runs
+//! it in the VM rig against the 6.1 kernel's `rds_rdma` over Soft-RoCE
+//! (ping/pong, 0 B to 1 MiB both ways, the kernel connecting to our
+//! listener), and prints `SKIP:` when the rig is not there.
+//!
 //! ## What does not exist yet
 //!
-//! * the verbs FFI (planned on `rdma-sys`): devices, protection domains,
-//!   queue pairs, completion queues, memory registration, posting and polling;
-//! * RDMA CM connection setup and the listener (port 18634 for IPv4, 16385
-//!   for IPv6), and the verbs-only side channel alternative;
-//! * RDMA READ / WRITE operations and GET_MR / FREE_MR;
-//! * the `IbTransport` type itself, its counters and introspection, and
-//!   tests against soft-RoCE (rxe) or a kernel peer.
+//! * the `IbTransport` behind [`rds_core::RdsTransport`] (a reactor, the
+//!   engine integration, reconnects, retransmission), its counters and
+//!   introspection; the verbs path is a blocking first cut driven by its
+//!   caller;
+//! * IPv6 (port 16385, 56-byte private data) on the verbs path, credit flow
+//!   control on the wire (we advertise 0 credits, as mainline does);
+//! * the verbs-only side channel alternative;
+//! * RDMA READ / WRITE operations and GET_MR / FREE_MR.
 //!
 //! So there is no IB transport to select: the socket layer answers
 //! `SO_RDS_TRANSPORT = RDS_TRANS_IB` with ENOPROTOOPT, as the kernel does
@@ -49,3 +73,6 @@ use rds_core::TransportCaps;
 
 /// What the IB transport will be able to do (RDMA, no multipath).
 pub const CAPS: TransportCaps = TransportCaps::ib();
+
+#[cfg(feature = "verbs")]
+pub mod verbs;

@@ -1,0 +1,984 @@
+//! The verbs path (feature `verbs`): devices, the shared protection domain,
+//! RDMA CM connection setup with the kernel's private data, one RC queue
+//! pair per connection with its completion queues, the receive ring and the
+//! send path, on `rdma-sys`.
+//!
+//! This is the first, blocking cut of the transport: a [`Conn`] is driven by
+//! its owner calling [`Conn::send`] and [`Conn::poll`]; there is no reactor
+//! and no [`rds_core::RdsTransport`] integration yet. What it does follows
+//! the kernel's `rds_rdma`:
+//!
+//! * RDMA CM in the TCP port space, IPv4 port [`RDS_IB_PORT`] (18634);
+//!   address and route resolution with a 5000 ms timeout; `retry_count` 7 and
+//!   `rnr_retry_count` 7 (infinite: mainline runs without credit flow
+//!   control and relies on RNR retry);
+//! * the connect request carries `rds_ib_connect_private` proposing 4.1
+//!   ([`crate::private`]), falling back to 3.1 after a reject with value 1;
+//!   the passive side answers with the version `passive_negotiate` picks and
+//!   rejects incompatible requests with the reject value 1;
+//! * one RC QP per connection; a ring of [`RECV_WR`] receive work requests of
+//!   two SGEs each (the 48-byte header buffer and a 4 KiB fragment buffer),
+//!   refilled as each completes; SENDs of two SGEs (a header copy and the
+//!   fragment, one SGE for a 0-byte message), signaled and solicited as
+//!   [`crate::frag`] decides; explicit ack-only frames as
+//!   [`crate::credits`] decides.
+//!
+//! Device contexts: librdmacm opens every RDMA device once per process and
+//! hands that context out in `rdma_cm_id::verbs`; a QP must be created on a
+//! PD of that very context. So [`Verbs`] keeps one PD per CM device context,
+//! shared by every connection on that device, instead of opening devices a
+//! second time. [`device_names`] lists the devices with `ibv_get_device_list`.
+//!
+//! Every `unsafe` block is a call into libibverbs/librdmacm or a read of
+//! memory they own, each with its reason.
+
+use std::collections::VecDeque;
+use std::ffi::CStr;
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::raw::{c_int, c_void};
+use std::ptr;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use rdma_sys as sys;
+use rds_core::wire::{self, Header, HEADER_LEN, PROTOCOL_3_1};
+
+use crate::credits::FlowControl;
+use crate::frag::{ack_only_header, OutFrame, OutMessage, Reassembler, RecvError, RxKind, SignalState, FRAG_SIZE};
+use crate::private::{
+    passive_negotiate, reject_data, version_usable, ActiveNegotiation, ConnectPrivate, Family, PrivAddrs,
+    RejectAction,
+};
+
+/// The RDMA CM port of RDS over IPv4 (`RDS_PORT` 18634).
+pub const RDS_IB_PORT: u16 = 18634;
+/// Receive work requests posted per connection.
+pub const RECV_WR: usize = 512;
+/// Send slots (header copy + 4 KiB buffer) per connection.
+pub const SEND_WR: usize = 256;
+/// Address and route resolution timeout (`RDS_RDMA_RESOLVE_TIMEOUT_MS`).
+pub const RESOLVE_TIMEOUT_MS: i32 = 5000;
+/// `IB_CM_REJ_CONSUMER_DEFINED`: the reject reason carrying reject data.
+const REJ_CONSUMER_DEFINED: i32 = 28;
+
+fn errno() -> io::Error {
+    io::Error::last_os_error()
+}
+
+fn err(code: i32, what: &str) -> io::Error {
+    let e = io::Error::from_raw_os_error(code);
+    io::Error::new(e.kind(), format!("{what}: {e} (errno {code})"))
+}
+
+/// A librdmacm/libibverbs call returning -1 and setting errno.
+fn check(ret: c_int, what: &str) -> io::Result<()> {
+    if ret == 0 {
+        Ok(())
+    } else {
+        let e = errno();
+        Err(err(e.raw_os_error().unwrap_or(libc::EIO), what))
+    }
+}
+
+/// Names of the RDMA devices (`ibv_get_device_list`).
+pub fn device_names() -> io::Result<Vec<String>> {
+    let mut n: c_int = 0;
+    // SAFETY: n is a valid out pointer; the list is freed below.
+    let list = unsafe { sys::ibv_get_device_list(&mut n) };
+    if list.is_null() {
+        return Err(errno());
+    }
+    let mut names = Vec::new();
+    for i in 0..n.max(0) as usize {
+        // SAFETY: the list holds n valid device pointers.
+        let dev = unsafe { *list.add(i) };
+        // SAFETY: dev is a device of the list; its name is a C string it owns.
+        let name = unsafe { CStr::from_ptr(sys::ibv_get_device_name(dev)) };
+        names.push(name.to_string_lossy().into_owned());
+    }
+    // SAFETY: list came from ibv_get_device_list and is freed once.
+    unsafe { sys::ibv_free_device_list(list) };
+    Ok(names)
+}
+
+struct Pd {
+    ctx: *mut sys::ibv_context,
+    pd: *mut sys::ibv_pd,
+}
+
+/// The process-wide verbs state: one protection domain per device context
+/// (librdmacm's), shared by all connections.
+pub struct Verbs {
+    pds: Mutex<Vec<Pd>>,
+}
+
+// SAFETY: the PD and context pointers are library objects that verbs allow
+// to be used from any thread; the list is behind a mutex.
+unsafe impl Send for Verbs {}
+// SAFETY: as above.
+unsafe impl Sync for Verbs {}
+
+impl Verbs {
+    pub fn new() -> Arc<Verbs> {
+        Arc::new(Verbs { pds: Mutex::new(Vec::new()) })
+    }
+
+    /// The shared PD of a device context, allocated on first use.
+    fn pd_for(&self, ctx: *mut sys::ibv_context) -> io::Result<*mut sys::ibv_pd> {
+        let mut pds = self.pds.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(p) = pds.iter().find(|p| p.ctx == ctx) {
+            return Ok(p.pd);
+        }
+        // SAFETY: ctx is a live device context taken from an rdma_cm_id.
+        let pd = unsafe { sys::ibv_alloc_pd(ctx) };
+        if pd.is_null() {
+            return Err(errno());
+        }
+        pds.push(Pd { ctx, pd });
+        Ok(pd)
+    }
+
+    /// Number of PDs allocated (one per device in use).
+    pub fn pd_count(&self) -> usize {
+        self.pds.lock().map(|p| p.len()).unwrap_or(0)
+    }
+}
+
+impl Drop for Verbs {
+    fn drop(&mut self) {
+        let pds = self.pds.get_mut().unwrap_or_else(|p| p.into_inner());
+        for p in pds.drain(..) {
+            // SAFETY: every connection holding this PD (through an Arc) is gone.
+            unsafe { sys::ibv_dealloc_pd(p.pd) };
+        }
+    }
+}
+
+/// A CM event copied out of librdmacm (and acked).
+struct CmEvent {
+    kind: sys::rdma_cm_event_type::Type,
+    status: i32,
+    id: *mut sys::rdma_cm_id,
+    private: Option<Vec<u8>>,
+}
+
+fn event_name(kind: sys::rdma_cm_event_type::Type) -> String {
+    // SAFETY: rdma_event_str returns a static C string for any value.
+    unsafe { CStr::from_ptr(sys::rdma_event_str(kind)) }.to_string_lossy().into_owned()
+}
+
+/// An RDMA CM event channel, non-blocking.
+struct Channel(*mut sys::rdma_event_channel);
+
+impl Channel {
+    fn new() -> io::Result<Channel> {
+        // SAFETY: plain constructor.
+        let ch = unsafe { sys::rdma_create_event_channel() };
+        if ch.is_null() {
+            return Err(errno());
+        }
+        // SAFETY: ch is a live channel; fd is its descriptor.
+        let fd = unsafe { (*ch).fd };
+        // SAFETY: fcntl on a descriptor we own.
+        let fl = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        // SAFETY: as above.
+        if fl < 0 || unsafe { libc::fcntl(fd, libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
+            let e = errno();
+            // SAFETY: the channel has no ids yet.
+            unsafe { sys::rdma_destroy_event_channel(ch) };
+            return Err(e);
+        }
+        Ok(Channel(ch))
+    }
+
+    /// The next event, waiting until `deadline`; `None` on timeout.
+    fn next(&self, deadline: Instant) -> io::Result<Option<CmEvent>> {
+        loop {
+            let mut ev: *mut sys::rdma_cm_event = ptr::null_mut();
+            // SAFETY: self.0 is live; ev is a valid out pointer.
+            let ret = unsafe { sys::rdma_get_cm_event(self.0, &mut ev) };
+            if ret == 0 {
+                // SAFETY: librdmacm returned a valid event we have not acked.
+                let e = unsafe { &*ev };
+                // SAFETY: param.conn is the member used by connection events;
+                // private_data points to private_data_len bytes until the ack.
+                let private = unsafe {
+                    let c = &e.param.conn;
+                    if c.private_data.is_null() || c.private_data_len == 0 {
+                        None
+                    } else {
+                        Some(std::slice::from_raw_parts(c.private_data as *const u8, c.private_data_len as usize).to_vec())
+                    }
+                };
+                let out = CmEvent { kind: e.event, status: e.status, id: e.id, private };
+                // SAFETY: acking the event we got, once.
+                unsafe { sys::rdma_ack_cm_event(ev) };
+                return Ok(Some(out));
+            }
+            let e = errno();
+            if e.raw_os_error() != Some(libc::EAGAIN) {
+                return Err(e);
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let ms = (deadline - now).as_millis().min(1000) as c_int;
+            // SAFETY: self.0 is live.
+            let mut pfd = libc::pollfd { fd: unsafe { (*self.0).fd }, events: libc::POLLIN, revents: 0 };
+            // SAFETY: one valid pollfd.
+            unsafe { libc::poll(&mut pfd, 1, ms.max(1)) };
+        }
+    }
+
+    /// Waits for an event of kind `want` on any id of the channel.
+    fn expect(&self, want: sys::rdma_cm_event_type::Type, deadline: Instant) -> io::Result<CmEvent> {
+        match self.next(deadline)? {
+            Some(e) if e.kind == want && e.status == 0 => Ok(e),
+            Some(e) => Err(io::Error::new(
+                io::ErrorKind::ConnectionRefused,
+                format!("RDMA CM: {} (status {}) while waiting for {}", event_name(e.kind), e.status, event_name(want)),
+            )),
+            None => Err(err(libc::ETIMEDOUT, &format!("RDMA CM: no {}", event_name(want)))),
+        }
+    }
+}
+
+impl Drop for Channel {
+    fn drop(&mut self) {
+        // SAFETY: every id on the channel was destroyed before (field order).
+        unsafe { sys::rdma_destroy_event_channel(self.0) };
+    }
+}
+
+/// A registered buffer.
+struct Mr {
+    buf: Vec<u8>,
+    mr: *mut sys::ibv_mr,
+}
+
+impl Mr {
+    fn new(pd: *mut sys::ibv_pd, len: usize) -> io::Result<Mr> {
+        let mut buf = vec![0u8; len];
+        let access = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as c_int;
+        // SAFETY: buf is a live heap allocation of len bytes that is never
+        // reallocated and outlives the registration (dropped after dereg).
+        let mr = unsafe { sys::ibv_reg_mr(pd, buf.as_mut_ptr() as *mut c_void, len, access) };
+        if mr.is_null() {
+            return Err(errno());
+        }
+        Ok(Mr { buf, mr })
+    }
+
+    fn lkey(&self) -> u32 {
+        // SAFETY: mr is a live registration.
+        unsafe { (*self.mr).lkey }
+    }
+
+    fn addr(&self, off: usize) -> u64 {
+        self.buf.as_ptr() as u64 + off as u64
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        // SAFETY: the registration is live and no work request uses it any more
+        // (the QP was destroyed first).
+        unsafe { sys::ibv_dereg_mr(self.mr) };
+    }
+}
+
+fn sockaddr_v4(addr: Ipv4Addr, port: u16) -> libc::sockaddr_in {
+    libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: port.to_be(),
+        sin_addr: libc::in_addr { s_addr: u32::from(addr).to_be() },
+        sin_zero: [0; 8],
+    }
+}
+
+fn id_addrs(id: *mut sys::rdma_cm_id) -> (Option<Ipv4Addr>, Option<Ipv4Addr>) {
+    let get = |sa: *const libc::sockaddr| -> Option<Ipv4Addr> {
+        // SAFETY: sa points into the id's route address storage.
+        let fam = unsafe { (*sa).sa_family } as i32;
+        if fam != libc::AF_INET {
+            return None;
+        }
+        // SAFETY: an AF_INET address is a sockaddr_in.
+        let sin = unsafe { &*(sa as *const libc::sockaddr_in) };
+        Some(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
+    };
+    // SAFETY: id is live; rdma_get_local_addr/peer_addr return pointers into it.
+    let (l, p) = unsafe { (sys::rdma_get_local_addr(&*id), sys::rdma_get_peer_addr(&*id)) };
+    (get(l as *const libc::sockaddr), get(p as *const libc::sockaddr))
+}
+
+/// A complete message received on a connection.
+#[derive(Debug)]
+pub struct Received {
+    pub header: Header,
+    pub payload: Vec<u8>,
+}
+
+/// Counters of one connection.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ConnStats {
+    pub tx_frames: u64,
+    pub tx_messages: u64,
+    pub tx_acks: u64,
+    pub rx_frames: u64,
+    pub rx_messages: u64,
+    pub rx_acks: u64,
+    pub rx_cong_maps: u64,
+}
+
+/// One RDS-IB connection: CM id, RC QP, CQs, rings.
+pub struct Conn {
+    // Field order is drop order where it matters: the id (and its QP) goes
+    // first, then CQs and MRs, then the channel, then the shared PD.
+    id: *mut sys::rdma_cm_id,
+    send_cq: *mut sys::ibv_cq,
+    recv_cq: *mut sys::ibv_cq,
+    rx_hdr: Mr,
+    rx_data: Mr,
+    tx_hdr: Mr,
+    tx_data: Mr,
+    ch: Channel,
+    _verbs: Arc<Verbs>,
+    tx_free: Vec<usize>,
+    /// Posted sends in order: slot and whether it is an ack-only frame.
+    tx_inflight: VecDeque<(usize, bool)>,
+    fc: FlowControl,
+    sig: SignalState,
+    reasm: Reassembler,
+    next_seq: u64,
+    version: u16,
+    local: Ipv4Addr,
+    peer: Ipv4Addr,
+    peer_credit: u32,
+    peer_proposed: u16,
+    up: bool,
+    stats: ConnStats,
+    ready: VecDeque<Received>,
+}
+
+impl Conn {
+    /// Creates CQs, MRs and the QP on `id` (whose device is known) and posts
+    /// the receive ring.
+    fn build(verbs: Arc<Verbs>, ch: Channel, id: *mut sys::rdma_cm_id) -> io::Result<Conn> {
+        // SAFETY: id is live and bound to a device (address resolved or a
+        // connect request), so verbs is set.
+        let ctx = unsafe { (*id).verbs };
+        if ctx.is_null() {
+            return Err(err(libc::ENODEV, "RDMA CM id without a device"));
+        }
+        let pd = verbs.pd_for(ctx)?;
+        // SAFETY: ctx is live; no completion channel, vector 0.
+        let send_cq = unsafe { sys::ibv_create_cq(ctx, SEND_WR as c_int + 1, ptr::null_mut(), ptr::null_mut(), 0) };
+        if send_cq.is_null() {
+            return Err(errno());
+        }
+        // SAFETY: as above.
+        let recv_cq = unsafe { sys::ibv_create_cq(ctx, RECV_WR as c_int, ptr::null_mut(), ptr::null_mut(), 0) };
+        if recv_cq.is_null() {
+            let e = errno();
+            // SAFETY: created above, unused.
+            unsafe { sys::ibv_destroy_cq(send_cq) };
+            return Err(e);
+        }
+        let mrs = (|| {
+            Ok::<_, io::Error>((
+                Mr::new(pd, RECV_WR * HEADER_LEN)?,
+                Mr::new(pd, RECV_WR * FRAG_SIZE)?,
+                Mr::new(pd, SEND_WR * HEADER_LEN)?,
+                Mr::new(pd, SEND_WR * FRAG_SIZE)?,
+            ))
+        })();
+        let (rx_hdr, rx_data, tx_hdr, tx_data) = match mrs {
+            Ok(m) => m,
+            Err(e) => {
+                // SAFETY: created above, unused.
+                unsafe {
+                    sys::ibv_destroy_cq(send_cq);
+                    sys::ibv_destroy_cq(recv_cq);
+                }
+                return Err(e);
+            }
+        };
+        let mut conn = Conn {
+            id,
+            send_cq,
+            recv_cq,
+            rx_hdr,
+            rx_data,
+            tx_hdr,
+            tx_data,
+            ch,
+            _verbs: verbs,
+            tx_free: (0..SEND_WR).rev().collect(),
+            tx_inflight: VecDeque::new(),
+            fc: FlowControl::new(false),
+            sig: SignalState::default(),
+            reasm: Reassembler::default(),
+            next_seq: 1,
+            version: 0,
+            local: Ipv4Addr::UNSPECIFIED,
+            peer: Ipv4Addr::UNSPECIFIED,
+            peer_credit: 0,
+            peer_proposed: 0,
+            up: false,
+            stats: ConnStats::default(),
+            ready: VecDeque::new(),
+        };
+        // SAFETY: an all-zero ibv_qp_init_attr is valid (null pointers, 0 sizes).
+        let mut attr: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        attr.send_cq = send_cq;
+        attr.recv_cq = recv_cq;
+        attr.qp_type = sys::ibv_qp_type::IBV_QPT_RC;
+        attr.sq_sig_all = 0;
+        attr.cap.max_send_wr = SEND_WR as u32 + 1;
+        attr.cap.max_recv_wr = RECV_WR as u32;
+        attr.cap.max_send_sge = 2;
+        attr.cap.max_recv_sge = 2;
+        // SAFETY: id, pd and attr are valid; the QP is owned by id.
+        check(unsafe { sys::rdma_create_qp(id, pd, &mut attr) }, "rdma_create_qp")?;
+        for i in 0..RECV_WR {
+            conn.post_recv(i)?;
+        }
+        Ok(conn)
+    }
+
+    fn qp(&self) -> *mut sys::ibv_qp {
+        // SAFETY: id is live for the life of self.
+        unsafe { (*self.id).qp }
+    }
+
+    fn post_recv(&mut self, i: usize) -> io::Result<()> {
+        let mut sge = [
+            sys::ibv_sge { addr: self.rx_hdr.addr(i * HEADER_LEN), length: HEADER_LEN as u32, lkey: self.rx_hdr.lkey() },
+            sys::ibv_sge { addr: self.rx_data.addr(i * FRAG_SIZE), length: FRAG_SIZE as u32, lkey: self.rx_data.lkey() },
+        ];
+        let mut wr = sys::ibv_recv_wr { wr_id: i as u64, next: ptr::null_mut(), sg_list: sge.as_mut_ptr(), num_sge: 2 };
+        let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
+        // SAFETY: the QP is live; wr and its SGEs are valid for the call and
+        // point into registered buffers of this connection.
+        let ret = unsafe { sys::ibv_post_recv(self.qp(), &mut wr, &mut bad) };
+        if ret != 0 { Err(err(ret, "ibv_post_recv")) } else { Ok(()) }
+    }
+
+    /// Connects to the kernel (or any RDS-IB peer) at `peer` from `local`:
+    /// resolve, route, QP, connect with the private data proposing 4.1; a
+    /// reject with value 1 retries once with 3.1.
+    pub fn connect(verbs: &Arc<Verbs>, local: Ipv4Addr, peer: Ipv4Addr, timeout: Duration) -> io::Result<Conn> {
+        let mut nego = ActiveNegotiation::new();
+        let deadline = Instant::now() + timeout;
+        for _attempt in 0..2 {
+            match Conn::connect_once(verbs, local, peer, &mut nego, deadline)? {
+                Ok(conn) => return Ok(conn),
+                Err(RejectAction::Drop { fallback: true }) if nego.proposed() == PROTOCOL_3_1 => continue,
+                Err(a) => {
+                    return Err(err(libc::ECONNREFUSED, &format!("RDS-IB connect rejected ({a:?})")));
+                }
+            }
+        }
+        Err(err(libc::ECONNREFUSED, "RDS-IB connect rejected twice"))
+    }
+
+    #[allow(clippy::type_complexity)]
+    fn connect_once(
+        verbs: &Arc<Verbs>,
+        local: Ipv4Addr,
+        peer: Ipv4Addr,
+        nego: &mut ActiveNegotiation,
+        deadline: Instant,
+    ) -> io::Result<Result<Conn, RejectAction>> {
+        let ch = Channel::new()?;
+        let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
+        // SAFETY: ch is live; id is an out pointer.
+        check(unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) }, "rdma_create_id")?;
+        let mut src = sockaddr_v4(local, 0);
+        let mut dst = sockaddr_v4(peer, RDS_IB_PORT);
+        // SAFETY: id is live; both sockaddr_in are valid for the call.
+        let r = unsafe {
+            sys::rdma_resolve_addr(
+                id,
+                &mut src as *mut _ as *mut libc::sockaddr,
+                &mut dst as *mut _ as *mut libc::sockaddr,
+                RESOLVE_TIMEOUT_MS,
+            )
+        };
+        let guard = IdGuard(id);
+        check(r, "rdma_resolve_addr")?;
+        ch.expect(sys::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED, deadline)?;
+        // SAFETY: id is live with a resolved address.
+        check(unsafe { sys::rdma_resolve_route(id, RESOLVE_TIMEOUT_MS) }, "rdma_resolve_route")?;
+        ch.expect(sys::rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED, deadline)?;
+        std::mem::forget(guard);
+        let mut conn = Conn::build(verbs.clone(), ch, id).inspect_err(|_| {
+            // SAFETY: build failed before creating the QP; the id is ours.
+            unsafe { sys::rdma_destroy_id(id) };
+        })?;
+        conn.local = local;
+        conn.peer = peer;
+        let addrs = PrivAddrs::V4 { saddr: local, daddr: peer };
+        let dp = nego.request(addrs, 0, 0, 0).encode();
+        let mut param = conn_param(&dp);
+        // SAFETY: id has a QP; param and its private data live across the call.
+        check(unsafe { sys::rdma_connect(id, &mut param) }, "rdma_connect")?;
+        let Some(ev) = conn.ch.next(deadline)? else {
+            return Err(err(libc::ETIMEDOUT, "RDS-IB connect: no answer"));
+        };
+        match ev.kind {
+            sys::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED => {
+                let data = ev.private.unwrap_or_default();
+                let est = nego
+                    .on_established(&data, Family::V4)
+                    .map_err(|u| err(libc::EPROTO, &format!("RDS-IB version {:#06x} not supported", u.version)))?;
+                conn.version = est.version;
+                conn.peer_credit = est.peer_credit;
+                conn.fc.on_frame(est.ack_seq, 0);
+                conn.up = true;
+                Ok(Ok(conn))
+            }
+            sys::rdma_cm_event_type::RDMA_CM_EVENT_REJECTED => {
+                let data = if ev.status == REJ_CONSUMER_DEFINED { ev.private.as_deref() } else { None };
+                Ok(Err(nego.on_reject(data, 0)))
+            }
+            k => Err(err(libc::ECONNREFUSED, &format!("RDS-IB connect: {} (status {})", event_name(k), ev.status))),
+        }
+    }
+
+    /// The negotiated protocol version.
+    pub fn version(&self) -> u16 {
+        self.version
+    }
+
+    /// The peer's initial credits from the private data (0: no flow control).
+    pub fn peer_credit(&self) -> u32 {
+        self.peer_credit
+    }
+
+    /// On an accepted connection: the version the peer proposed in its
+    /// connect request (0 on our own connects).
+    pub fn peer_proposed(&self) -> u16 {
+        self.peer_proposed
+    }
+
+    pub fn local(&self) -> Ipv4Addr {
+        self.local
+    }
+
+    pub fn peer(&self) -> Ipv4Addr {
+        self.peer
+    }
+
+    pub fn is_up(&self) -> bool {
+        self.up
+    }
+
+    pub fn stats(&self) -> ConnStats {
+        self.stats
+    }
+
+    /// The highest sequence the peer acknowledged (`h_ack`).
+    pub fn peer_acked(&self) -> u64 {
+        self.fc.acks.peer_acked()
+    }
+
+    /// Sends one message of `payload` from `sport` to `dport`; returns its
+    /// sequence number. Blocks (polling the send CQ) while the send ring is
+    /// full, at most until `deadline`.
+    pub fn send(&mut self, sport: u16, dport: u16, payload: &[u8], deadline: Instant) -> io::Result<u64> {
+        if !self.up {
+            return Err(err(libc::ENOTCONN, "RDS-IB send"));
+        }
+        let seq = self.next_seq;
+        let h = Header { sequence: seq, len: payload.len() as u32, sport, dport, ..Header::default() };
+        let mut msg = OutMessage::new(h, payload.len(), true).map_err(|e| err(libc::EMSGSIZE, &e.to_string()))?;
+        self.next_seq += 1;
+        let mut frames = Vec::new();
+        while !msg.is_done() {
+            // One slot stays free for an ack-only frame.
+            while self.tx_free.len() < 2 {
+                if Instant::now() >= deadline {
+                    return Err(err(libc::ETIMEDOUT, "RDS-IB send ring full"));
+                }
+                if !self.reap_send()? {
+                    self.poll_cm()?;
+                    std::thread::sleep(Duration::from_micros(100));
+                }
+            }
+            let want = (self.tx_free.len() - 1).min(msg.remaining()) as u32;
+            let first = msg.is_fresh();
+            let Some(batch) = self.fc.data_batch(want, first) else {
+                return Err(err(libc::ENOBUFS, "RDS-IB send: no credits"));
+            };
+            frames.clear();
+            let n = msg.next_batch(batch.frames as usize, batch.ack, batch.adv_credits, &mut self.sig, &mut frames);
+            self.fc.give_back(batch.frames - n as u32);
+            self.post_frames(&frames, payload)?;
+        }
+        self.stats.tx_messages += 1;
+        Ok(seq)
+    }
+
+    fn post_frames(&mut self, frames: &[OutFrame], payload: &[u8]) -> io::Result<()> {
+        let n = frames.len();
+        let mut sges = vec![[sys::ibv_sge { addr: 0, length: 0, lkey: 0 }; 2]; n];
+        // SAFETY: an all-zero ibv_send_wr is valid (null pointers, no flags).
+        let mut wrs: Vec<sys::ibv_send_wr> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
+        let mut slots = Vec::with_capacity(n);
+        for (k, f) in frames.iter().enumerate() {
+            let Some(slot) = self.tx_free.pop() else {
+                return Err(err(libc::ENOBUFS, "RDS-IB send ring"));
+            };
+            slots.push(slot);
+            self.tx_hdr.buf[slot * HEADER_LEN..(slot + 1) * HEADER_LEN].copy_from_slice(&f.header);
+            let data = &payload[f.payload.clone()];
+            self.tx_data.buf[slot * FRAG_SIZE..slot * FRAG_SIZE + data.len()].copy_from_slice(data);
+            sges[k][0] = sys::ibv_sge { addr: self.tx_hdr.addr(slot * HEADER_LEN), length: HEADER_LEN as u32, lkey: self.tx_hdr.lkey() };
+            sges[k][1] = sys::ibv_sge { addr: self.tx_data.addr(slot * FRAG_SIZE), length: data.len() as u32, lkey: self.tx_data.lkey() };
+            let mut flags = 0;
+            if f.signaled {
+                flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
+            }
+            if f.solicited {
+                flags |= sys::ibv_send_flags::IBV_SEND_SOLICITED.0;
+            }
+            wrs[k].wr_id = slot as u64;
+            wrs[k].sg_list = sges[k].as_mut_ptr();
+            wrs[k].num_sge = if data.is_empty() { 1 } else { 2 };
+            wrs[k].opcode = sys::ibv_wr_opcode::IBV_WR_SEND;
+            wrs[k].send_flags = flags;
+        }
+        for k in 1..n {
+            let next: *mut sys::ibv_send_wr = &mut wrs[k];
+            wrs[k - 1].next = next;
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+        // SAFETY: the QP is live; the chained WRs and their SGEs are valid for
+        // the call and point into this connection's registered buffers.
+        let ret = unsafe { sys::ibv_post_send(self.qp(), wrs.as_mut_ptr(), &mut bad) };
+        if ret != 0 {
+            self.tx_free.extend(slots);
+            return Err(err(ret, "ibv_post_send"));
+        }
+        self.tx_inflight.extend(slots.into_iter().map(|s| (s, false)));
+        self.stats.tx_frames += n as u64;
+        Ok(())
+    }
+
+    fn post_ack(&mut self, ack: u64, credit: u8) -> io::Result<()> {
+        let Some(slot) = self.tx_free.pop() else {
+            self.fc.acks.send_failed();
+            return Ok(());
+        };
+        let hdr = ack_only_header(ack, credit);
+        self.tx_hdr.buf[slot * HEADER_LEN..(slot + 1) * HEADER_LEN].copy_from_slice(&hdr);
+        let mut sge = sys::ibv_sge { addr: self.tx_hdr.addr(slot * HEADER_LEN), length: HEADER_LEN as u32, lkey: self.tx_hdr.lkey() };
+        // SAFETY: an all-zero ibv_send_wr is valid.
+        let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = slot as u64;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.opcode = sys::ibv_wr_opcode::IBV_WR_SEND;
+        wr.send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0 | sys::ibv_send_flags::IBV_SEND_SOLICITED.0;
+        let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
+        // SAFETY: as in post_frames, for one WR.
+        let ret = unsafe { sys::ibv_post_send(self.qp(), &mut wr, &mut bad) };
+        if ret != 0 {
+            self.tx_free.push(slot);
+            self.fc.acks.send_failed();
+            return Err(err(ret, "ibv_post_send (ack)"));
+        }
+        self.tx_inflight.push_back((slot, true));
+        self.stats.tx_acks += 1;
+        Ok(())
+    }
+
+    /// Polls the send CQ; a completion frees its slot and every earlier
+    /// (unsignaled) one. Returns whether anything completed.
+    fn reap_send(&mut self) -> io::Result<bool> {
+        // SAFETY: ibv_wc is plain data; all-zero is valid.
+        let mut wc: [sys::ibv_wc; 16] = unsafe { std::mem::zeroed() };
+        // SAFETY: the CQ is live; wc has room for 16 entries.
+        let n = unsafe { sys::ibv_poll_cq(self.send_cq, 16, wc.as_mut_ptr()) };
+        if n < 0 {
+            return Err(err(libc::EIO, "ibv_poll_cq (send)"));
+        }
+        for w in &wc[..n as usize] {
+            if w.status != sys::ibv_wc_status::IBV_WC_SUCCESS {
+                self.up = false;
+                return Err(err(libc::ECONNRESET, &format!("send completion status {} (wr {})", w.status, w.wr_id)));
+            }
+            while let Some((slot, is_ack)) = self.tx_inflight.pop_front() {
+                self.tx_free.push(slot);
+                if is_ack {
+                    self.fc.acks.send_complete();
+                }
+                if slot as u64 == w.wr_id {
+                    break;
+                }
+            }
+        }
+        Ok(n > 0)
+    }
+
+    /// Polls the receive CQ, reassembles, reposts buffers, queues complete
+    /// messages. Returns whether anything completed.
+    fn reap_recv(&mut self) -> io::Result<bool> {
+        // SAFETY: ibv_wc is plain data; all-zero is valid.
+        let mut wc: [sys::ibv_wc; 32] = unsafe { std::mem::zeroed() };
+        // SAFETY: the CQ is live; wc has room for 32 entries.
+        let n = unsafe { sys::ibv_poll_cq(self.recv_cq, 32, wc.as_mut_ptr()) };
+        if n < 0 {
+            return Err(err(libc::EIO, "ibv_poll_cq (recv)"));
+        }
+        for w in &wc[..n as usize] {
+            if w.status != sys::ibv_wc_status::IBV_WC_SUCCESS {
+                self.up = false;
+                return Err(err(libc::ECONNRESET, &format!("receive completion status {}", w.status)));
+            }
+            let i = w.wr_id as usize;
+            if i >= RECV_WR {
+                return Err(err(libc::EIO, "receive completion of an unknown buffer"));
+            }
+            let len = w.byte_len as usize;
+            self.stats.rx_frames += 1;
+            let res = if len < HEADER_LEN {
+                Err(RecvError::NoHeader { byte_len: len })
+            } else {
+                let mut hdr = [0u8; HEADER_LEN];
+                hdr.copy_from_slice(&self.rx_hdr.buf[i * HEADER_LEN..(i + 1) * HEADER_LEN]);
+                let plen = (len - HEADER_LEN).min(FRAG_SIZE);
+                self.reasm.on_parts(&hdr, &self.rx_data.buf[i * FRAG_SIZE..i * FRAG_SIZE + plen])
+            };
+            self.post_recv(i)?;
+            let frame = res.map_err(|e| {
+                self.up = false;
+                err(libc::EPROTO, &e.to_string())
+            })?;
+            self.fc.on_frame(frame.ack, frame.credit);
+            match frame.kind {
+                RxKind::AckOnly => self.stats.rx_acks += 1,
+                RxKind::Partial => {}
+                RxKind::Message { header, payload } => {
+                    if header.flags == wire::flags::CONG_BITMAP {
+                        self.stats.rx_cong_maps += 1;
+                    }
+                    self.fc.acks.on_message(header.sequence, header.flags);
+                    self.stats.rx_messages += 1;
+                    self.ready.push_back(Received { header, payload });
+                }
+            }
+        }
+        if let Some(a) = self.fc.attempt_ack() {
+            self.post_ack(a.ack, a.credit)?;
+        }
+        Ok(n > 0)
+    }
+
+    /// Handles CM events of the connection (a disconnect ends it).
+    fn poll_cm(&mut self) -> io::Result<()> {
+        if let Some(ev) = self.ch.next(Instant::now())? {
+            if matches!(
+                ev.kind,
+                sys::rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED
+                    | sys::rdma_cm_event_type::RDMA_CM_EVENT_DEVICE_REMOVAL
+                    | sys::rdma_cm_event_type::RDMA_CM_EVENT_TIMEWAIT_EXIT
+            ) {
+                self.up = false;
+                return Err(err(libc::ECONNRESET, &format!("RDMA CM: {}", event_name(ev.kind))));
+            }
+        }
+        Ok(())
+    }
+
+    /// Requests an explicit ack of everything received so far.
+    pub fn ack_now(&mut self) -> io::Result<()> {
+        self.fc.acks.request();
+        if let Some(a) = self.fc.attempt_ack() {
+            self.post_ack(a.ack, a.credit)?;
+        }
+        Ok(())
+    }
+
+    /// Drives completions and CM events until a message is ready or
+    /// `deadline` passes (`None`).
+    pub fn poll(&mut self, deadline: Instant) -> io::Result<Option<Received>> {
+        loop {
+            if let Some(m) = self.ready.pop_front() {
+                return Ok(Some(m));
+            }
+            let busy = self.reap_recv()? | self.reap_send()?;
+            if !self.ready.is_empty() {
+                continue;
+            }
+            self.poll_cm()?;
+            if Instant::now() >= deadline {
+                return Ok(None);
+            }
+            if !busy {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+    }
+
+    /// Drives completions until the peer acked `seq` (its `h_ack`), queueing
+    /// whatever arrives meanwhile.
+    pub fn wait_acked(&mut self, seq: u64, deadline: Instant) -> io::Result<bool> {
+        while self.fc.acks.peer_acked() < seq {
+            let busy = self.reap_recv()? | self.reap_send()?;
+            self.poll_cm()?;
+            if Instant::now() >= deadline {
+                return Ok(false);
+            }
+            if !busy {
+                std::thread::sleep(Duration::from_micros(200));
+            }
+        }
+        Ok(true)
+    }
+
+    /// Disconnects (the peer sees DISCONNECTED); resources go with drop.
+    pub fn disconnect(&mut self) {
+        if self.up {
+            self.up = false;
+            // SAFETY: id is live and connected.
+            unsafe { sys::rdma_disconnect(self.id) };
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        self.disconnect();
+        // SAFETY: the QP and id are ours; nothing is posted from now on. The
+        // CQs and MRs are destroyed after the QP that used them.
+        unsafe {
+            sys::rdma_destroy_qp(self.id);
+            sys::rdma_destroy_id(self.id);
+            sys::ibv_destroy_cq(self.send_cq);
+            sys::ibv_destroy_cq(self.recv_cq);
+        }
+    }
+}
+
+/// Destroys an id on an early error return.
+struct IdGuard(*mut sys::rdma_cm_id);
+
+impl Drop for IdGuard {
+    fn drop(&mut self) {
+        // SAFETY: the id was created by us and has no QP yet.
+        unsafe { sys::rdma_destroy_id(self.0) };
+    }
+}
+
+fn conn_param(dp: &[u8]) -> sys::rdma_conn_param {
+    sys::rdma_conn_param {
+        private_data: dp.as_ptr() as *const c_void,
+        private_data_len: dp.len() as u8,
+        responder_resources: 1,
+        initiator_depth: 1,
+        flow_control: 0,
+        retry_count: 7,
+        rnr_retry_count: 7,
+        srq: 0,
+        qp_num: 0,
+    }
+}
+
+/// The passive side: an RDMA CM listener on `local`:18634.
+pub struct Listener {
+    id: *mut sys::rdma_cm_id,
+    ch: Channel,
+    verbs: Arc<Verbs>,
+    local: Ipv4Addr,
+    /// Connect requests rejected (incompatible version or no private data).
+    pub rejected: u64,
+    /// Events other than connect requests seen on the listening id.
+    pub other_events: u64,
+}
+
+impl Listener {
+    pub fn bind(verbs: &Arc<Verbs>, local: Ipv4Addr) -> io::Result<Listener> {
+        let ch = Channel::new()?;
+        let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
+        // SAFETY: ch is live; id is an out pointer.
+        check(unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) }, "rdma_create_id")?;
+        let guard = IdGuard(id);
+        let mut sa = sockaddr_v4(local, RDS_IB_PORT);
+        // SAFETY: id is live; sa is valid for the call.
+        check(unsafe { sys::rdma_bind_addr(id, &mut sa as *mut _ as *mut libc::sockaddr) }, "rdma_bind_addr")?;
+        // SAFETY: id is bound.
+        check(unsafe { sys::rdma_listen(id, 64) }, "rdma_listen")?;
+        std::mem::forget(guard);
+        Ok(Listener { id, ch, verbs: verbs.clone(), local, rejected: 0, other_events: 0 })
+    }
+
+    /// Accepts the next compatible connect request and waits until it is
+    /// established. Incompatible requests are rejected with the kernel's
+    /// reject data and counted; `None` when `deadline` passes first.
+    pub fn accept(&mut self, deadline: Instant) -> io::Result<Option<Conn>> {
+        loop {
+            let Some(ev) = self.ch.next(deadline)? else { return Ok(None) };
+            if ev.kind != sys::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
+                self.other_events += 1;
+                continue;
+            }
+            let data = ev.private.clone().unwrap_or_default();
+            let version = match passive_negotiate(&data, Family::V4) {
+                Ok(v) if version_usable(v) => v,
+                res => {
+                    let rej = reject_data(match res {
+                        Err(i) => i.reject_value(),
+                        Ok(_) => crate::private::REJ_INCOMPAT,
+                    });
+                    // SAFETY: ev.id is the new id of the request; rej lives
+                    // across the call; the id is destroyed after.
+                    unsafe {
+                        sys::rdma_reject(ev.id, rej.as_ptr() as *const c_void, rej.len() as u8);
+                        sys::rdma_destroy_id(ev.id);
+                    }
+                    self.rejected += 1;
+                    continue;
+                }
+            };
+            let dp = ConnectPrivate::decode(&data, Family::V4).map_err(|e| err(libc::EPROTO, &e.to_string()))?;
+            let (la, pa) = id_addrs(ev.id);
+            let ch = Channel::new()?;
+            // SAFETY: ev.id is live and all its events are acked; it moves to
+            // the connection's own channel.
+            check(unsafe { sys::rdma_migrate_id(ev.id, ch.0) }, "rdma_migrate_id")?;
+            let mut conn = Conn::build(self.verbs.clone(), ch, ev.id).inspect_err(|_| {
+                // SAFETY: build failed before the QP existed; the id is ours.
+                unsafe { sys::rdma_destroy_id(ev.id) };
+            })?;
+            conn.local = la.unwrap_or(self.local);
+            conn.peer = pa.unwrap_or(Ipv4Addr::from(0));
+            conn.version = version;
+            conn.peer_credit = dp.credit;
+            conn.peer_proposed = dp.version();
+            conn.fc.on_frame(dp.ack_seq, 0);
+            let addrs = PrivAddrs::V4 { saddr: conn.local, daddr: conn.peer };
+            let rep = ConnectPrivate::new(addrs, version, dp.tos, 0, 0).encode();
+            let mut param = conn_param(&rep);
+            // SAFETY: the id has a QP; param and rep live across the call.
+            check(unsafe { sys::rdma_accept(conn.id, &mut param) }, "rdma_accept")?;
+            conn.ch.expect(sys::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, deadline)?;
+            conn.up = true;
+            return Ok(Some(conn));
+        }
+    }
+}
+
+impl Drop for Listener {
+    fn drop(&mut self) {
+        // SAFETY: the listening id is ours and has no QP.
+        unsafe { sys::rdma_destroy_id(self.id) };
+    }
+}
