@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Runs every test of the project: formatting-independent lint, unit and
-# integration tests (release build: the stress tests move gigabytes), and the
-# conformance tests against the Linux kernel in the VM rig (skipped with a
-# loud line when the rig cannot start).
+# integration tests (release build: the stress tests move gigabytes), the
+# conformance tests against the Linux kernel in the VM rig (TCP, and rds-ib's
+# verbs feature against rds_rdma over rxe; skipped with a loud line when the
+# rig cannot start), and short fuzz runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -14,6 +15,9 @@ echo "== clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== tests"
 cargo test --release --workspace
+echo "== rds-ib verbs (RDMA CM against the kernel's rds_rdma over Soft-RoCE in the VM rig)"
+cargo clippy -p rds-ib --all-targets --features verbs -- -D warnings
+cargo test --release -p rds-ib --features verbs
 echo "== fuzz (5 s per target; scripts/fuzz.sh 600 for ten minutes each)"
 scripts/fuzz.sh 5
 echo "== done"
