@@ -349,6 +349,55 @@ def sc_ping():
     barrier("ping-b-done")
 
 
+TOOLS_N = 40
+
+
+def tools_size(i):
+    return [0, 1, 4096, 65536, 1048576][i % 5]
+
+
+def sc_tools():
+    """Our rds-gen sends to a kernel socket; a kernel sender feeds our
+    rds-sink. The harness compares the sha256 of what was sent with that of
+    what was received (HASH lines), as rds-gen / rds-sink print them."""
+    s = rds_sock(7300, rcvbuf=BIG)
+    s.settimeout(1.0)
+    barrier("tools-a")
+    h, n, nbytes, srcs = hashlib.sha256(), 0, 0, set()
+    deadline = time.time() + 90
+    while n < TOOLS_N and time.time() < deadline:
+        try:
+            data, frm = s.recvfrom(BIG)
+        except (socket.timeout, BlockingIOError):
+            continue
+        h.update(data)
+        n += 1
+        nbytes += len(data)
+        srcs.add(frm)
+    out(f"HASH tools recv us->kernel {n} {h.hexdigest()}")
+    result("tools", "us->kernel", n == TOOLS_N and srcs == {(ARGS.peer, 7301)},
+           f"kernel socket received {n}/{TOOLS_N} messages, {nbytes} bytes, from {sorted(srcs)} (our rds-gen -m 64K)")
+    barrier("tools-a-done", 120)
+    s.close()
+    barrier("tools-b", 120)  # our rds-sink is receiving
+    s2 = rds_sock(7303, sndbuf=BIG)
+    h, total = hashlib.sha256(), 0
+    errs = []
+    for i in range(TOOLS_N):
+        data = payload(flow_id(7303, 7302), i, tools_size(i))
+        try:
+            s2.sendto(data, (ARGS.peer, 7302))
+        except OSError as e:
+            errs.append(os.strerror(e.errno))
+            break
+        h.update(data)
+        total += len(data)
+    out(f"HASH tools sent kernel->us {TOOLS_N if not errs else i} {h.hexdigest()}")
+    result("tools", "kernel->us", not errs,
+           f"kernel sent {TOOLS_N} messages of 0 B..1 MiB ({total} bytes) to our rds-sink" + (f"; {errs[0]}" if errs else ""))
+    barrier("tools-b-done", 120)
+
+
 DG_OURS = [5001, 5002, 5003]
 DG_KERNEL = [6001, 6002, 6003]
 DG_PER_FLOW = 10
@@ -846,6 +895,7 @@ def sc_selftest():
 SCENARIOS = {
     "warmup": sc_warmup,
     "ping": sc_ping,
+    "tools": sc_tools,
     "datagrams": sc_datagrams,
     "congestion": sc_congestion,
     "mprds": sc_mprds,

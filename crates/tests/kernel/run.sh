@@ -11,7 +11,7 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 knode=${CONFORM_KNODE:?}
 bin=${CONFORM_BIN:?}
-scenarios=${CONFORM_SCENARIOS:-"ping datagrams congestion mprds reconnect restart selftest"}
+scenarios=${CONFORM_SCENARIOS:-"ping tools datagrams congestion mprds reconnect resetall restart selftest"}
 me=$VMRIG_SELF
 peer=$VMRIG_PEER
 
@@ -29,6 +29,7 @@ barrier setup 120 || echo "INFO setup barrier timed out"
 limit() {
     case $1 in
         ping) echo 90;;
+        tools) echo 200;;
         datagrams) echo 200;;
         congestion) echo 200;;
         mprds) echo 200;;

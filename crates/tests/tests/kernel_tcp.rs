@@ -30,7 +30,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
-const SCENARIOS: &str = "ping datagrams congestion mprds reconnect resetall restart selftest";
+const SCENARIOS: &str = "ping tools datagrams congestion mprds reconnect resetall restart selftest";
 
 /// Scenarios that count lost and duplicated messages (GAPS lines) and have
 /// a kernel-to-kernel baseline.
@@ -40,6 +40,8 @@ const GAP_SCENARIOS: &[&str] = &["reconnect", "resetall"];
 const EXPECTED: &[(&str, &str)] = &[
     ("ping", "us->kernel"),
     ("ping", "kernel->us"),
+    ("tools", "us->kernel"),
+    ("tools", "kernel->us"),
     ("datagrams", "us->kernel"),
     ("datagrams", "kernel->us"),
     ("congestion", "us->kernel"),
@@ -105,7 +107,8 @@ impl Cell {
 struct Boot {
     order: &'static str,
     cells: BTreeMap<(String, String), Cell>,
-    hashes: Vec<(String, String, String, String)>,
+    /// (scenario, sent|recv, direction, count, sha256) from HASH lines.
+    hashes: Vec<(String, String, String, String, String)>,
     /// (scenario, receiving direction, lost, duplicated) from GAPS lines.
     gaps: Vec<(String, String, u64, u64)>,
     secs: f64,
@@ -167,26 +170,31 @@ fn run_boot(rig: &Path, bin: &Path, knode: u8, order: &'static str, scenarios: &
             }
             Some("HASH") => {
                 let parts: Vec<&str> = rest.split(' ').collect();
-                // HASH selftest sent|recv <dir> <count> <hex>
-                if parts.len() == 6 {
-                    boot.hashes.push((parts[2].into(), parts[3].into(), parts[4].into(), parts[5].into()));
+                // HASH <scenario> sent|recv <dir> <count> <hex>
+                if let [_, sc, kind, dir, count, hex] = parts[..] {
+                    boot.hashes.push((sc.into(), kind.into(), dir.into(), count.into(), hex.into()));
                 }
             }
             _ => {}
         }
     }
-    // The selftest criterion across the two guests: what one side sent on a
-    // pair hashes like what the other received.
-    for dir in ["us->kernel", "kernel->us"] {
-        let sent = boot.hashes.iter().find(|h| h.0 == "sent" && h.1 == dir);
-        let recv = boot.hashes.iter().find(|h| h.0 == "recv" && h.1 == dir);
-        if let (Some(s), Some(r)) = (sent, recv) {
-            let same = s.2 == r.2 && s.3 == r.3;
-            boot.cells.entry(("selftest".into(), dir.into())).or_default().reports.push((
-                "harness".into(),
-                same,
-                format!("sender's running sha256 {} receiver's ({} / {} messages)", if same { "==" } else { "!=" }, s.2, r.2),
-            ));
+    // The selftest's (and the tools') criterion across the two guests: what
+    // one side sent hashes like what the other received. A cell with one
+    // side's hash but not the other's fails.
+    let scs: std::collections::BTreeSet<String> = boot.hashes.iter().map(|h| h.0.clone()).collect();
+    for sc in scs {
+        for dir in ["us->kernel", "kernel->us"] {
+            let sent = boot.hashes.iter().find(|h| h.0 == sc && h.1 == "sent" && h.2 == dir);
+            let recv = boot.hashes.iter().find(|h| h.0 == sc && h.1 == "recv" && h.2 == dir);
+            let (same, note) = match (sent, recv) {
+                (Some(s), Some(r)) => {
+                    let same = s.3 == r.3 && s.4 == r.4;
+                    (same, format!("sender's sha256 {} receiver's ({} / {} messages)", if same { "==" } else { "!=" }, s.3, r.3))
+                }
+                (None, None) => continue,
+                _ => (false, "only one side reported a hash".to_string()),
+            };
+            boot.cells.entry((sc.clone(), dir.into())).or_default().reports.push(("harness".into(), same, note));
         }
     }
     Ok(boot)
@@ -231,10 +239,10 @@ fn run_baseline(rig: &Path, bin: &Path, scenarios: &[&str]) -> Result<(Gaps, f64
     Ok((gaps, t0.elapsed().as_secs_f64()))
 }
 
-fn build_rds_ping(bin: &Path) -> Result<(), String> {
+fn build_tools(bin: &Path) -> Result<(), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(workspace_root()).args(["build", "-q", "-p", "rds-tools", "--bin", "rds-ping"]);
+    cmd.current_dir(workspace_root()).args(["build", "-q", "-p", "rds-tools", "--bin", "rds-ping", "--bin", "rds-gen", "--bin", "rds-sink"]);
     // The profile of this test's own binaries (target/<profile>/).
     match bin.file_name().and_then(|n| n.to_str()) {
         Some("release") => {
@@ -246,8 +254,8 @@ fn build_rds_ping(bin: &Path) -> Result<(), String> {
         }
     }
     let st = cmd.status().map_err(|e| format!("cargo: {e}"))?;
-    if !st.success() || !bin.join("rds-ping").is_file() {
-        return Err(format!("building rds-ping failed ({st})"));
+    if !st.success() || ["rds-ping", "rds-gen", "rds-sink"].iter().any(|b| !bin.join(b).is_file()) {
+        return Err(format!("building rds-ping, rds-gen, rds-sink failed ({st})"));
     }
     Ok(())
 }
@@ -281,7 +289,7 @@ fn kernel_tcp_conformance() {
         }
     };
     let bin = Path::new(env!("CARGO_BIN_EXE_rds-conform")).parent().unwrap().to_path_buf();
-    build_rds_ping(&bin).expect("rds-ping");
+    build_tools(&bin).expect("rds-ping, rds-gen, rds-sink");
     let scenarios = std::env::var("KERNEL_TCP_SCENARIOS").unwrap_or_else(|_| SCENARIOS.into());
     let orders = std::env::var("KERNEL_TCP_ORDERS").unwrap_or_else(|_| "smaller larger".into());
     let t0 = Instant::now();

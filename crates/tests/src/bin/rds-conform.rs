@@ -4,7 +4,7 @@
 //!
 //! usage: rds-conform SCENARIO --self ADDR --peer ADDR
 //!
-//! Scenarios: ping, datagrams, congestion, mprds, reconnect, resetall, restart-a,
+//! Scenarios: ping, tools, datagrams, congestion, mprds, reconnect, resetall, restart-a,
 //! restart-b, selftest. The two sides meet at `barrier NAME` points (the
 //! rig's helper) and print
 //!
@@ -360,6 +360,91 @@ fn sc_ping(ctx: &Ctx) {
     barrier("ping-b-done", 90);
     let pings = counter("recv_ping");
     info("ping", &format!("our node answered {pings} pings (recv_ping)"));
+}
+
+const TOOLS_N: u64 = 40;
+
+/// `rds-gen` / `rds-sink` (next to this binary) against the kernel: each
+/// prints `<addr>:<port> <messages> <bytes> <sha256>`; the HASH lines let
+/// the harness compare with what the kernel side received or sent.
+fn sc_tools(ctx: &Ctx) {
+    let exe = std::env::current_exe().unwrap();
+    let parse = |text: &str| -> Option<(String, u64, u64, String)> {
+        let l = text.lines().next()?;
+        let f: Vec<&str> = l.split(' ').collect();
+        if f.len() != 4 {
+            return None;
+        }
+        Some((f[0].to_string(), f[1].parse().ok()?, f[2].parse().ok()?, f[3].to_string()))
+    };
+    barrier("tools-a", 120);
+    let generator = exe.with_file_name("rds-gen");
+    let src = format!("{}:7301", ctx.me);
+    let out = Command::new("timeout")
+        .arg("90")
+        .arg(&generator)
+        .args(["-s", &src, "-d", &format!("{}:7300", ctx.peer), "-m", "64K", "-l", &(TOOLS_N * 65536).to_string()])
+        .output();
+    match out {
+        Ok(o) => {
+            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+            match parse(&text) {
+                Some((from, n, bytes, sha)) => {
+                    println!("HASH tools sent us->kernel {n} {sha}");
+                    result(
+                        "tools",
+                        "us->kernel",
+                        o.status.success() && from == src && n == TOOLS_N && bytes == TOOLS_N * 65536,
+                        &format!("our rds-gen printed `{}`, exit {:?}", text.trim(), o.status.code()),
+                    );
+                }
+                None => result("tools", "us->kernel", false, &format!("rds-gen printed {text:?}, stderr {:?}", String::from_utf8_lossy(&o.stderr))),
+            }
+        }
+        Err(e) => result("tools", "us->kernel", false, &format!("cannot run {}: {e}", generator.display())),
+    }
+    barrier("tools-a-done", 120);
+    let sink = exe.with_file_name("rds-sink");
+    let child = Command::new("timeout")
+        .arg("90")
+        .arg(&sink)
+        .args(["-s", &format!("{}:7302", ctx.me), "--digest", "-l", &TOOLS_N.to_string(), "-b", "8M"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn();
+    let child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            result("tools", "kernel->us", false, &format!("cannot run {}: {e}", sink.display()));
+            barrier("tools-b", 120);
+            barrier("tools-b-done", 120);
+            return;
+        }
+    };
+    // rds-sink binds at once; give it a moment to start serving.
+    std::thread::sleep(Duration::from_millis(500));
+    barrier("tools-b", 120);
+    let o = child.wait_with_output().expect("rds-sink");
+    let text = String::from_utf8_lossy(&o.stdout).into_owned();
+    let want_from = format!("{}:7303", ctx.peer);
+    match parse(&text) {
+        Some((from, n, _bytes, sha)) => {
+            println!("HASH tools recv kernel->us {n} {sha}");
+            result(
+                "tools",
+                "kernel->us",
+                o.status.success() && from == want_from && n == TOOLS_N,
+                &format!("our rds-sink printed `{}`, exit {:?}", text.trim(), o.status.code()),
+            );
+        }
+        None => result(
+            "tools",
+            "kernel->us",
+            false,
+            &format!("rds-sink printed {text:?}, stderr {:?}", String::from_utf8_lossy(&o.stderr)),
+        ),
+    }
+    barrier("tools-b-done", 120);
 }
 
 const DG_OURS: [u16; 3] = [5001, 5002, 5003];
@@ -1114,6 +1199,7 @@ fn main() {
     let ctx = Ctx { me, peer };
     match scenario.as_str() {
         "ping" => sc_ping(&ctx),
+        "tools" => sc_tools(&ctx),
         "datagrams" => sc_datagrams(&ctx),
         "congestion" => sc_congestion(&ctx),
         "mprds" => sc_mprds(&ctx),
