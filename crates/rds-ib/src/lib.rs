@@ -50,20 +50,27 @@
 //! (ping/pong, 0 B to 1 MiB both ways, the kernel connecting to our
 //! listener), and prints `SKIP:` when the rig is not there.
 //!
+//! [`transport::IbTransport`] puts it behind [`rds_core::RdsTransport`]: an
+//! event thread per transport waiting in epoll on the CQ completion channels
+//! and RDMA CM event channels of its connections (no polling loop), a thread
+//! per outgoing connect, a listener thread per served address asking the core
+//! before accepting; reassembled messages go to `received`, the peer's
+//! `h_ack` becomes `acked`, CM events and failed completions end the
+//! connection (drained, flushed work requests only free their slots) with
+//! `path_down`. rds-sock registers it with its feature `ib`.
+//!
 //! ## What does not exist yet
 //!
-//! * the `IbTransport` behind [`rds_core::RdsTransport`] (a reactor, the
-//!   engine integration, reconnects, retransmission), its counters and
-//!   introspection; the verbs path is a blocking first cut driven by its
-//!   caller;
+//! * reconnect after a device goes away and comes back (the PD cache keeps the
+//!   old device context), conn_info rows, the kernel's ib_* counter names;
 //! * IPv6 (port 16385, 56-byte private data) on the verbs path, credit flow
 //!   control on the wire (we advertise 0 credits, as mainline does);
 //! * the verbs-only side channel alternative;
 //! * RDMA READ / WRITE operations and GET_MR / FREE_MR.
 //!
-//! So there is no IB transport to select: the socket layer answers
-//! `SO_RDS_TRANSPORT = RDS_TRANS_IB` with ENOPROTOOPT, as the kernel does
-//! when `rds_rdma` is not loaded.
+//! Without rds-sock's `ib` feature (or without an RDMA device) the socket
+//! layer answers `SO_RDS_TRANSPORT = RDS_TRANS_IB` with ENOPROTOOPT, as the
+//! kernel does when `rds_rdma` is not loaded.
 
 pub mod credits;
 pub mod frag;
@@ -75,4 +82,9 @@ use rds_core::TransportCaps;
 pub const CAPS: TransportCaps = TransportCaps::ib();
 
 #[cfg(feature = "verbs")]
+pub mod transport;
+#[cfg(feature = "verbs")]
 pub mod verbs;
+
+#[cfg(feature = "verbs")]
+pub use transport::IbTransport;

@@ -102,6 +102,23 @@ pub fn device_names() -> io::Result<Vec<String>> {
     Ok(names)
 }
 
+/// Whether an RDMA device serves the local address `addr`
+/// (`rds_ib_laddr_check`: an RDMA CM id bound to it lands on a device).
+pub fn addr_has_device(addr: Ipv4Addr) -> io::Result<bool> {
+    let ch = Channel::new()?;
+    let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
+    // SAFETY: ch is live; id is an out pointer.
+    check(unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) }, "rdma_create_id")?;
+    let _guard = IdGuard(id);
+    let mut sa = sockaddr_v4(addr, 0);
+    // SAFETY: id is live; sa is valid for the call.
+    if unsafe { sys::rdma_bind_addr(id, &mut sa as *mut _ as *mut libc::sockaddr) } != 0 {
+        return Ok(false);
+    }
+    // SAFETY: id is live; verbs is set when the address is on a device.
+    Ok(!unsafe { (*id).verbs }.is_null())
+}
+
 struct Pd {
     ctx: *mut sys::ibv_context,
     pd: *mut sys::ibv_pd,
@@ -321,9 +338,19 @@ pub struct Received {
     pub payload: Vec<u8>,
 }
 
+/// Why a connection failed.
+#[derive(Clone, Debug)]
+pub struct ConnError {
+    /// The peer broke the protocol (bad frame), rather than a transport error.
+    pub protocol: bool,
+    pub what: String,
+}
+
 /// Counters of one connection.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ConnStats {
+    pub tx_flushed: u64,
+    pub rx_flushed: u64,
     pub tx_frames: u64,
     pub tx_messages: u64,
     pub tx_acks: u64,
@@ -333,6 +360,11 @@ pub struct ConnStats {
     pub rx_cong_maps: u64,
 }
 
+/// The reject value for a connect request we refuse for now (a connect of
+/// our own to that peer is under way, or the path is busy): not 1, so the
+/// peer retries without falling back to protocol 3.1.
+pub const REJ_RETRY: i32 = 2;
+
 /// One RDS-IB connection: CM id, RC QP, CQs, rings.
 pub struct Conn {
     // Field order is drop order where it matters: the id (and its QP) goes
@@ -340,6 +372,17 @@ pub struct Conn {
     id: *mut sys::rdma_cm_id,
     send_cq: *mut sys::ibv_cq,
     recv_cq: *mut sys::ibv_cq,
+    comp: *mut sys::ibv_comp_channel,
+    /// Receive work requests posted and not completed yet.
+    rx_posted: usize,
+    /// The first error seen on the connection (a failed completion, a
+    /// protocol error): nothing is processed or posted after it.
+    failed: Option<ConnError>,
+    /// rdma_disconnect was called.
+    disconnected: bool,
+    /// Ack everything received whenever the receive CQ runs dry.
+    eager_acks: bool,
+    eager_acked: u64,
     rx_hdr: Mr,
     rx_data: Mr,
     tx_hdr: Mr,
@@ -363,6 +406,10 @@ pub struct Conn {
     ready: VecDeque<Received>,
 }
 
+// SAFETY: the verbs and CM objects of a connection may be used from any
+// thread; a Conn is used by one thread at a time (&mut self).
+unsafe impl Send for Conn {}
+
 impl Conn {
     /// Creates CQs, MRs and the QP on `id` (whose device is known) and posts
     /// the receive ring.
@@ -374,17 +421,41 @@ impl Conn {
             return Err(err(libc::ENODEV, "RDMA CM id without a device"));
         }
         let pd = verbs.pd_for(ctx)?;
-        // SAFETY: ctx is live; no completion channel, vector 0.
-        let send_cq = unsafe { sys::ibv_create_cq(ctx, SEND_WR as c_int + 1, ptr::null_mut(), ptr::null_mut(), 0) };
-        if send_cq.is_null() {
+        // One completion channel for both CQs: its descriptor becomes
+        // readable when either CQ gets a completion after a notify request.
+        // SAFETY: ctx is live.
+        let comp = unsafe { sys::ibv_create_comp_channel(ctx) };
+        if comp.is_null() {
             return Err(errno());
         }
+        // SAFETY: comp is live; fd is its descriptor.
+        let cfd = unsafe { (*comp).fd };
+        // SAFETY: fcntl on the channel's descriptor.
+        let fl = unsafe { libc::fcntl(cfd, libc::F_GETFL) };
         // SAFETY: as above.
-        let recv_cq = unsafe { sys::ibv_create_cq(ctx, RECV_WR as c_int, ptr::null_mut(), ptr::null_mut(), 0) };
+        if fl < 0 || unsafe { libc::fcntl(cfd, libc::F_SETFL, fl | libc::O_NONBLOCK) } < 0 {
+            let e = errno();
+            // SAFETY: no CQ uses the channel yet.
+            unsafe { sys::ibv_destroy_comp_channel(comp) };
+            return Err(e);
+        }
+        // SAFETY: ctx and comp are live; vector 0.
+        let send_cq = unsafe { sys::ibv_create_cq(ctx, SEND_WR as c_int + 1, ptr::null_mut(), comp, 0) };
+        if send_cq.is_null() {
+            let e = errno();
+            // SAFETY: no CQ uses the channel.
+            unsafe { sys::ibv_destroy_comp_channel(comp) };
+            return Err(e);
+        }
+        // SAFETY: as above.
+        let recv_cq = unsafe { sys::ibv_create_cq(ctx, RECV_WR as c_int, ptr::null_mut(), comp, 0) };
         if recv_cq.is_null() {
             let e = errno();
             // SAFETY: created above, unused.
-            unsafe { sys::ibv_destroy_cq(send_cq) };
+            unsafe {
+                sys::ibv_destroy_cq(send_cq);
+                sys::ibv_destroy_comp_channel(comp);
+            }
             return Err(e);
         }
         let mrs = (|| {
@@ -402,6 +473,7 @@ impl Conn {
                 unsafe {
                     sys::ibv_destroy_cq(send_cq);
                     sys::ibv_destroy_cq(recv_cq);
+                    sys::ibv_destroy_comp_channel(comp);
                 }
                 return Err(e);
             }
@@ -410,6 +482,12 @@ impl Conn {
             id,
             send_cq,
             recv_cq,
+            comp,
+            rx_posted: 0,
+            failed: None,
+            disconnected: false,
+            eager_acks: false,
+            eager_acked: 0,
             rx_hdr,
             rx_data,
             tx_hdr,
@@ -446,6 +524,7 @@ impl Conn {
         for i in 0..RECV_WR {
             conn.post_recv(i)?;
         }
+        conn.req_notify()?;
         Ok(conn)
     }
 
@@ -464,7 +543,11 @@ impl Conn {
         // SAFETY: the QP is live; wr and its SGEs are valid for the call and
         // point into registered buffers of this connection.
         let ret = unsafe { sys::ibv_post_recv(self.qp(), &mut wr, &mut bad) };
-        if ret != 0 { Err(err(ret, "ibv_post_recv")) } else { Ok(()) }
+        if ret != 0 {
+            return Err(err(ret, "ibv_post_recv"));
+        }
+        self.rx_posted += 1;
+        Ok(())
     }
 
     /// Connects to the kernel (or any RDS-IB peer) at `peer` from `local`:
@@ -701,85 +784,313 @@ impl Conn {
     }
 
     /// Polls the send CQ; a completion frees its slot and every earlier
-    /// (unsignaled) one. Returns whether anything completed.
+    /// (unsignaled) one. Send completions never complete a message (only
+    /// the peer's `h_ack` does), so a flushed one only frees its slot.
+    /// Returns whether anything completed.
     fn reap_send(&mut self) -> io::Result<bool> {
         // SAFETY: ibv_wc is plain data; all-zero is valid.
         let mut wc: [sys::ibv_wc; 16] = unsafe { std::mem::zeroed() };
-        // SAFETY: the CQ is live; wc has room for 16 entries.
-        let n = unsafe { sys::ibv_poll_cq(self.send_cq, 16, wc.as_mut_ptr()) };
-        if n < 0 {
-            return Err(err(libc::EIO, "ibv_poll_cq (send)"));
-        }
-        for w in &wc[..n as usize] {
-            if w.status != sys::ibv_wc_status::IBV_WC_SUCCESS {
-                self.up = false;
-                return Err(err(libc::ECONNRESET, &format!("send completion status {} (wr {})", w.status, w.wr_id)));
+        let mut any = false;
+        loop {
+            // SAFETY: the CQ is live; wc has room for 16 entries.
+            let n = unsafe { sys::ibv_poll_cq(self.send_cq, 16, wc.as_mut_ptr()) };
+            if n < 0 {
+                return Err(err(libc::EIO, "ibv_poll_cq (send)"));
             }
-            while let Some((slot, is_ack)) = self.tx_inflight.pop_front() {
-                self.tx_free.push(slot);
-                if is_ack {
-                    self.fc.acks.send_complete();
+            for w in &wc[..n as usize] {
+                if w.status != sys::ibv_wc_status::IBV_WC_SUCCESS {
+                    if w.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
+                        self.stats.tx_flushed += 1;
+                    }
+                    self.fail(false, format!("send completion status {} (wr {})", w.status, w.wr_id));
                 }
-                if slot as u64 == w.wr_id {
-                    break;
+                // A flushed WR is always signaled (flushes complete every
+                // WR), so it frees exactly its own slot and earlier ones.
+                while let Some((slot, is_ack)) = self.tx_inflight.pop_front() {
+                    self.tx_free.push(slot);
+                    if is_ack {
+                        self.fc.acks.send_complete();
+                    }
+                    if slot as u64 == w.wr_id {
+                        break;
+                    }
                 }
             }
+            any |= n > 0;
+            if n < 16 {
+                break;
+            }
         }
-        Ok(n > 0)
+        if self.failed.is_some() {
+            return Err(self.failure_error());
+        }
+        Ok(any)
+    }
+
+    fn fail(&mut self, protocol: bool, what: String) {
+        self.up = false;
+        if self.failed.is_none() {
+            self.failed = Some(ConnError { protocol, what });
+        }
+    }
+
+    fn failure_error(&self) -> io::Error {
+        match &self.failed {
+            Some(f) if f.protocol => err(libc::EPROTO, &f.what),
+            Some(f) => err(libc::ECONNRESET, &f.what),
+            None => err(libc::ENOTCONN, "RDS-IB connection down"),
+        }
     }
 
     /// Polls the receive CQ, reassembles, reposts buffers, queues complete
-    /// messages. Returns whether anything completed.
+    /// messages. After a failure (a bad completion or a protocol error)
+    /// completions are only drained: flushed receives are counted, nothing
+    /// is reposted or delivered. Returns whether anything completed.
     fn reap_recv(&mut self) -> io::Result<bool> {
         // SAFETY: ibv_wc is plain data; all-zero is valid.
         let mut wc: [sys::ibv_wc; 32] = unsafe { std::mem::zeroed() };
-        // SAFETY: the CQ is live; wc has room for 32 entries.
-        let n = unsafe { sys::ibv_poll_cq(self.recv_cq, 32, wc.as_mut_ptr()) };
-        if n < 0 {
-            return Err(err(libc::EIO, "ibv_poll_cq (recv)"));
-        }
-        for w in &wc[..n as usize] {
-            if w.status != sys::ibv_wc_status::IBV_WC_SUCCESS {
-                self.up = false;
-                return Err(err(libc::ECONNRESET, &format!("receive completion status {}", w.status)));
+        let mut any = false;
+        loop {
+            // SAFETY: the CQ is live; wc has room for 32 entries.
+            let n = unsafe { sys::ibv_poll_cq(self.recv_cq, 32, wc.as_mut_ptr()) };
+            if n < 0 {
+                return Err(err(libc::EIO, "ibv_poll_cq (recv)"));
             }
-            let i = w.wr_id as usize;
-            if i >= RECV_WR {
-                return Err(err(libc::EIO, "receive completion of an unknown buffer"));
-            }
-            let len = w.byte_len as usize;
-            self.stats.rx_frames += 1;
-            let res = if len < HEADER_LEN {
-                Err(RecvError::NoHeader { byte_len: len })
-            } else {
-                let mut hdr = [0u8; HEADER_LEN];
-                hdr.copy_from_slice(&self.rx_hdr.buf[i * HEADER_LEN..(i + 1) * HEADER_LEN]);
-                let plen = (len - HEADER_LEN).min(FRAG_SIZE);
-                self.reasm.on_parts(&hdr, &self.rx_data.buf[i * FRAG_SIZE..i * FRAG_SIZE + plen])
-            };
-            self.post_recv(i)?;
-            let frame = res.map_err(|e| {
-                self.up = false;
-                err(libc::EPROTO, &e.to_string())
-            })?;
-            self.fc.on_frame(frame.ack, frame.credit);
-            match frame.kind {
-                RxKind::AckOnly => self.stats.rx_acks += 1,
-                RxKind::Partial => {}
-                RxKind::Message { header, payload } => {
-                    if header.flags == wire::flags::CONG_BITMAP {
-                        self.stats.rx_cong_maps += 1;
+            for w in &wc[..n as usize] {
+                self.rx_posted = self.rx_posted.saturating_sub(1);
+                if w.status != sys::ibv_wc_status::IBV_WC_SUCCESS {
+                    if w.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
+                        self.stats.rx_flushed += 1;
                     }
-                    self.fc.acks.on_message(header.sequence, header.flags);
-                    self.stats.rx_messages += 1;
-                    self.ready.push_back(Received { header, payload });
+                    self.fail(false, format!("receive completion status {}", w.status));
+                    continue;
+                }
+                if self.failed.is_some() {
+                    continue;
+                }
+                let i = w.wr_id as usize;
+                if i >= RECV_WR {
+                    self.fail(true, "receive completion of an unknown buffer".into());
+                    continue;
+                }
+                let len = w.byte_len as usize;
+                self.stats.rx_frames += 1;
+                let res = if len < HEADER_LEN {
+                    Err(RecvError::NoHeader { byte_len: len })
+                } else {
+                    let mut hdr = [0u8; HEADER_LEN];
+                    hdr.copy_from_slice(&self.rx_hdr.buf[i * HEADER_LEN..(i + 1) * HEADER_LEN]);
+                    let plen = (len - HEADER_LEN).min(FRAG_SIZE);
+                    self.reasm.on_parts(&hdr, &self.rx_data.buf[i * FRAG_SIZE..i * FRAG_SIZE + plen])
+                };
+                let frame = match res {
+                    Ok(f) => f,
+                    Err(e) => {
+                        self.fail(true, e.to_string());
+                        continue;
+                    }
+                };
+                if let Err(e) = self.post_recv(i) {
+                    self.fail(false, e.to_string());
+                }
+                self.fc.on_frame(frame.ack, frame.credit);
+                match frame.kind {
+                    RxKind::AckOnly => self.stats.rx_acks += 1,
+                    RxKind::Partial => {}
+                    RxKind::Message { header, payload } => {
+                        if header.flags == wire::flags::CONG_BITMAP {
+                            self.stats.rx_cong_maps += 1;
+                        }
+                        self.fc.acks.on_message(header.sequence, header.flags);
+                        self.stats.rx_messages += 1;
+                        self.ready.push_back(Received { header, payload });
+                    }
                 }
             }
+            any |= n > 0;
+            if n < 32 {
+                break;
+            }
+        }
+        if self.failed.is_some() {
+            return Err(self.failure_error());
+        }
+        if self.eager_acks && self.fc.acks.current() > self.eager_acked {
+            // Everything received so far gets acked when the receive CQ
+            // runs dry, whether or not the sender asked: its last messages
+            // are not left waiting for traffic in the other direction.
+            self.eager_acked = self.fc.acks.current();
+            self.fc.acks.request();
         }
         if let Some(a) = self.fc.attempt_ack() {
             self.post_ack(a.ack, a.credit)?;
         }
-        Ok(n > 0)
+        Ok(any)
+    }
+
+    /// The descriptor of the CQs' completion channel (readable when a
+    /// completion arrived after [`Conn::on_cq_event`] rearmed them).
+    pub fn cq_fd(&self) -> c_int {
+        // SAFETY: comp is live for the life of self.
+        unsafe { (*self.comp).fd }
+    }
+
+    /// The descriptor of the connection's RDMA CM event channel.
+    pub fn cm_fd(&self) -> c_int {
+        // SAFETY: the channel is live for the life of self.
+        unsafe { (*self.ch.0).fd }
+    }
+
+    fn req_notify(&mut self) -> io::Result<()> {
+        for cq in [self.send_cq, self.recv_cq] {
+            // SAFETY: the CQ is live.
+            let r = unsafe { sys::ibv_req_notify_cq(cq, 0) };
+            if r != 0 {
+                return Err(err(r, "ibv_req_notify_cq"));
+            }
+        }
+        Ok(())
+    }
+
+    /// The completion channel is readable: takes and acks its events,
+    /// rearms both CQs, then drains them (receives first, so an `h_ack`
+    /// that frees send slots is seen before the send side runs). Received
+    /// messages wait in [`Conn::take_ready`]. An error means the connection
+    /// failed; what was received before the failure is still ready.
+    pub fn on_cq_event(&mut self) -> io::Result<bool> {
+        loop {
+            let mut cq: *mut sys::ibv_cq = ptr::null_mut();
+            let mut ctx: *mut c_void = ptr::null_mut();
+            // SAFETY: comp is live and non-blocking; the out pointers are valid.
+            let r = unsafe { sys::ibv_get_cq_event(self.comp, &mut cq, &mut ctx) };
+            if r != 0 {
+                break;
+            }
+            // SAFETY: cq is one of our CQs; one event taken, one acked.
+            unsafe { sys::ibv_ack_cq_events(cq, 1) };
+        }
+        if self.failed.is_none() {
+            self.req_notify()?;
+        }
+        self.reap()
+    }
+
+    /// Drains both CQs (see [`Conn::on_cq_event`]).
+    pub fn reap(&mut self) -> io::Result<bool> {
+        let r = self.reap_recv();
+        let s = self.reap_send();
+        Ok(r? | s?)
+    }
+
+    /// Complete messages received so far, in order.
+    pub fn take_ready(&mut self, out: &mut Vec<Received>) {
+        out.extend(self.ready.drain(..));
+    }
+
+    /// The next RDMA CM event of the connection, if one is pending; a
+    /// disconnect (or device removal, address change, timewait exit) is an
+    /// `Err` and marks the connection down.
+    pub fn poll_cm_event(&mut self) -> io::Result<Option<String>> {
+        match self.ch.next(Instant::now())? {
+            None => Ok(None),
+            Some(ev) => {
+                if matches!(
+                    ev.kind,
+                    sys::rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED
+                        | sys::rdma_cm_event_type::RDMA_CM_EVENT_DEVICE_REMOVAL
+                        | sys::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_CHANGE
+                        | sys::rdma_cm_event_type::RDMA_CM_EVENT_TIMEWAIT_EXIT
+                ) {
+                    self.up = false;
+                    return Err(err(libc::ECONNRESET, &format!("RDMA CM: {}", event_name(ev.kind))));
+                }
+                Ok(Some(event_name(ev.kind)))
+            }
+        }
+    }
+
+    /// Posts as many fragments of `msg` (whose payload is `payload`) as the
+    /// send ring and the send credits allow, one slot always kept for an
+    /// ack-only frame. Returns whether the whole message is posted; if not,
+    /// call again after send completions (or credits) arrive.
+    pub fn post_message(&mut self, msg: &mut OutMessage, payload: &[u8]) -> io::Result<bool> {
+        if !self.up {
+            return Err(self.failure_error());
+        }
+        let mut frames = Vec::new();
+        while !msg.is_done() {
+            if self.tx_free.len() < 2 {
+                return Ok(false);
+            }
+            let want = (self.tx_free.len() - 1).min(msg.remaining()) as u32;
+            let first = msg.is_fresh();
+            let Some(batch) = self.fc.data_batch(want, first) else {
+                return Ok(false);
+            };
+            frames.clear();
+            let n = msg.next_batch(batch.frames as usize, batch.ack, batch.adv_credits, &mut self.sig, &mut frames);
+            self.fc.give_back(batch.frames - n as u32);
+            self.post_frames(&frames, payload)?;
+        }
+        self.stats.tx_messages += 1;
+        Ok(true)
+    }
+
+    /// Ends the connection: moves the QP to the error state (the peer sees
+    /// DISCONNECTED) and drains both CQs until every posted work request
+    /// completed or flushed, or `deadline` passes. Messages received before
+    /// the end stay in [`Conn::take_ready`]; nothing posted is completed
+    /// twice (send completions only free slots).
+    pub fn drain(&mut self, deadline: Instant) {
+        self.disconnect();
+        self.up = false;
+        // Receives that completed before the flush are still reassembled
+        // and delivered; the first flushed one marks the connection failed,
+        // after which nothing is reposted.
+        while self.rx_posted > 0 || !self.tx_inflight.is_empty() {
+            let busy = matches!(self.reap_recv(), Ok(true) | Err(_)) | matches!(self.reap_send(), Ok(true) | Err(_));
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            if !busy {
+                let mut pfd = libc::pollfd { fd: self.cq_fd(), events: libc::POLLIN, revents: 0 };
+                let ms = (deadline - now).as_millis().clamp(1, 10) as c_int;
+                // SAFETY: one valid pollfd. The CQs may not be armed; the
+                // timeout bounds the wait.
+                unsafe { libc::poll(&mut pfd, 1, ms) };
+                self.ack_cq_events();
+            }
+        }
+    }
+
+    fn ack_cq_events(&mut self) {
+        loop {
+            let mut cq: *mut sys::ibv_cq = ptr::null_mut();
+            let mut ctx: *mut c_void = ptr::null_mut();
+            // SAFETY: comp is live and non-blocking; the out pointers are valid.
+            if unsafe { sys::ibv_get_cq_event(self.comp, &mut cq, &mut ctx) } != 0 {
+                break;
+            }
+            // SAFETY: cq is one of our CQs; one event taken, one acked.
+            unsafe { sys::ibv_ack_cq_events(cq, 1) };
+        }
+    }
+
+    /// Acks everything received whenever the receive CQ runs dry (besides
+    /// the acks the sender asks for with ACK_REQUIRED).
+    pub fn set_eager_acks(&mut self, on: bool) {
+        self.eager_acks = on;
+    }
+
+    /// Whether the connection failed with a protocol error (a bad frame).
+    pub fn protocol_error(&self) -> bool {
+        matches!(&self.failed, Some(f) if f.protocol)
+    }
+
+    /// Work requests still posted: receives and sends.
+    pub fn posted(&self) -> (usize, usize) {
+        (self.rx_posted, self.tx_inflight.len())
     }
 
     /// Handles CM events of the connection (a disconnect ends it).
@@ -846,8 +1157,9 @@ impl Conn {
 
     /// Disconnects (the peer sees DISCONNECTED); resources go with drop.
     pub fn disconnect(&mut self) {
-        if self.up {
+        if !self.disconnected {
             self.up = false;
+            self.disconnected = true;
             // SAFETY: id is live and connected.
             unsafe { sys::rdma_disconnect(self.id) };
         }
@@ -864,6 +1176,7 @@ impl Drop for Conn {
             sys::rdma_destroy_id(self.id);
             sys::ibv_destroy_cq(self.send_cq);
             sys::ibv_destroy_cq(self.recv_cq);
+            sys::ibv_destroy_comp_channel(self.comp);
         }
     }
 }
@@ -902,7 +1215,13 @@ pub struct Listener {
     pub rejected: u64,
     /// Events other than connect requests seen on the listening id.
     pub other_events: u64,
+    /// Compatible requests the admission check of [`Listener::accept_with`] refused.
+    pub refused: u64,
 }
+
+// SAFETY: the listener's id and channel are library objects usable from any
+// thread; the listener is used by one thread at a time (&mut self).
+unsafe impl Send for Listener {}
 
 impl Listener {
     pub fn bind(verbs: &Arc<Verbs>, local: Ipv4Addr) -> io::Result<Listener> {
@@ -917,13 +1236,25 @@ impl Listener {
         // SAFETY: id is bound.
         check(unsafe { sys::rdma_listen(id, 64) }, "rdma_listen")?;
         std::mem::forget(guard);
-        Ok(Listener { id, ch, verbs: verbs.clone(), local, rejected: 0, other_events: 0 })
+        Ok(Listener { id, ch, verbs: verbs.clone(), local, rejected: 0, other_events: 0, refused: 0 })
     }
 
     /// Accepts the next compatible connect request and waits until it is
     /// established. Incompatible requests are rejected with the kernel's
     /// reject data and counted; `None` when `deadline` passes first.
     pub fn accept(&mut self, deadline: Instant) -> io::Result<Option<Conn>> {
+        self.accept_with(deadline, &mut |_, _| true)
+    }
+
+    /// [`Listener::accept`], asking `admit(local, peer)` about every
+    /// compatible request first: a request it refuses is rejected with the
+    /// reject value [`REJ_RETRY`] (the kernel's active side then drops and
+    /// retries without falling back to 3.1) and counted in `refused`.
+    pub fn accept_with(
+        &mut self,
+        deadline: Instant,
+        admit: &mut dyn FnMut(Ipv4Addr, Ipv4Addr) -> bool,
+    ) -> io::Result<Option<Conn>> {
         loop {
             let Some(ev) = self.ch.next(deadline)? else { return Ok(None) };
             if ev.kind != sys::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
@@ -950,6 +1281,16 @@ impl Listener {
             };
             let dp = ConnectPrivate::decode(&data, Family::V4).map_err(|e| err(libc::EPROTO, &e.to_string()))?;
             let (la, pa) = id_addrs(ev.id);
+            if !admit(la.unwrap_or(self.local), pa.unwrap_or(Ipv4Addr::UNSPECIFIED)) {
+                let rej = reject_data(REJ_RETRY);
+                // SAFETY: as for the incompatible request above.
+                unsafe {
+                    sys::rdma_reject(ev.id, rej.as_ptr() as *const c_void, rej.len() as u8);
+                    sys::rdma_destroy_id(ev.id);
+                }
+                self.refused += 1;
+                continue;
+            }
             let ch = Channel::new()?;
             // SAFETY: ev.id is live and all its events are acked; it moves to
             // the connection's own channel.
@@ -969,7 +1310,8 @@ impl Listener {
             let mut param = conn_param(&rep);
             // SAFETY: the id has a QP; param and rep live across the call.
             check(unsafe { sys::rdma_accept(conn.id, &mut param) }, "rdma_accept")?;
-            conn.ch.expect(sys::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, deadline)?;
+            let est_deadline = deadline.max(Instant::now() + Duration::from_secs(5));
+            conn.ch.expect(sys::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, est_deadline)?;
             conn.up = true;
             return Ok(Some(conn));
         }

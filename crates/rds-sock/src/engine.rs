@@ -159,6 +159,9 @@ pub(crate) struct Inner {
     socks: RwLock<HashMap<SockId, Arc<SockShared>>>,
     tcp: Arc<TcpTransport>,
     lo: Arc<LoopTransport>,
+    /// RDS over IB / RoCE (feature `ib`, when the host has an RDMA device).
+    #[cfg(feature = "ib")]
+    ib: Option<Arc<rds_ib::IbTransport>>,
     serve_lock: Mutex<()>,
     timer: Mutex<Option<JoinHandle<()>>>,
     /// The engine's number in this process (names its info socket).
@@ -224,8 +227,10 @@ impl Inner {
     fn transport(&self, kind: TransportKind) -> &dyn RdsTransport {
         match kind {
             TransportKind::Tcp => &*self.tcp,
-            // IB is not available in this build; the node never creates IB
-            // connections without a registered IB transport.
+            #[cfg(feature = "ib")]
+            TransportKind::Ib if self.ib.is_some() => &**self.ib.as_ref().unwrap(),
+            // IB is not available in this build (or on this host); the node
+            // never creates IB connections without a registered IB transport.
             TransportKind::Loop | TransportKind::Ib => &*self.lo,
         }
     }
@@ -326,12 +331,20 @@ impl Engine {
         node.register_transport(TransportCaps::loopback());
         let tcp = TcpTransport::new(cfg.tcp)?;
         let lo = LoopTransport::new();
+        #[cfg(feature = "ib")]
+        let ib = rds_ib::IbTransport::new().ok();
+        #[cfg(feature = "ib")]
+        if ib.is_some() {
+            node.register_transport(TransportCaps::ib());
+        }
         let inner = Arc::new(Inner {
             state: Mutex::new(State { node, seq: 0, timer_deadline: None, stopped: false }),
             timer_cond: Condvar::new(),
             socks: RwLock::new(HashMap::new()),
             tcp,
             lo,
+            #[cfg(feature = "ib")]
+            ib,
             serve_lock: Mutex::new(()),
             timer: Mutex::new(None),
             number: ENGINES.fetch_add(1, Ordering::Relaxed),
@@ -339,6 +352,10 @@ impl Engine {
         });
         let sink: Weak<dyn TransportSink> = Arc::downgrade(&inner) as Weak<dyn TransportSink>;
         inner.tcp.set_sink(sink.clone());
+        #[cfg(feature = "ib")]
+        if let Some(ib) = &inner.ib {
+            ib.set_sink(sink.clone());
+        }
         inner.lo.set_sink(sink);
         let t = inner.clone();
         let h = std::thread::Builder::new().name("rds-timer".into()).spawn(move || t.timer_loop())?;
@@ -396,6 +413,17 @@ impl Engine {
         }
         self.inner.tcp.laddr_check(ip).map_err(|_| io::Error::from(Errno::EADDRNOTAVAIL))?;
         self.inner.tcp.start_local(ip)?;
+        // IB too where an RDMA device serves the address: sockets bound to
+        // it then use IB unless SO_RDS_TRANSPORT chose TCP (as the kernel
+        // tries IB's laddr_check first). When the RDMA CM port is taken
+        // (the kernel's rds_rdma, another process) the address is TCP only.
+        #[cfg(feature = "ib")]
+        if let Some(ib) = &self.inner.ib {
+            match ib.laddr_check(ip).and_then(|()| ib.start_local(ip)) {
+                Ok(()) => self.inner.run(|n| n.add_local(ip, TransportKind::Ib)),
+                Err(e) => if std::env::var_os("RDS_IB_DEBUG").is_some() { eprintln!("rds-ib: {ip}: {e}") },
+            }
+        }
         self.inner.run(|n| n.add_local(ip, TransportKind::Tcp));
         Ok(())
     }
@@ -409,7 +437,13 @@ impl Engine {
     /// kernel's core counters, the TCP transport's, then our own.
     pub fn counters(&self) -> Vec<(String, u64)> {
         let core = self.inner.run(|n| n.counters().clone());
-        rds_core::info::counters_in_kernel_order(&core, &self.inner.tcp.counters())
+        #[allow(unused_mut)]
+        let mut transport = self.inner.tcp.counters();
+        #[cfg(feature = "ib")]
+        if let Some(ib) = &self.inner.ib {
+            transport.extend(ib.counters());
+        }
+        rds_core::info::counters_in_kernel_order(&core, &transport)
     }
 
     /// Fault injection (tests, operators): cuts the TCP connection of a
@@ -521,6 +555,10 @@ impl Engine {
             srv.stop();
         }
         self.inner.tcp.close();
+        #[cfg(feature = "ib")]
+        if let Some(ib) = &self.inner.ib {
+            ib.close();
+        }
         ShutdownReport { unsent }
     }
 

@@ -133,6 +133,13 @@ impl RdsSocket {
                 self.engine.serve(addr.ip())?;
                 self.run(|n| n.bind(self.id, addr)).map(|_| ()).map_err(err)
             }
+            // SO_RDS_TRANSPORT chose a transport and the address is not
+            // served yet: serve it (IB too where a device has it), then the
+            // chosen transport's laddr_check decides (ENOPROTOOPT).
+            Err(Errno::ENOPROTOOPT) if !self.run(|n| n.is_local(&addr.ip())) => {
+                self.engine.serve(addr.ip()).map_err(|_| err(Errno::ENOPROTOOPT))?;
+                self.run(|n| n.bind(self.id, addr)).map(|_| ()).map_err(err)
+            }
             r => r.map(|_| ()).map_err(err),
         }
     }

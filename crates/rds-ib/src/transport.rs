@@ -1,0 +1,654 @@
+//! [`IbTransport`]: the verbs path behind [`rds_core::RdsTransport`]
+//! (feature `verbs`, IPv4).
+//!
+//! Threads:
+//!
+//! * one event thread per transport owns every established connection. It
+//!   waits in `epoll` on an eventfd (commands), each connection's RDMA CM
+//!   event channel and each connection's CQ completion channel
+//!   (`ibv_get_cq_event` when it is readable, then the CQs are rearmed and
+//!   drained; no sleeping). It hands reassembled messages to
+//!   [`TransportSink::received`], reports the peer's `h_ack` as
+//!   [`TransportSink::acked`], and pulls messages from the core and posts
+//!   them while the send ring (and the credits) have room;
+//! * a short-lived thread per outgoing connect (RDMA CM address and route
+//!   resolution and the connect handshake block for up to seconds); it
+//!   hands the established connection to the event thread;
+//! * one listener thread per served address (RDMA CM port 18634), which
+//!   asks the core ([`TransportSink::accept`]) before accepting.
+//!
+//! Both sides of an IB connection connect when they have something to send
+//! (the kernel's rds_rdma has no direction rule). When connect requests
+//! cross, the one from the smaller address wins: a listener refuses a
+//! request from a larger address while its own connect to that address is
+//! under way (reject value [`crate::verbs::REJ_RETRY`]); the kernel rejects
+//! the incoming one while connecting, and the random reconnect backoff of
+//! both sides sorts it out.
+//!
+//! A connection ends on a CM event (DISCONNECTED, DEVICE_REMOVAL, ...), a
+//! failed completion, a protocol error or a shutdown asked by the core: the
+//! QP goes to the error state, both CQs are drained (successful receives
+//! before the flush are still delivered, IBV_WC_WR_FLUSH_ERR completions only
+//! free their slots; a message counts as delivered only through an `h_ack`,
+//! so nothing completes twice), then `path_down` is reported.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::io;
+use std::net::{IpAddr, Ipv4Addr};
+use std::os::raw::c_int;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use rds_core::{
+    Accept, DownReason, PathId, PathInfo, Payload, RdsTransport, RxMessage, TransportCaps, TransportConnInfo,
+    TransportKind, TransportSink, TxMessage,
+};
+
+use crate::frag::OutMessage;
+use crate::verbs::{device_names, Conn, Listener, Received, Verbs, RDS_IB_PORT};
+
+/// How long an outgoing connect may take (resolution, route, handshake).
+pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a closing connection waits for its flushed work requests.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(2);
+/// Bytes pulled from the core at a time.
+const PULL_BUDGET: usize = 256 * 1024;
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+enum Cmd {
+    Kick(PathId, u64),
+    Shutdown(PathId, u64),
+    /// An outgoing connect finished.
+    Connected(PathInfo, io::Result<Conn>),
+    /// The listener accepted a connection the core took as this path.
+    Accepted(PathInfo, Conn),
+    Close,
+}
+
+struct Shared {
+    sink: RwLock<Option<Weak<dyn TransportSink>>>,
+    cmds: Mutex<VecDeque<Cmd>>,
+    wake_fd: c_int,
+    /// Outgoing connects under way: path to instance.
+    connecting: Mutex<HashMap<PathId, u64>>,
+    /// (local, peer) pairs with an outgoing connect under way.
+    connecting_pairs: Mutex<HashSet<(Ipv4Addr, Ipv4Addr)>>,
+    counters: Mutex<Counters>,
+    stopped: AtomicBool,
+}
+
+#[derive(Clone, Copy, Default)]
+struct Counters {
+    connects: u64,
+    connect_failed: u64,
+    accepted: u64,
+    refused: u64,
+    tx_messages: u64,
+    rx_messages: u64,
+    conn_down: u64,
+    rx_flushed: u64,
+    tx_flushed: u64,
+}
+
+impl Shared {
+    fn sink(&self) -> Option<Arc<dyn TransportSink>> {
+        self.sink.read().unwrap_or_else(|p| p.into_inner()).as_ref().and_then(Weak::upgrade)
+    }
+
+    fn push(&self, c: Cmd) {
+        lock(&self.cmds).push_back(c);
+        let one: u64 = 1;
+        // SAFETY: writing 8 bytes from a live u64 to our eventfd.
+        unsafe { libc::write(self.wake_fd, (&one as *const u64).cast(), 8) };
+    }
+}
+
+struct ListenerHandle {
+    stop: Arc<AtomicBool>,
+    thread: Option<JoinHandle<()>>,
+}
+
+/// RDS over InfiniBand / RoCE behind [`RdsTransport`].
+pub struct IbTransport {
+    verbs: Arc<Verbs>,
+    shared: Arc<Shared>,
+    listeners: Mutex<HashMap<IpAddr, ListenerHandle>>,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl IbTransport {
+    /// Whether this host has an RDMA device (`ibv_get_device_list`).
+    pub fn available() -> bool {
+        device_names().map(|d| !d.is_empty()).unwrap_or(false)
+    }
+
+    /// Starts the transport's event thread. ENODEV when the host has no
+    /// RDMA device.
+    pub fn new() -> io::Result<Arc<IbTransport>> {
+        if !IbTransport::available() {
+            return Err(io::Error::from_raw_os_error(libc::ENODEV));
+        }
+        // SAFETY: plain eventfd creation.
+        let wake_fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if wake_fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let shared = Arc::new(Shared {
+            sink: RwLock::new(None),
+            cmds: Mutex::new(VecDeque::new()),
+            wake_fd,
+            connecting: Mutex::new(HashMap::new()),
+            connecting_pairs: Mutex::new(HashSet::new()),
+            counters: Mutex::new(Counters::default()),
+            stopped: AtomicBool::new(false),
+        });
+        let mut ev = EventLoop::new(shared.clone())?;
+        let h = std::thread::Builder::new().name("rds-ib".into()).spawn(move || ev.run())?;
+        Ok(Arc::new(IbTransport {
+            verbs: Verbs::new(),
+            shared,
+            listeners: Mutex::new(HashMap::new()),
+            thread: Mutex::new(Some(h)),
+        }))
+    }
+
+    /// Where events go (the engine).
+    pub fn set_sink(&self, sink: Weak<dyn TransportSink>) {
+        *self.shared.sink.write().unwrap_or_else(|p| p.into_inner()) = Some(sink);
+    }
+
+    fn v4(addr: IpAddr) -> io::Result<Ipv4Addr> {
+        match addr {
+            IpAddr::V4(a) => Ok(a),
+            IpAddr::V6(a) => a.to_ipv4_mapped().ok_or_else(|| io::Error::from_raw_os_error(libc::EADDRNOTAVAIL)),
+        }
+    }
+}
+
+impl RdsTransport for IbTransport {
+    fn caps(&self) -> TransportCaps {
+        crate::CAPS
+    }
+
+    /// `rds_ib_laddr_check`: an RDMA CM id binds to the address and lands
+    /// on an RDMA device.
+    fn laddr_check(&self, addr: IpAddr) -> io::Result<()> {
+        let a = IbTransport::v4(addr)?;
+        if crate::verbs::addr_has_device(a)? {
+            Ok(())
+        } else {
+            Err(io::Error::from_raw_os_error(libc::EADDRNOTAVAIL))
+        }
+    }
+
+    fn start_local(&self, addr: IpAddr) -> io::Result<()> {
+        let a = IbTransport::v4(addr)?;
+        let mut ls = lock(&self.listeners);
+        if ls.contains_key(&addr) {
+            return Ok(());
+        }
+        let mut l = Listener::bind(&self.verbs, a).map_err(|e| {
+            if e.raw_os_error() == Some(libc::EADDRINUSE) { e } else { io::Error::new(e.kind(), format!("RDS-IB listen on {a}:{RDS_IB_PORT}: {e}")) }
+        })?;
+        let stop = Arc::new(AtomicBool::new(false));
+        let st = stop.clone();
+        let shared = self.shared.clone();
+        let h = std::thread::Builder::new().name("rds-ib-listen".into()).spawn(move || listen_loop(&mut l, &st, &shared))?;
+        ls.insert(addr, ListenerHandle { stop, thread: Some(h) });
+        Ok(())
+    }
+
+    fn stop_local(&self, addr: IpAddr) {
+        let h = lock(&self.listeners).remove(&addr);
+        if let Some(mut h) = h {
+            h.stop.store(true, Ordering::Release);
+            if let Some(t) = h.thread.take() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    fn connect(&self, path: PathInfo) {
+        let (Ok(l), Ok(f)) = (IbTransport::v4(path.laddr), IbTransport::v4(path.faddr)) else {
+            self.shared.push(Cmd::Connected(path, Err(io::Error::from_raw_os_error(libc::EAFNOSUPPORT))));
+            return;
+        };
+        lock(&self.shared.connecting).insert(path.id, path.inst);
+        lock(&self.shared.connecting_pairs).insert((l, f));
+        lock(&self.shared.counters).connects += 1;
+        let verbs = self.verbs.clone();
+        let shared = self.shared.clone();
+        let spawned = std::thread::Builder::new().name("rds-ib-connect".into()).spawn(move || {
+            let r = Conn::connect(&verbs, l, f, CONNECT_TIMEOUT);
+            lock(&shared.connecting_pairs).remove(&(l, f));
+            shared.push(Cmd::Connected(path, r));
+        });
+        if let Err(e) = spawned {
+            lock(&self.shared.connecting_pairs).remove(&(l, f));
+            self.shared.push(Cmd::Connected(path, Err(e)));
+        }
+    }
+
+    fn shutdown(&self, path: PathInfo) {
+        self.shared.push(Cmd::Shutdown(path.id, path.inst));
+    }
+
+    fn kick(&self, path: PathInfo) {
+        self.shared.push(Cmd::Kick(path.id, path.inst));
+    }
+
+    fn close(&self) {
+        let addrs: Vec<IpAddr> = lock(&self.listeners).keys().copied().collect();
+        for a in addrs {
+            self.stop_local(a);
+        }
+        self.shared.stopped.store(true, Ordering::Release);
+        self.shared.push(Cmd::Close);
+        if let Some(t) = lock(&self.thread).take() {
+            if t.thread().id() != std::thread::current().id() {
+                let _ = t.join();
+            }
+        }
+    }
+
+    fn counters(&self) -> Vec<(&'static str, u64)> {
+        let c = *lock(&self.shared.counters);
+        vec![
+            ("ib_connect", c.connects),
+            ("ib_connect_failed", c.connect_failed),
+            ("ib_accepted", c.accepted),
+            ("ib_accept_refused", c.refused),
+            ("ib_tx_messages", c.tx_messages),
+            ("ib_rx_messages", c.rx_messages),
+            ("ib_conn_down", c.conn_down),
+            ("ib_rx_flushed", c.rx_flushed),
+            ("ib_tx_flushed", c.tx_flushed),
+        ]
+    }
+
+    fn conn_info(&self) -> Vec<TransportConnInfo> {
+        Vec::new()
+    }
+}
+
+impl Drop for IbTransport {
+    fn drop(&mut self) {
+        self.close();
+    }
+}
+
+impl Drop for Shared {
+    fn drop(&mut self) {
+        // SAFETY: the last user of the eventfd is gone; it is ours.
+        unsafe { libc::close(self.wake_fd) };
+    }
+}
+
+fn listen_loop(l: &mut Listener, stop: &AtomicBool, shared: &Arc<Shared>) {
+    while !stop.load(Ordering::Acquire) {
+        let mut taken: Option<PathInfo> = None;
+        let mut refused = false;
+        let deadline = Instant::now() + Duration::from_millis(200);
+        let res = l.accept_with(deadline, &mut |local, peer| {
+            // Crossed connects: the smaller address's own connect wins.
+            if u32::from(local) < u32::from(peer) && lock(&shared.connecting_pairs).contains(&(local, peer)) {
+                refused = true;
+                return false;
+            }
+            let Some(sink) = shared.sink() else { return false };
+            match sink.accept(TransportKind::Ib, IpAddr::V4(local), IpAddr::V4(peer), 0) {
+                Accept::Path(info) => {
+                    taken = Some(info);
+                    true
+                }
+                _ => {
+                    refused = true;
+                    false
+                }
+            }
+        });
+        if refused {
+            lock(&shared.counters).refused += 1;
+        }
+        match (res, taken) {
+            (Ok(Some(conn)), Some(info)) => {
+                lock(&shared.counters).accepted += 1;
+                shared.push(Cmd::Accepted(info, conn));
+            }
+            (Ok(None), None) => {}
+            (Ok(Some(_)), None) => {}
+            (res, Some(info)) => {
+                // Taken by the core but the handshake did not finish.
+                let _ = res;
+                if let Some(sink) = shared.sink() {
+                    sink.path_down(info.id, info.inst, DownReason::ConnectFailed);
+                }
+            }
+            (Err(_), None) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// One established connection owned by the event thread.
+struct Active {
+    info: PathInfo,
+    conn: Conn,
+    token: u64,
+    /// Messages pulled and not fully posted yet, the first possibly half.
+    tx: VecDeque<(TxMessage, Option<OutMessage>)>,
+    /// The highest `h_ack` reported to the core.
+    acked: u64,
+}
+
+struct EventLoop {
+    shared: Arc<Shared>,
+    epfd: c_int,
+    conns: HashMap<PathId, Active>,
+    tokens: HashMap<u64, PathId>,
+    next_token: u64,
+}
+
+const WAKE_TOKEN: u64 = u64::MAX;
+
+impl EventLoop {
+    fn new(shared: Arc<Shared>) -> io::Result<EventLoop> {
+        // SAFETY: plain epoll creation.
+        let epfd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
+        if epfd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let ev = EventLoop { shared, epfd, conns: HashMap::new(), tokens: HashMap::new(), next_token: 0 };
+        ev.ctl(libc::EPOLL_CTL_ADD, ev.shared.wake_fd, WAKE_TOKEN)?;
+        Ok(ev)
+    }
+
+    fn ctl(&self, op: c_int, fd: c_int, token: u64) -> io::Result<()> {
+        let mut e = libc::epoll_event { events: libc::EPOLLIN as u32, u64: token };
+        // SAFETY: epfd and fd are live descriptors; e is valid for the call.
+        if unsafe { libc::epoll_ctl(self.epfd, op, fd, &mut e) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn run(&mut self) {
+        // SAFETY: epoll_event is plain data.
+        let mut evs: [libc::epoll_event; 64] = unsafe { std::mem::zeroed() };
+        loop {
+            // SAFETY: evs has room for 64 events.
+            let n = unsafe { libc::epoll_wait(self.epfd, evs.as_mut_ptr(), 64, 1000) };
+            let n = if n < 0 { 0 } else { n as usize };
+            for e in &evs[..n] {
+                let token = e.u64;
+                if token == WAKE_TOKEN {
+                    let mut v: u64 = 0;
+                    // SAFETY: reading 8 bytes into a live u64 from our eventfd.
+                    unsafe { libc::read(self.shared.wake_fd, (&mut v as *mut u64).cast(), 8) };
+                    continue;
+                }
+                let Some(&pid) = self.tokens.get(&(token >> 1)) else { continue };
+                if token & 1 == 1 {
+                    self.on_cq(pid);
+                } else {
+                    self.on_cm(pid);
+                }
+            }
+            let cmds: Vec<Cmd> = lock(&self.shared.cmds).drain(..).collect();
+            for c in cmds {
+                if !self.on_cmd(c) {
+                    self.close_all();
+                    // SAFETY: our epoll descriptor, closed once.
+                    unsafe { libc::close(self.epfd) };
+                    return;
+                }
+            }
+        }
+    }
+
+    fn on_cmd(&mut self, c: Cmd) -> bool {
+        match c {
+            Cmd::Close => return false,
+            Cmd::Kick(pid, inst) => {
+                if self.conns.get(&pid).is_some_and(|a| a.info.inst == inst) {
+                    self.transmit(pid);
+                }
+            }
+            Cmd::Shutdown(pid, inst) => {
+                let connecting = {
+                    let mut c = lock(&self.shared.connecting);
+                    if c.get(&pid) == Some(&inst) {
+                        c.remove(&pid);
+                        true
+                    } else {
+                        false
+                    }
+                };
+                if connecting {
+                    if let Some(s) = self.shared.sink() {
+                        s.path_down(pid, inst, DownReason::ShutdownDone);
+                    }
+                } else if self.conns.get(&pid).is_some_and(|a| a.info.inst == inst) {
+                    self.teardown(pid, DownReason::ShutdownDone);
+                } else if let Some(s) = self.shared.sink() {
+                    // Nothing of that instance left: done already.
+                    s.path_down(pid, inst, DownReason::ShutdownDone);
+                }
+            }
+            Cmd::Connected(info, res) => {
+                let current = {
+                    let mut c = lock(&self.shared.connecting);
+                    if c.get(&info.id) == Some(&info.inst) {
+                        c.remove(&info.id);
+                        true
+                    } else {
+                        false
+                    }
+                };
+                match res {
+                    Ok(conn) if current && !self.shared.stopped.load(Ordering::Acquire) => {
+                        let ack = conn.peer_acked();
+                        if self.install(info, conn, ack) {
+                            if let Some(s) = self.shared.sink() {
+                                s.path_up(info.id, info.inst);
+                                if ack > 0 {
+                                    s.acked(info.id, info.inst, ack);
+                                }
+                            }
+                            // Completions that came before the descriptors
+                            // were watched; then the first pull.
+                            self.on_cq(info.id);
+                        }
+                    }
+                    Ok(mut conn) => {
+                        // Superseded (shut down, or an accepted connection
+                        // took the path meanwhile).
+                        conn.drain(Instant::now() + DRAIN_TIMEOUT);
+                    }
+                    Err(_) => {
+                        lock(&self.shared.counters).connect_failed += 1;
+                        if current {
+                            if let Some(s) = self.shared.sink() {
+                                s.path_down(info.id, info.inst, DownReason::ConnectFailed);
+                            }
+                        }
+                    }
+                }
+            }
+            Cmd::Accepted(info, conn) => {
+                lock(&self.shared.connecting).remove(&info.id);
+                let ack = conn.peer_acked();
+                if self.install(info, conn, ack) {
+                    if let Some(s) = self.shared.sink() {
+                        if ack > 0 {
+                            s.acked(info.id, info.inst, ack);
+                        }
+                    }
+                    self.on_cq(info.id);
+                }
+            }
+        }
+        true
+    }
+
+    /// Registers a connection for a path (ending an older one of the path).
+    fn install(&mut self, info: PathInfo, mut conn: Conn, acked: u64) -> bool {
+        conn.set_eager_acks(true);
+        if self.conns.contains_key(&info.id) {
+            self.teardown(info.id, DownReason::Closed);
+        }
+        let token = self.next_token;
+        self.next_token += 1;
+        let (cm, cq) = (conn.cm_fd(), conn.cq_fd());
+        let ok = self.ctl(libc::EPOLL_CTL_ADD, cm, token << 1).is_ok()
+            && self.ctl(libc::EPOLL_CTL_ADD, cq, (token << 1) | 1).is_ok();
+        self.tokens.insert(token, info.id);
+        self.conns.insert(info.id, Active { info, conn, token, tx: VecDeque::new(), acked });
+        if !ok {
+            self.teardown(info.id, DownReason::Closed);
+            return false;
+        }
+        true
+    }
+
+    fn on_cq(&mut self, pid: PathId) {
+        let Some(a) = self.conns.get_mut(&pid) else { return };
+        let res = a.conn.on_cq_event();
+        let mut ready = Vec::new();
+        a.conn.take_ready(&mut ready);
+        let (inst, peer_acked) = (a.info.inst, a.conn.peer_acked());
+        let newly_acked = (peer_acked > a.acked).then(|| {
+            a.acked = peer_acked;
+            peer_acked
+        });
+        let protocol = a.conn.protocol_error();
+        self.deliver(pid, inst, ready);
+        if let (Some(seq), Some(s)) = (newly_acked, self.shared.sink()) {
+            s.acked(pid, inst, seq);
+        }
+        match res {
+            Ok(_) => self.transmit(pid),
+            Err(_) => self.teardown(pid, if protocol { DownReason::ProtocolError } else { DownReason::Closed }),
+        }
+    }
+
+    fn on_cm(&mut self, pid: PathId) {
+        let Some(a) = self.conns.get_mut(&pid) else { return };
+        loop {
+            match a.conn.poll_cm_event() {
+                Ok(Some(_)) => continue,
+                Ok(None) => return,
+                Err(_) => break,
+            }
+        }
+        self.teardown(pid, DownReason::Closed);
+    }
+
+    fn deliver(&self, pid: PathId, inst: u64, ready: Vec<Received>) {
+        if ready.is_empty() {
+            return;
+        }
+        lock(&self.shared.counters).rx_messages += ready.len() as u64;
+        let mut msgs: Vec<RxMessage> = ready
+            .into_iter()
+            .map(|r| RxMessage { header: r.header, payload: Payload::new(r.payload), rx_time_ns: None })
+            .collect();
+        if let Some(s) = self.shared.sink() {
+            s.received(pid, inst, &mut msgs);
+        }
+    }
+
+    /// Posts pulled messages while the ring and the credits allow, pulling
+    /// more from the core as the queue empties.
+    fn transmit(&mut self, pid: PathId) {
+        let Some(sink) = self.shared.sink() else { return };
+        let mut failed = false;
+        let mut sent = 0u64;
+        loop {
+            let Some(a) = self.conns.get_mut(&pid) else { return };
+            if a.tx.is_empty() {
+                let mut out = Vec::new();
+                sink.pull(pid, a.info.inst, PULL_BUDGET, &mut out);
+                // The sink may have called back into us; the entry is still
+                // ours (only this thread changes the map).
+                let Some(a) = self.conns.get_mut(&pid) else { return };
+                if out.is_empty() {
+                    break;
+                }
+                a.tx.extend(out.into_iter().map(|m| (m, None)));
+                continue;
+            }
+            let (m, om) = a.tx.front_mut().unwrap();
+            if om.is_none() {
+                match OutMessage::new(m.header, m.payload.len(), m.ack_required) {
+                    Ok(o) => *om = Some(o),
+                    Err(_) => {
+                        // Never from the core (it bounds lengths); skip it.
+                        a.tx.pop_front();
+                        continue;
+                    }
+                }
+            }
+            let payload = m.payload.clone();
+            let Some(o) = om.as_mut() else { break };
+            match a.conn.post_message(o, &payload) {
+                Ok(true) => {
+                    a.tx.pop_front();
+                    sent += 1;
+                }
+                Ok(false) => break,
+                Err(_) => {
+                    failed = true;
+                    break;
+                }
+            }
+        }
+        if sent > 0 {
+            lock(&self.shared.counters).tx_messages += sent;
+        }
+        if failed {
+            self.teardown(pid, DownReason::Closed);
+        }
+    }
+
+    /// Ends a connection: disconnect, drain (delivering what completed
+    /// before the flush), report `path_down`.
+    fn teardown(&mut self, pid: PathId, reason: DownReason) {
+        let Some(mut a) = self.conns.remove(&pid) else { return };
+        self.tokens.remove(&a.token);
+        let _ = self.ctl(libc::EPOLL_CTL_DEL, a.conn.cm_fd(), 0);
+        let _ = self.ctl(libc::EPOLL_CTL_DEL, a.conn.cq_fd(), 0);
+        let reason = if a.conn.protocol_error() { DownReason::ProtocolError } else { reason };
+        a.conn.drain(Instant::now() + DRAIN_TIMEOUT);
+        let mut ready = Vec::new();
+        a.conn.take_ready(&mut ready);
+        let st = a.conn.stats();
+        {
+            let mut c = lock(&self.shared.counters);
+            c.conn_down += 1;
+            c.rx_flushed += st.rx_flushed;
+            c.tx_flushed += st.tx_flushed;
+        }
+        let inst = a.info.inst;
+        self.deliver(pid, inst, ready);
+        let peer_acked = a.conn.peer_acked();
+        drop(a.conn);
+        if let Some(s) = self.shared.sink() {
+            if peer_acked > a.acked {
+                s.acked(pid, inst, peer_acked);
+            }
+            s.path_down(pid, inst, reason);
+        }
+    }
+
+    fn close_all(&mut self) {
+        let pids: Vec<PathId> = self.conns.keys().copied().collect();
+        for p in pids {
+            self.teardown(p, DownReason::ShutdownDone);
+        }
+    }
+}

@@ -1,0 +1,138 @@
+//! Our engine over RDS-IB (feature `ib`) in the VM rig (`/work/shared/vmrig`:
+//! two Debian 12 guests, kernel 6.1, Soft-RoCE over their link).
+//!
+//! One boot runs `tests/vm/ib_scenario.sh`:
+//!
+//! * phase A: our engine to our engine (`rds-ib-peer`, SO_RDS_TRANSPORT =
+//!   RDS_TRANS_IB): 0 B, 1 B, 4 KiB, 64 KiB and 1 MiB from node2 to node1,
+//!   then the same back, each checked byte by byte, in order, all acked;
+//! * phase B: our engine (node2) to the kernel's `rds_rdma` (node1, AF_RDS
+//!   sockets through rds-ib's `tests/vm/kernel_side.py`): the same sizes to
+//!   the kernel, then from the kernel.
+//!
+//! Run: `cargo test --release -p rds-sock --features ib --test ib_vm`.
+//! When the rig cannot start the test prints one line starting with
+//! `SKIP:` and passes.
+#![cfg(feature = "ib")]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+const SIZES: [usize; 5] = [0, 1, 4096, 65536, 1 << 20];
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+fn find_rig() -> Result<PathBuf, String> {
+    let mut cands = Vec::new();
+    if let Ok(d) = std::env::var("VMRIG_DIR") {
+        cands.push(PathBuf::from(d));
+    }
+    cands.push(workspace_root().join("../shared/vmrig"));
+    cands.push(PathBuf::from("/work/shared/vmrig"));
+    let tried: Vec<String> = cands.iter().map(|d| d.display().to_string()).collect();
+    cands
+        .into_iter()
+        .find(|d| d.join("vmrig").is_file())
+        .ok_or_else(|| format!("no VM rig found (tried {}; set VMRIG_DIR)", tried.join(", ")))
+}
+
+fn rig_ready() -> Result<(), String> {
+    let cache = PathBuf::from(std::env::var("VMRIG_CACHE").unwrap_or_else(|_| "/var/cache/vmrig".into()));
+    for f in ["initrd.img", "kernel", "qemu"] {
+        if !cache.join(f).exists() {
+            return Err(format!("the VM rig is not set up ({} missing; run `vmrig setup`)", cache.join(f).display()));
+        }
+    }
+    Ok(())
+}
+
+/// Lines of one node, prefix stripped.
+fn node_lines<'a>(out: &'a str, node: u8, prefix: &str) -> Vec<&'a str> {
+    let tag = format!("[node{node}] {prefix}");
+    out.lines().filter_map(|l| l.strip_prefix(tag.as_str())).collect()
+}
+
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let mut w = line.split_whitespace();
+    while let Some(x) = w.next() {
+        if x == key {
+            return w.next();
+        }
+    }
+    None
+}
+
+/// `RX k len n from A ok` lines: every size, in order, from `from`.
+fn check_rx(lines: &[&str], from: &str, what: &str) {
+    assert_eq!(lines.len(), SIZES.len(), "{what}: received {lines:?}");
+    for (k, l) in lines.iter().enumerate() {
+        assert_eq!(l.split_whitespace().next(), Some(k.to_string().as_str()), "{what}: order: {l}");
+        assert_eq!(field(l, "len"), Some(SIZES[k].to_string().as_str()), "{what}: {l}");
+        assert_eq!(field(l, "from"), Some(from), "{what}: {l}");
+        assert!(l.ends_with(" ok"), "{what}: {l}");
+    }
+}
+
+#[test]
+fn engine_over_ib_with_itself_and_with_kernel_rds_rdma() {
+    let rig = match find_rig().and_then(|r| rig_ready().map(|()| r)) {
+        Ok(r) => r,
+        Err(why) => {
+            println!("SKIP: rds-sock over IB in the VM rig not run: {why}");
+            return;
+        }
+    };
+    let root = workspace_root();
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_rds-ib-peer"));
+    let sizes: Vec<String> = SIZES.iter().map(|s| s.to_string()).collect();
+    let mut cmd = Command::new(rig.join("vmrig"));
+    cmd.current_dir(&root).args(["run", "-n", "2", "-t", "300"]);
+    if !bin.starts_with(&root) {
+        cmd.arg("-s").arg(bin.parent().unwrap());
+    }
+    cmd.arg("-e").arg(format!("PEER_BIN={}", bin.display()));
+    cmd.arg("-e").arg(format!("KSIDE={}", root.join("crates/rds-ib/tests/vm/kernel_side.py").display()));
+    cmd.arg("-e").arg(format!("SIZES={}", sizes.join(" ")));
+    cmd.args(["--", "sh"]).arg(root.join("crates/rds-sock/tests/vm/ib_scenario.sh"));
+    let t0 = Instant::now();
+    let out = match cmd.output() {
+        Ok(o) => o,
+        Err(e) => {
+            println!("SKIP: rds-sock over IB in the VM rig not run: cannot run vmrig: {e}");
+            return;
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    println!("{stdout}\n{stderr}\nvmrig exit {:?} after {:.1} s", out.status.code(), t0.elapsed().as_secs_f64());
+    if !stdout.contains("[node1]") && !stdout.contains("[node2]") {
+        println!("SKIP: rds-sock over IB in the VM rig not run: the guests did not come up");
+        return;
+    }
+
+    // Phase A: ours with ours; SO_RDS_TRANSPORT reads back IB (0).
+    for node in [1, 2] {
+        let b = node_lines(&stdout, node, "A BOUND ");
+        assert_eq!(b.len(), 1, "node{node} bound: {b:?}");
+        assert_eq!(field(b[0], "transport"), Some("0"), "IB: {}", b[0]);
+    }
+    check_rx(&node_lines(&stdout, 1, "A RX "), "10.99.0.2:5000", "phase A, node1");
+    check_rx(&node_lines(&stdout, 2, "A RX "), "10.99.0.1:4000", "phase A, node2");
+    for node in [1, 2] {
+        assert_eq!(node_lines(&stdout, node, "A TX ").len(), SIZES.len(), "node{node} sent");
+        assert_eq!(node_lines(&stdout, node, "A ACKED ").len(), 1, "node{node}: all acked");
+        assert_eq!(node_lines(&stdout, node, "A RESULT ok").len(), 1, "node{node} phase A");
+    }
+
+    // Phase B: ours with the kernel's rds_rdma.
+    let krx = node_lines(&stdout, 1, "B KRX ");
+    check_rx(&krx, "10.99.0.2:5001", "phase B, kernel");
+    check_rx(&node_lines(&stdout, 2, "B RX "), "10.99.0.1:4000", "phase B, ours");
+    assert_eq!(node_lines(&stdout, 2, "B ACKED ").len(), 1, "the kernel acked all");
+    assert_eq!(node_lines(&stdout, 2, "B RESULT ok").len(), 1, "phase B, ours");
+    assert_eq!(node_lines(&stdout, 1, "B KRESULT ok").len(), 2, "phase B, kernel recv and send");
+    assert!(out.status.success(), "vmrig exit {:?}", out.status.code());
+}
