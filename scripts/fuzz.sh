@@ -8,6 +8,7 @@
 #   scripts/fuzz.sh 5                  # the short run of scripts/test.sh (CI)
 #   scripts/fuzz.sh 600 node_recv      # ten minutes of one target
 #   FUZZ_JOBS=2 scripts/fuzz.sh 600    # two fuzzing processes per target
+#   (several scripts/fuzz.sh may run at once with one job each)
 #
 # Targets: header (Header::decode), exthdr (Header::extensions and
 # push_extension), frame (FrameDecoder::feed and direct reads), congmap
@@ -48,9 +49,20 @@ status=0
 for t in "${targets[@]}"; do
     mkdir -p "corpus/$t"
     log="/tmp/fuzz-$t.log"
-    cargo fuzz run -O "$t" -- -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
-        -jobs="${FUZZ_JOBS:-1}" -workers="${FUZZ_JOBS:-1}" -print_final_stats=1 >"$log" 2>&1
-    rc=$?
+    if [ "${FUZZ_JOBS:-1}" -gt 1 ]; then
+        # libFuzzer's jobs write fuzz-N.log in the current directory: one
+        # such run at a time.
+        rm -f fuzz-*.log
+        cargo fuzz run -O "$t" -- -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
+            -jobs="$FUZZ_JOBS" -workers="$FUZZ_JOBS" -print_final_stats=1 >"$log" 2>&1
+        rc=$?
+        cat fuzz-*.log >>"$log" 2>/dev/null
+        rm -f fuzz-*.log
+    else
+        cargo fuzz run -O "$t" -- -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 \
+            -print_final_stats=1 >"$log" 2>&1
+        rc=$?
+    fi
     runs=$(grep -E '^stat::number_of_executed_units' "$log" | awk '{s+=$2} END {print s+0}')
     cov=$(grep -oE 'cov: [0-9]+' "$log" | tail -1 | awk '{print $2}')
     ft=$(grep -oE 'ft: [0-9]+' "$log" | tail -1 | awk '{print $2}')
