@@ -18,6 +18,7 @@ cargo test --release --workspace
 echo "== rds-ib verbs (RDMA CM against the kernel's rds_rdma over Soft-RoCE in the VM rig)"
 cargo clippy -p rds-ib --all-targets --features verbs -- -D warnings
 cargo clippy -p rds-sock --all-targets --features ib -- -D warnings
+cargo clippy -p rds-tools --all-targets --features ib -- -D warnings
 cargo test --release -p rds-ib --features verbs
 echo "== rds-sock with IB (engine to engine and to the kernel's rds_rdma over rxe in the VM rig)"
 cargo test --release -p rds-sock --features ib --test ib_vm

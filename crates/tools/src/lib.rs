@@ -12,6 +12,21 @@ pub struct Args {
     pub operands: Vec<String>,
 }
 
+/// `--transport tcp|ib`: SO_RDS_TRANSPORT on a socket before its bind.
+/// Without it the kernel's rule chooses (an address of an RDMA device uses
+/// IB, any other TCP). IB needs the tools built with `--features ib`;
+/// otherwise the bind fails with ENOPROTOOPT, as on a kernel without
+/// rds_rdma.
+pub fn apply_transport(sock: &rds_sock::RdsSocket, v: Option<&str>) -> Result<(), String> {
+    let kind = match v {
+        None => return Ok(()),
+        Some("tcp") => rds_core::TransportKind::Tcp,
+        Some("ib") => rds_core::TransportKind::Ib,
+        Some(o) => return Err(format!("--transport: tcp or ib, not '{o}'")),
+    };
+    sock.set_transport(kind).map_err(|e| format!("--transport {}: {}", v.unwrap_or(""), errstr(&e)))
+}
+
 /// Parses `argv` (without the program name). `with_value` lists the short
 /// option letters and long names that take a value.
 pub fn parse(argv: impl IntoIterator<Item = String>, with_value: &[&str]) -> Result<Args, String> {

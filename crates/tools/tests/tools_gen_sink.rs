@@ -116,3 +116,17 @@ fn sink_leaves_after_count_messages_of_a_longer_stream() {
     assert_eq!((f[0], f[1], f[2]), (gen_at.as_str(), "3", "30"), "{}", sink.dump());
     generator.kill();
 }
+
+/// `--transport tcp` forces TCP (the same line at the sink); a value other
+/// than tcp or ib is refused before anything is sent.
+#[test]
+fn transport_option() {
+    let t = 23;
+    let line = transfer(t, 1, &["-m", "4K", "-l", "8192", "--transport", "tcp"], 2);
+    assert_eq!(line.split(' ').nth(2).unwrap(), "8192", "{line}");
+    let (src, dst) = (format!("{}:4000", ip(t, 3)), format!("{}:4000", ip(t, 4)));
+    let mut g = Proc::spawn("rds-gen", &["-s", &src, "-d", &dst, "--transport", "rdma"]);
+    assert_ne!(g.code(LONG), 0, "{}", g.dump());
+    assert!(g.stdout().is_empty(), "{}", g.dump());
+    assert!(g.stderr().iter().any(|l| l.contains("--transport: tcp or ib, not 'rdma'")), "{}", g.dump());
+}

@@ -9,7 +9,7 @@ use rds_sock::RdsSocket;
 use rds_tools::{bind_error, catch_signals, parse, parse_interval, parse_size, FlowDigest, STOP};
 
 const HELP: &str = "\
-usage: rds-gen -s addr:port -d addr:port [-m size] [-l total] [-f file] [-i interval]
+usage: rds-gen -s addr:port -d addr:port [-m size] [-l total] [-f file] [-i interval] [--transport tcp|ib]
 
 Sends datagrams from an RDS socket bound to -s to the RDS socket -d: the
 contents of a file cut into -m sized messages, or a generated pattern.
@@ -27,13 +27,15 @@ for what it sent (the line rds-sink --digest prints for this source).
   -f file        send this file ('-' for standard input)
   -i interval    pause between messages (seconds, or msec/usec suffix)
   -b size        SO_SNDBUF (forced; default 4M)
+  --transport tcp|ib  force a transport (SO_RDS_TRANSPORT); ib needs a build
+                 with --features ib
   -h, --help     this text
 
 Exit status 0 when everything was acknowledged, 1 otherwise.
 ";
 
 fn main() {
-    let args = match parse(std::env::args().skip(1), &["s", "d", "m", "l", "f", "i", "b"]) {
+    let args = match parse(std::env::args().skip(1), &["s", "d", "m", "l", "f", "i", "b", "transport"]) {
         Ok(a) => a,
         Err(e) => usage(&e),
     };
@@ -41,7 +43,7 @@ fn main() {
         print!("{HELP}");
         return;
     }
-    if let Err(e) = args.check(&["s", "d", "m", "l", "f", "i", "b", "h", "help"]) {
+    if let Err(e) = args.check(&["s", "d", "m", "l", "f", "i", "b", "transport", "h", "help"]) {
         usage(&e);
     }
     let addr = |o: &str| -> SocketAddr {
@@ -71,6 +73,7 @@ fn main() {
 
     let sock = RdsSocket::new().unwrap_or_else(|e| fail(&format!("socket: {e}")));
     sock.set_send_buffer_size_force(sndbuf).unwrap_or_else(|e| fail(&format!("SO_SNDBUF: {e}")));
+    rds_tools::apply_transport(&sock, args.get("transport")).unwrap_or_else(|e| fail(&e));
     sock.bind(src).unwrap_or_else(|e| fail(&bind_error(src, &e)));
     let src = sock.local_addr().unwrap();
     let mut sent = FlowDigest::new(true);

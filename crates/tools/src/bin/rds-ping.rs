@@ -9,7 +9,7 @@ use rds_sock::{RdsSocket, RecvFlags};
 use rds_tools::{bind_error, catch_signals, parse, parse_interval, source_for, STOP};
 
 const HELP: &str = "\
-usage: rds-ping [-c count] [-i interval] [-I local_addr] [-Q tos] dst
+usage: rds-ping [-c count] [-i interval] [-I local_addr] [-Q tos] [--transport tcp|ib] dst
 
 Sends 0-byte RDS messages to port 0 of dst, over 8 sockets in turn (a
 socket is reused only after its pong arrived), and prints one line per
@@ -22,6 +22,8 @@ nodes of this userspace RDS and Linux kernel RDS nodes.
   -I local_addr  the local address to ping from (default: the address the
                  host routes dst from); this process serves it as an RDS node
   -Q tos         type of service of the connection (0-255)
+  --transport tcp|ib  force a transport (SO_RDS_TRANSPORT); ib needs a build
+                 with --features ib
   -h, --help     this text
 
 Exit status 0 if at least one reply arrived, 1 otherwise, 2 on bad usage.
@@ -30,7 +32,7 @@ Exit status 0 if at least one reply arrived, 1 otherwise, 2 on bad usage.
 const NSOCKETS: usize = 8;
 
 fn main() {
-    let args = match parse(std::env::args().skip(1), &["c", "i", "I", "Q"]) {
+    let args = match parse(std::env::args().skip(1), &["c", "i", "I", "Q", "transport"]) {
         Ok(a) => a,
         Err(e) => usage(&e),
     };
@@ -38,7 +40,7 @@ fn main() {
         print!("{HELP}");
         return;
     }
-    if let Err(e) = args.check(&["c", "i", "I", "Q", "h", "help"]) {
+    if let Err(e) = args.check(&["c", "i", "I", "Q", "transport", "h", "help"]) {
         usage(&e);
     }
     let [dst] = args.operands.as_slice() else { usage("one destination address expected") };
@@ -51,7 +53,7 @@ fn main() {
         None => source_for(dst).unwrap_or_else(|e| fail(&format!("no route to {dst}: {e}"))),
     };
     catch_signals();
-    std::process::exit(run(src, dst, count, interval, tos));
+    std::process::exit(run(src, dst, count, interval, tos, args.get("transport")));
 }
 
 fn usage(msg: &str) -> ! {
@@ -72,13 +74,14 @@ struct Slot {
     last: Option<(u64, Instant)>,
 }
 
-fn run(src: IpAddr, dst: IpAddr, count: Option<u64>, interval: Duration, tos: Option<u8>) -> i32 {
+fn run(src: IpAddr, dst: IpAddr, count: Option<u64>, interval: Duration, tos: Option<u8>, transport: Option<&str>) -> i32 {
     let mut slots = Vec::new();
     for _ in 0..NSOCKETS {
         let sock = RdsSocket::new().unwrap_or_else(|e| fail(&format!("socket: {e}")));
         if let Some(t) = tos {
             sock.set_tos(t).unwrap_or_else(|e| fail(&format!("set tos: {e}")));
         }
+        rds_tools::apply_transport(&sock, transport).unwrap_or_else(|e| fail(&e));
         let a = SocketAddr::new(src, 0);
         sock.bind(a).unwrap_or_else(|e| fail(&bind_error(a, &e)));
         sock.set_nonblocking(true).unwrap();

@@ -9,7 +9,7 @@ use rds_sock::RdsSocket;
 use rds_tools::{bind_error, catch_signals, parse, FlowDigest, STOP};
 
 const HELP: &str = "\
-usage: rds-sink -s addr:port [--digest] [-l count] [-t seconds]
+usage: rds-sink -s addr:port [--digest] [-l count] [-t seconds] [--transport tcp|ib]
 
 Binds an RDS socket to addr:port and receives datagrams. On exit (SIGINT,
 SIGTERM, after -l messages or -t seconds without any) it prints one line per
@@ -25,11 +25,13 @@ for what it sent, so the two can be compared by a script.
   -l count       exit after count messages
   -t seconds     exit after this long without a message (default: never)
   -b size        SO_RCVBUF (forced; K/M suffixes)
+  --transport tcp|ib  force a transport (SO_RDS_TRANSPORT); ib needs a build
+                 with --features ib
   -h, --help     this text
 ";
 
 fn main() {
-    let args = match parse(std::env::args().skip(1), &["s", "l", "t", "b"]) {
+    let args = match parse(std::env::args().skip(1), &["s", "l", "t", "b", "transport"]) {
         Ok(a) => a,
         Err(e) => usage(&e),
     };
@@ -37,7 +39,7 @@ fn main() {
         print!("{HELP}");
         return;
     }
-    if let Err(e) = args.check(&["s", "l", "t", "b", "digest", "h", "help"]) {
+    if let Err(e) = args.check(&["s", "l", "t", "b", "digest", "transport", "h", "help"]) {
         usage(&e);
     }
     let addr: SocketAddr = args
@@ -56,6 +58,7 @@ fn main() {
         let n = rds_tools::parse_size(b).unwrap_or_else(|e| usage(&e));
         sock.set_recv_buffer_size_force(n as usize).unwrap_or_else(|e| fail(&format!("SO_RCVBUF: {e}")));
     }
+    rds_tools::apply_transport(&sock, args.get("transport")).unwrap_or_else(|e| fail(&e));
     sock.bind(addr).unwrap_or_else(|e| fail(&bind_error(addr, &e)));
     // Poll for signals and the idle limit.
     sock.set_read_timeout(Some(Duration::from_millis(100))).unwrap();

@@ -52,6 +52,8 @@ Both sides:
                             for every peer task and reports how long it took
       --abort-after SECONDS terminate (SIGALRM) after SECONDS
       --disable-inq         accepted for compatibility; no effect (no RDS_INQ)
+      --transport tcp|ib    force this side's transport (SO_RDS_TRANSPORT); ib
+                            needs a build with --features ib
   -h, --help                this text
 
 Active side (the passive side runs with the active side's settings):
@@ -96,8 +98,11 @@ const WITH_VALUE: &[&str] = &[
     "a", "ack-bytes", "q", "req-bytes", "d", "depth", "t", "tasks", "r", "recv-addr", "s", "send-addr", "p", "port",
     "T", "time", "Q", "tos", "connect-retries", "use-cong-monitor", "show-outliers", "abort-after", "D",
     "rdma-bytes", "I", "rdma-buffers", "M", "rdma-mode", "rdma-use-once", "rdma-use-get-mr", "rdma-use-fence",
-    "rdma-use-notify", "rdma-cache-mrs", "rdma-alignment",
+    "rdma-use-notify", "rdma-cache-mrs", "rdma-alignment", "transport",
 ];
+
+/// `--transport`: this side's SO_RDS_TRANSPORT for every task's socket.
+static TRANSPORT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new();
 
 /// Flags.
 const FLAGS: &[&str] = &[
@@ -195,6 +200,7 @@ fn main() {
     let mut all: Vec<&str> = WITH_VALUE.to_vec();
     all.extend_from_slice(FLAGS);
     let args = parse(std::env::args().skip(1), WITH_VALUE).unwrap_or_else(|e| usage(&e));
+    let _ = TRANSPORT.set(args.get("transport").map(str::to_string));
     if flag(&args, &["h", "help"]) {
         print!("{HELP}");
         return;
@@ -589,6 +595,7 @@ impl Task {
         let sock = Engine::global()
             .and_then(|e| e.socket())
             .unwrap_or_else(|e| die_errno("socket(PF_RDS, SOCK_SEQPACKET) failed", &e));
+        rds_tools::apply_transport(&sock, TRANSPORT.get().and_then(|t| t.as_deref())).unwrap_or_else(|e| die(&e));
         sock.bind(me.into()).unwrap_or_else(|e| die(&bind_error(me.into(), &e)));
         let warn = id == 0;
         let want = u64::from(o.nr_tasks) * u64::from(o.req_depth) * (u64::from(o.req_size) + u64::from(o.ack_size)) * 2;
