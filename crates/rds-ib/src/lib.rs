@@ -25,7 +25,13 @@
 //!   credits, the credit kept back for a credit update, at most 255
 //!   advertised per header, negotiation through the private data) and the
 //!   ack state (piggybacked `h_ack`, explicit ack requests, one ack-only
-//!   frame in flight).
+//!   frame in flight);
+//! * [`sidechannel`]: the verbs-only setup's side channel: fixed-size,
+//!   versioned frames carrying QPN, PSN, GID, LID, MTU and the RDS
+//!   connection identity, and a challenge-response handshake with
+//!   HMAC-SHA256 over a pre-shared key (random nonces from both sides, each
+//!   side's MAC over both nonces and what it sends, constant-time compare);
+//!   nonces and 24-bit PSNs from `getrandom(2)`.
 //!
 //! ## The verbs path (feature `verbs`)
 //!
@@ -59,13 +65,31 @@
 //! connection (drained, flushed work requests only free their slots) with
 //! `path_down`. rds-sock registers it with its feature `ib`.
 //!
+//! Two setup modes ([`transport::SetupMode`] in [`transport::IbConfig`]):
+//!
+//! * `Cm` (default): RDMA CM as above, interoperable with the kernel;
+//! * `VerbsOnly { key, port }`: no RDMA CM at all (`rdma_ucm` need not be
+//!   loaded). A TCP side channel (port 18635 by default) carries the
+//!   [`sidechannel`] handshake; the accepting side creates no QP before the
+//!   peer proved the key (refusals counted as `ib_side_auth_failed` /
+//!   `ib_side_bad_handshake`; `ib_qp_created` counts QPs); then QPN, PSN
+//!   (random), GID (the RoCE v2 GID of the node's IPv4 address) and MTU are
+//!   exchanged and each side moves its QP INIT -> RTR -> RTS itself
+//!   (`verbs/side.rs`). Only our own nodes speak it. rds-sock's engine
+//!   picks it when `RDS_IB_PSK_FILE` names a key file (at least 16 bytes,
+//!   surrounding whitespace trimmed; a bad file leaves the engine without
+//!   IB) and takes the port from `RDS_IB_SIDE_PORT`. VM test:
+//!   `cargo test --release -p rds-sock --features ib --test ib_vm_psk`.
+//!
 //! ## What does not exist yet
 //!
 //! * reconnect after a device goes away and comes back (the PD cache keeps the
 //!   old device context), conn_info rows, the kernel's ib_* counter names;
 //! * IPv6 (port 16385, 56-byte private data) on the verbs path, credit flow
 //!   control on the wire (we advertise 0 credits, as mainline does);
-//! * the verbs-only side channel alternative;
+//! * verbs-only over InfiniBand link layers (the port is found by the IPv4
+//!   address in its GID table: RoCE only), and a verbs-only listener that
+//!   serves several handshakes at once (one at a time, 5 s each at most);
 //! * RDMA READ / WRITE operations and GET_MR / FREE_MR.
 //!
 //! Without rds-sock's `ib` feature (or without an RDMA device) the socket
@@ -75,6 +99,7 @@
 pub mod credits;
 pub mod frag;
 pub mod private;
+pub mod sidechannel;
 
 use rds_core::TransportCaps;
 
@@ -87,4 +112,4 @@ pub mod transport;
 pub mod verbs;
 
 #[cfg(feature = "verbs")]
-pub use transport::IbTransport;
+pub use transport::{IbConfig, IbTransport, SetupMode};

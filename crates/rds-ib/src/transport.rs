@@ -47,7 +47,57 @@ use rds_core::{
 };
 
 use crate::frag::OutMessage;
-use crate::verbs::{device_names, Conn, Listener, Received, Verbs, RDS_IB_PORT};
+use crate::sidechannel::{Key, DEFAULT_PORT};
+use crate::verbs::{device_names, Conn, Listener, Received, SideListener, Verbs, RDS_IB_PORT};
+
+/// How connections are set up.
+#[derive(Clone, Debug, Default)]
+pub enum SetupMode {
+    /// RDMA CM on port 18634 with the kernel's private data (talks to the
+    /// kernel's `rds_rdma`).
+    #[default]
+    Cm,
+    /// No RDMA CM: a TCP side channel on `port` authenticated with the
+    /// pre-shared `key` (HMAC-SHA256 challenge-response, see
+    /// [`crate::sidechannel`]) carries the QP parameters; QPs are moved
+    /// INIT -> RTR -> RTS by hand. Only our own nodes speak it.
+    VerbsOnly { key: Key, port: u16 },
+}
+
+/// The transport's configuration.
+#[derive(Clone, Debug, Default)]
+pub struct IbConfig {
+    pub mode: SetupMode,
+}
+
+/// The environment variable naming the pre-shared key file: when set, the
+/// transport runs verbs-only (the file's bytes, surrounding whitespace
+/// trimmed, at least 16).
+pub const ENV_PSK_FILE: &str = "RDS_IB_PSK_FILE";
+/// The environment variable with the verbs-only side channel's TCP port
+/// (default [`DEFAULT_PORT`], 18635).
+pub const ENV_SIDE_PORT: &str = "RDS_IB_SIDE_PORT";
+
+impl IbConfig {
+    /// From the environment: [`SetupMode::VerbsOnly`] when
+    /// `RDS_IB_PSK_FILE` is set (an unreadable or short key file is an
+    /// error, never a fallback to the unauthenticated CM mode), with the
+    /// port from `RDS_IB_SIDE_PORT` (default 18635); otherwise
+    /// [`SetupMode::Cm`].
+    pub fn from_env() -> io::Result<IbConfig> {
+        let Some(path) = std::env::var_os(ENV_PSK_FILE) else { return Ok(IbConfig::default()) };
+        let bytes = std::fs::read(&path)
+            .map_err(|e| io::Error::new(e.kind(), format!("{ENV_PSK_FILE}={}: {e}", path.to_string_lossy())))?;
+        let key = Key::from_file_contents(&bytes).map_err(io::Error::from)?;
+        let port = match std::env::var(ENV_SIDE_PORT) {
+            Ok(v) => v.trim().parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
+                io::Error::new(io::ErrorKind::InvalidInput, format!("{ENV_SIDE_PORT}={v}: not a port"))
+            })?,
+            Err(_) => DEFAULT_PORT,
+        };
+        Ok(IbConfig { mode: SetupMode::VerbsOnly { key, port } })
+    }
+}
 
 /// How long an outgoing connect may take (resolution, route, handshake).
 pub const CONNECT_TIMEOUT: Duration = Duration::from_secs(15);
@@ -88,6 +138,8 @@ struct Counters {
     connect_failed: u64,
     accepted: u64,
     refused: u64,
+    side_auth_failed: u64,
+    side_bad_handshake: u64,
     tx_messages: u64,
     rx_messages: u64,
     conn_down: u64,
@@ -116,6 +168,7 @@ struct ListenerHandle {
 /// RDS over InfiniBand / RoCE behind [`RdsTransport`].
 pub struct IbTransport {
     verbs: Arc<Verbs>,
+    cfg: IbConfig,
     shared: Arc<Shared>,
     listeners: Mutex<HashMap<IpAddr, ListenerHandle>>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -127,9 +180,14 @@ impl IbTransport {
         device_names().map(|d| !d.is_empty()).unwrap_or(false)
     }
 
-    /// Starts the transport's event thread. ENODEV when the host has no
-    /// RDMA device.
+    /// Starts the transport's event thread (RDMA CM mode). ENODEV when the
+    /// host has no RDMA device.
     pub fn new() -> io::Result<Arc<IbTransport>> {
+        IbTransport::with_config(IbConfig::default())
+    }
+
+    /// [`IbTransport::new`] in the setup mode `cfg` asks for.
+    pub fn with_config(cfg: IbConfig) -> io::Result<Arc<IbTransport>> {
         if !IbTransport::available() {
             return Err(io::Error::from_raw_os_error(libc::ENODEV));
         }
@@ -151,6 +209,7 @@ impl IbTransport {
         let h = std::thread::Builder::new().name("rds-ib".into()).spawn(move || ev.run())?;
         Ok(Arc::new(IbTransport {
             verbs: Verbs::new(),
+            cfg,
             shared,
             listeners: Mutex::new(HashMap::new()),
             thread: Mutex::new(Some(h)),
@@ -176,9 +235,13 @@ impl RdsTransport for IbTransport {
     }
 
     /// `rds_ib_laddr_check`: an RDMA CM id binds to the address and lands
-    /// on an RDMA device.
+    /// on an RDMA device (verbs-only: a port has a GID for the address).
     fn laddr_check(&self, addr: IpAddr) -> io::Result<()> {
         let a = IbTransport::v4(addr)?;
+        if let SetupMode::VerbsOnly { .. } = self.cfg.mode {
+            // No RDMA CM: the address must be in a port's GID table.
+            return self.verbs.port_for_ip(a).map(|_| ());
+        }
         if crate::verbs::addr_has_device(a)? {
             Ok(())
         } else {
@@ -192,8 +255,14 @@ impl RdsTransport for IbTransport {
         if ls.contains_key(&addr) {
             return Ok(());
         }
-        let mut l = Listener::bind(&self.verbs, a).map_err(|e| {
-            if e.raw_os_error() == Some(libc::EADDRINUSE) { e } else { io::Error::new(e.kind(), format!("RDS-IB listen on {a}:{RDS_IB_PORT}: {e}")) }
+        let (bound, port) = match &self.cfg.mode {
+            SetupMode::Cm => (Listener::bind(&self.verbs, a).map(AnyListener::Cm), RDS_IB_PORT),
+            SetupMode::VerbsOnly { key, port } => {
+                (SideListener::bind(&self.verbs, a, key.clone(), *port).map(AnyListener::Side), *port)
+            }
+        };
+        let mut l = bound.map_err(|e| {
+            if e.raw_os_error() == Some(libc::EADDRINUSE) { e } else { io::Error::new(e.kind(), format!("RDS-IB listen on {a}:{port}: {e}")) }
         })?;
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
@@ -223,8 +292,12 @@ impl RdsTransport for IbTransport {
         lock(&self.shared.counters).connects += 1;
         let verbs = self.verbs.clone();
         let shared = self.shared.clone();
+        let mode = self.cfg.mode.clone();
         let spawned = std::thread::Builder::new().name("rds-ib-connect".into()).spawn(move || {
-            let r = Conn::connect(&verbs, l, f, CONNECT_TIMEOUT);
+            let r = match &mode {
+                SetupMode::Cm => Conn::connect(&verbs, l, f, CONNECT_TIMEOUT),
+                SetupMode::VerbsOnly { key, port } => Conn::connect_side(&verbs, l, f, key, *port, CONNECT_TIMEOUT),
+            };
             lock(&shared.connecting_pairs).remove(&(l, f));
             shared.push(Cmd::Connected(path, r));
         });
@@ -263,6 +336,9 @@ impl RdsTransport for IbTransport {
             ("ib_connect_failed", c.connect_failed),
             ("ib_accepted", c.accepted),
             ("ib_accept_refused", c.refused),
+            ("ib_qp_created", self.verbs.qp_created()),
+            ("ib_side_auth_failed", c.side_auth_failed),
+            ("ib_side_bad_handshake", c.side_bad_handshake),
             ("ib_tx_messages", c.tx_messages),
             ("ib_rx_messages", c.rx_messages),
             ("ib_conn_down", c.conn_down),
@@ -289,7 +365,39 @@ impl Drop for Shared {
     }
 }
 
-fn listen_loop(l: &mut Listener, stop: &AtomicBool, shared: &Arc<Shared>) {
+/// The listener of either setup mode.
+enum AnyListener {
+    Cm(Listener),
+    Side(SideListener),
+}
+
+impl AnyListener {
+    fn accept_with(
+        &mut self,
+        deadline: Instant,
+        admit: &mut dyn FnMut(Ipv4Addr, Ipv4Addr) -> bool,
+    ) -> io::Result<Option<Conn>> {
+        match self {
+            AnyListener::Cm(l) => l.accept_with(deadline, admit),
+            AnyListener::Side(l) => l.accept_with(deadline, admit),
+        }
+    }
+
+    /// Side channel refusals since the last call: (auth failed, bad handshake).
+    fn take_side_counts(&mut self, seen: &mut (u64, u64)) -> (u64, u64) {
+        match self {
+            AnyListener::Cm(_) => (0, 0),
+            AnyListener::Side(l) => {
+                let d = (l.auth_failed - seen.0, l.bad_handshake - seen.1);
+                *seen = (l.auth_failed, l.bad_handshake);
+                d
+            }
+        }
+    }
+}
+
+fn listen_loop(l: &mut AnyListener, stop: &AtomicBool, shared: &Arc<Shared>) {
+    let mut seen = (0, 0);
     while !stop.load(Ordering::Acquire) {
         let mut taken: Option<PathInfo> = None;
         let mut refused = false;
@@ -312,8 +420,12 @@ fn listen_loop(l: &mut Listener, stop: &AtomicBool, shared: &Arc<Shared>) {
                 }
             }
         });
-        if refused {
-            lock(&shared.counters).refused += 1;
+        let (auth, bad) = l.take_side_counts(&mut seen);
+        {
+            let mut c = lock(&shared.counters);
+            c.refused += u64::from(refused);
+            c.side_auth_failed += auth;
+            c.side_bad_handshake += bad;
         }
         match (res, taken) {
             (Ok(Some(conn)), Some(info)) => {

@@ -46,6 +46,9 @@ use rds_core::wire::{self, Header, HEADER_LEN, PROTOCOL_3_1};
 
 use crate::credits::FlowControl;
 use crate::frag::{ack_only_header, OutFrame, OutMessage, Reassembler, RecvError, RxKind, SignalState, FRAG_SIZE};
+mod side;
+pub use side::{PortInfo, SideListener};
+
 use crate::private::{
     passive_negotiate, reject_data, version_usable, ActiveNegotiation, ConnectPrivate, Family, PrivAddrs,
     RejectAction,
@@ -128,6 +131,10 @@ struct Pd {
 /// (librdmacm's), shared by all connections.
 pub struct Verbs {
     pds: Mutex<Vec<Pd>>,
+    /// Device contexts opened by us (verbs-only mode): name and context.
+    opened: Mutex<Vec<(String, *mut sys::ibv_context)>>,
+    /// QPs created so far (both modes).
+    qp_created: std::sync::atomic::AtomicU64,
 }
 
 // SAFETY: the PD and context pointers are library objects that verbs allow
@@ -138,7 +145,7 @@ unsafe impl Sync for Verbs {}
 
 impl Verbs {
     pub fn new() -> Arc<Verbs> {
-        Arc::new(Verbs { pds: Mutex::new(Vec::new()) })
+        Arc::new(Verbs { pds: Mutex::new(Vec::new()), opened: Mutex::new(Vec::new()), qp_created: Default::default() })
     }
 
     /// The shared PD of a device context, allocated on first use.
@@ -156,6 +163,11 @@ impl Verbs {
         Ok(pd)
     }
 
+    /// QPs created so far, in both setup modes.
+    pub fn qp_created(&self) -> u64 {
+        self.qp_created.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
     /// Number of PDs allocated (one per device in use).
     pub fn pd_count(&self) -> usize {
         self.pds.lock().map(|p| p.len()).unwrap_or(0)
@@ -168,6 +180,11 @@ impl Drop for Verbs {
         for p in pds.drain(..) {
             // SAFETY: every connection holding this PD (through an Arc) is gone.
             unsafe { sys::ibv_dealloc_pd(p.pd) };
+        }
+        let opened = self.opened.get_mut().unwrap_or_else(|p| p.into_inner());
+        for (_, ctx) in opened.drain(..) {
+            // SAFETY: opened by us; its PDs are gone.
+            unsafe { sys::ibv_close_device(ctx) };
         }
     }
 }
@@ -367,9 +384,10 @@ pub const REJ_RETRY: i32 = 2;
 
 /// One RDS-IB connection: CM id, RC QP, CQs, rings.
 pub struct Conn {
-    // Field order is drop order where it matters: the id (and its QP) goes
-    // first, then CQs and MRs, then the channel, then the shared PD.
-    id: *mut sys::rdma_cm_id,
+    // Field order is drop order where it matters: the QP (and the CM id)
+    // goes first (in Drop), then CQs and MRs, then the channel or socket,
+    // then the shared PD.
+    link: Link,
     send_cq: *mut sys::ibv_cq,
     recv_cq: *mut sys::ibv_cq,
     comp: *mut sys::ibv_comp_channel,
@@ -387,7 +405,6 @@ pub struct Conn {
     rx_data: Mr,
     tx_hdr: Mr,
     tx_data: Mr,
-    ch: Channel,
     _verbs: Arc<Verbs>,
     tx_free: Vec<usize>,
     /// Posted sends in order: slot and whether it is an ack-only frame.
@@ -413,10 +430,18 @@ unsafe impl Send for Conn {}
 impl Conn {
     /// Creates CQs, MRs and the QP on `id` (whose device is known) and posts
     /// the receive ring.
-    fn build(verbs: Arc<Verbs>, ch: Channel, id: *mut sys::rdma_cm_id) -> io::Result<Conn> {
-        // SAFETY: id is live and bound to a device (address resolved or a
-        // connect request), so verbs is set.
-        let ctx = unsafe { (*id).verbs };
+    ///
+    /// Owns `link` from here on: on an error everything (the CM id too) is
+    /// released. A [`Link::Side`] QP is created with `ibv_create_qp` and
+    /// moved to INIT on `side_port` (the CM moves its own).
+    fn build(verbs: Arc<Verbs>, link: Link, side: Option<(*mut sys::ibv_context, u8)>) -> io::Result<Conn> {
+        let ctx = match (&link, side) {
+            // SAFETY: id is live and bound to a device (address resolved or
+            // a connect request), so verbs is set.
+            (Link::Cm { id, .. }, _) => unsafe { (**id).verbs },
+            (Link::Side { .. }, Some((ctx, _))) => ctx,
+            (Link::Side { .. }, None) => ptr::null_mut(),
+        };
         if ctx.is_null() {
             return Err(err(libc::ENODEV, "RDMA CM id without a device"));
         }
@@ -479,7 +504,7 @@ impl Conn {
             }
         };
         let mut conn = Conn {
-            id,
+            link,
             send_cq,
             recv_cq,
             comp,
@@ -492,8 +517,7 @@ impl Conn {
             rx_data,
             tx_hdr,
             tx_data,
-            ch,
-            _verbs: verbs,
+            _verbs: verbs.clone(),
             tx_free: (0..SEND_WR).rev().collect(),
             tx_inflight: VecDeque::new(),
             fc: FlowControl::new(false),
@@ -519,8 +543,25 @@ impl Conn {
         attr.cap.max_recv_wr = RECV_WR as u32;
         attr.cap.max_send_sge = 2;
         attr.cap.max_recv_sge = 2;
-        // SAFETY: id, pd and attr are valid; the QP is owned by id.
-        check(unsafe { sys::rdma_create_qp(id, pd, &mut attr) }, "rdma_create_qp")?;
+        match &mut conn.link {
+            Link::Cm { id, .. } => {
+                // SAFETY: id, pd and attr are valid; the QP is owned by id.
+                check(unsafe { sys::rdma_create_qp(*id, pd, &mut attr) }, "rdma_create_qp")?;
+            }
+            Link::Side { qp, .. } => {
+                // SAFETY: pd and attr are valid; the QP is destroyed by Link.
+                let q = unsafe { sys::ibv_create_qp(pd, &mut attr) };
+                if q.is_null() {
+                    let e = errno();
+                    return Err(err(e.raw_os_error().unwrap_or(libc::EIO), "ibv_create_qp"));
+                }
+                *qp = q;
+            }
+        }
+        verbs.qp_created.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if let Some((_, port)) = side {
+            conn.modify_init(port)?;
+        }
         for i in 0..RECV_WR {
             conn.post_recv(i)?;
         }
@@ -529,8 +570,26 @@ impl Conn {
     }
 
     fn qp(&self) -> *mut sys::ibv_qp {
-        // SAFETY: id is live for the life of self.
-        unsafe { (*self.id).qp }
+        match &self.link {
+            // SAFETY: id is live for the life of self.
+            Link::Cm { id, .. } => unsafe { (**id).qp },
+            Link::Side { qp, .. } => *qp,
+        }
+    }
+
+    /// The connection's RDMA CM event channel (CM mode only).
+    fn cm_channel(&self) -> io::Result<&Channel> {
+        match &self.link {
+            Link::Cm { ch, .. } => Ok(ch),
+            Link::Side { .. } => Err(err(libc::EINVAL, "no RDMA CM on a verbs-only connection")),
+        }
+    }
+
+    fn cm_id(&self) -> *mut sys::rdma_cm_id {
+        match &self.link {
+            Link::Cm { id, .. } => *id,
+            Link::Side { .. } => ptr::null_mut(),
+        }
     }
 
     fn post_recv(&mut self, i: usize) -> io::Result<()> {
@@ -598,10 +657,7 @@ impl Conn {
         check(unsafe { sys::rdma_resolve_route(id, RESOLVE_TIMEOUT_MS) }, "rdma_resolve_route")?;
         ch.expect(sys::rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED, deadline)?;
         std::mem::forget(guard);
-        let mut conn = Conn::build(verbs.clone(), ch, id).inspect_err(|_| {
-            // SAFETY: build failed before creating the QP; the id is ours.
-            unsafe { sys::rdma_destroy_id(id) };
-        })?;
+        let mut conn = Conn::build(verbs.clone(), Link::Cm { id, ch }, None)?;
         conn.local = local;
         conn.peer = peer;
         let addrs = PrivAddrs::V4 { saddr: local, daddr: peer };
@@ -609,7 +665,7 @@ impl Conn {
         let mut param = conn_param(&dp);
         // SAFETY: id has a QP; param and its private data live across the call.
         check(unsafe { sys::rdma_connect(id, &mut param) }, "rdma_connect")?;
-        let Some(ev) = conn.ch.next(deadline)? else {
+        let Some(ev) = conn.cm_channel()?.next(deadline)? else {
             return Err(err(libc::ETIMEDOUT, "RDS-IB connect: no answer"));
         };
         match ev.kind {
@@ -936,9 +992,14 @@ impl Conn {
     }
 
     /// The descriptor of the connection's RDMA CM event channel.
+    /// On a verbs-only connection: its side channel socket (readable when
+    /// the peer closes it).
     pub fn cm_fd(&self) -> c_int {
-        // SAFETY: the channel is live for the life of self.
-        unsafe { (*self.ch.0).fd }
+        match &self.link {
+            // SAFETY: the channel is live for the life of self.
+            Link::Cm { ch, .. } => unsafe { (*ch.0).fd },
+            Link::Side { sock, .. } => std::os::fd::AsRawFd::as_raw_fd(sock),
+        }
     }
 
     fn req_notify(&mut self) -> io::Result<()> {
@@ -991,7 +1052,14 @@ impl Conn {
     /// disconnect (or device removal, address change, timewait exit) is an
     /// `Err` and marks the connection down.
     pub fn poll_cm_event(&mut self) -> io::Result<Option<String>> {
-        match self.ch.next(Instant::now())? {
+        if let Link::Side { sock, .. } = &self.link {
+            let r = side::poll_closed(sock);
+            if r.is_err() {
+                self.up = false;
+            }
+            return r.map(|()| None);
+        }
+        match self.cm_channel()?.next(Instant::now())? {
             None => Ok(None),
             Some(ev) => {
                 if matches!(
@@ -1095,7 +1163,14 @@ impl Conn {
 
     /// Handles CM events of the connection (a disconnect ends it).
     fn poll_cm(&mut self) -> io::Result<()> {
-        if let Some(ev) = self.ch.next(Instant::now())? {
+        if let Link::Side { sock, .. } = &self.link {
+            let r = side::poll_closed(sock);
+            if r.is_err() {
+                self.up = false;
+            }
+            return r;
+        }
+        if let Some(ev) = self.cm_channel()?.next(Instant::now())? {
             if matches!(
                 ev.kind,
                 sys::rdma_cm_event_type::RDMA_CM_EVENT_DISCONNECTED
@@ -1160,8 +1235,24 @@ impl Conn {
         if !self.disconnected {
             self.up = false;
             self.disconnected = true;
-            // SAFETY: id is live and connected.
-            unsafe { sys::rdma_disconnect(self.id) };
+            match &self.link {
+                // SAFETY: id is live and connected.
+                Link::Cm { id, .. } => unsafe {
+                    sys::rdma_disconnect(*id);
+                },
+                Link::Side { qp, sock } => {
+                    // The QP to ERR flushes everything posted; the peer
+                    // sees the side channel close.
+                    if !qp.is_null() {
+                        // SAFETY: an all-zero ibv_qp_attr is valid.
+                        let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
+                        a.qp_state = sys::ibv_qp_state::IBV_QPS_ERR;
+                        // SAFETY: the QP is live; a is valid for the call.
+                        unsafe { sys::ibv_modify_qp(*qp, &mut a, sys::ibv_qp_attr_mask::IBV_QP_STATE.0 as c_int) };
+                    }
+                    let _ = sock.shutdown(std::net::Shutdown::Both);
+                }
+            }
         }
     }
 }
@@ -1169,15 +1260,57 @@ impl Conn {
 impl Drop for Conn {
     fn drop(&mut self) {
         self.disconnect();
-        // SAFETY: the QP and id are ours; nothing is posted from now on. The
-        // CQs and MRs are destroyed after the QP that used them.
+        // The QP (and CM id) first; nothing is posted from now on. The CQs
+        // and MRs are destroyed after the QP that used them.
+        self.link.release();
+        // SAFETY: the CQs and the channel are ours and no QP uses them now.
         unsafe {
-            sys::rdma_destroy_qp(self.id);
-            sys::rdma_destroy_id(self.id);
             sys::ibv_destroy_cq(self.send_cq);
             sys::ibv_destroy_cq(self.recv_cq);
             sys::ibv_destroy_comp_channel(self.comp);
         }
+    }
+}
+
+/// What a connection's QP hangs off: an RDMA CM id (with its event
+/// channel), or, in the verbs-only mode, a QP of our own and the TCP side
+/// channel it was set up over.
+enum Link {
+    Cm { id: *mut sys::rdma_cm_id, ch: Channel },
+    Side { qp: *mut sys::ibv_qp, sock: std::net::TcpStream },
+}
+
+impl Link {
+    /// Destroys the QP and the CM id (once; later calls do nothing).
+    fn release(&mut self) {
+        match self {
+            Link::Cm { id, .. } => {
+                if !id.is_null() {
+                    // SAFETY: the id is ours; its QP, if any, was created by
+                    // rdma_create_qp and nothing is posted any more.
+                    unsafe {
+                        if !(**id).qp.is_null() {
+                            sys::rdma_destroy_qp(*id);
+                        }
+                        sys::rdma_destroy_id(*id);
+                    }
+                    *id = ptr::null_mut();
+                }
+            }
+            Link::Side { qp, .. } => {
+                if !qp.is_null() {
+                    // SAFETY: the QP is ours and nothing is posted any more.
+                    unsafe { sys::ibv_destroy_qp(*qp) };
+                    *qp = ptr::null_mut();
+                }
+            }
+        }
+    }
+}
+
+impl Drop for Link {
+    fn drop(&mut self) {
+        self.release();
     }
 }
 
@@ -1295,10 +1428,7 @@ impl Listener {
             // SAFETY: ev.id is live and all its events are acked; it moves to
             // the connection's own channel.
             check(unsafe { sys::rdma_migrate_id(ev.id, ch.0) }, "rdma_migrate_id")?;
-            let mut conn = Conn::build(self.verbs.clone(), ch, ev.id).inspect_err(|_| {
-                // SAFETY: build failed before the QP existed; the id is ours.
-                unsafe { sys::rdma_destroy_id(ev.id) };
-            })?;
+            let mut conn = Conn::build(self.verbs.clone(), Link::Cm { id: ev.id, ch }, None)?;
             conn.local = la.unwrap_or(self.local);
             conn.peer = pa.unwrap_or(Ipv4Addr::from(0));
             conn.version = version;
@@ -1309,9 +1439,9 @@ impl Listener {
             let rep = ConnectPrivate::new(addrs, version, dp.tos, 0, 0).encode();
             let mut param = conn_param(&rep);
             // SAFETY: the id has a QP; param and rep live across the call.
-            check(unsafe { sys::rdma_accept(conn.id, &mut param) }, "rdma_accept")?;
+            check(unsafe { sys::rdma_accept(conn.cm_id(), &mut param) }, "rdma_accept")?;
             let est_deadline = deadline.max(Instant::now() + Duration::from_secs(5));
-            conn.ch.expect(sys::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, est_deadline)?;
+            conn.cm_channel()?.expect(sys::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, est_deadline)?;
             conn.up = true;
             return Ok(Some(conn));
         }

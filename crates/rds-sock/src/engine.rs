@@ -331,8 +331,18 @@ impl Engine {
         node.register_transport(TransportCaps::loopback());
         let tcp = TcpTransport::new(cfg.tcp)?;
         let lo = LoopTransport::new();
+        // Setup mode from the environment: RDMA CM by default; verbs-only
+        // with a pre-shared key when RDS_IB_PSK_FILE names a key file (side
+        // channel port RDS_IB_SIDE_PORT, default 18635). A bad key file
+        // leaves the engine without IB rather than unauthenticated.
         #[cfg(feature = "ib")]
-        let ib = rds_ib::IbTransport::new().ok();
+        let ib = match rds_ib::IbConfig::from_env() {
+            Ok(c) => rds_ib::IbTransport::with_config(c).ok(),
+            Err(e) => {
+                eprintln!("rds-ib: not started: {e}");
+                None
+            }
+        };
         #[cfg(feature = "ib")]
         if ib.is_some() {
             node.register_transport(TransportCaps::ib());

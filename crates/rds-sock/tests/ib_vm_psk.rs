@@ -1,0 +1,178 @@
+//! Our engine over RDS-IB in the verbs-only setup mode (feature `ib`; no
+//! RDMA CM: QP number, PSN, GID and MTU over a TCP side channel
+//! authenticated with a pre-shared key) in the VM rig (`/work/shared/vmrig`:
+//! two Debian 12 guests, kernel 6.1, Soft-RoCE over their link; `rdma_ucm`
+//! is not even loaded).
+//!
+//! One boot runs `tests/vm/ib_psk_scenario.sh`:
+//!
+//! * phase A: our engine to our engine (`rds-ib-peer`, both with
+//!   `RDS_IB_PSK_FILE` naming the same key): 0 B, 1 B, 4 KiB, 64 KiB and
+//!   1 MiB from node2 to node1, then the same back, each checked byte by
+//!   byte, in order, all acked; each side used the RoCE v2 GID index of its
+//!   address (as the rig's `rxe-gid-index` finds it);
+//! * phase B: node1 (a fresh engine with the key) is sent to by a rogue
+//!   side channel client (a well-formed CLIENT_PARAMS with a MAC under a
+//!   wrong key) and by an engine with the wrong key: node1 closes them,
+//!   counts them (`ib_side_auth_failed`, `ib_side_bad_handshake`), creates
+//!   no QP (`ib_qp_created` 0) and receives nothing; the wrong-key engine
+//!   creates no QP either (it refuses node1's proof first) and none of its
+//!   messages is acked.
+//!
+//! Run: `cargo test --release -p rds-sock --features ib --test ib_vm_psk`.
+//! When the rig cannot start the test prints one line starting with
+//! `SKIP:` and passes.
+#![cfg(feature = "ib")]
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+const SIZES: [usize; 5] = [0, 1, 4096, 65536, 1 << 20];
+
+fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+}
+
+fn find_rig() -> Result<PathBuf, String> {
+    let mut cands = Vec::new();
+    if let Ok(d) = std::env::var("VMRIG_DIR") {
+        cands.push(PathBuf::from(d));
+    }
+    cands.push(workspace_root().join("../shared/vmrig"));
+    cands.push(PathBuf::from("/work/shared/vmrig"));
+    let tried: Vec<String> = cands.iter().map(|d| d.display().to_string()).collect();
+    cands
+        .into_iter()
+        .find(|d| d.join("vmrig").is_file())
+        .ok_or_else(|| format!("no VM rig found (tried {}; set VMRIG_DIR)", tried.join(", ")))
+}
+
+fn rig_ready() -> Result<(), String> {
+    let cache = PathBuf::from(std::env::var("VMRIG_CACHE").unwrap_or_else(|_| "/var/cache/vmrig".into()));
+    for f in ["initrd.img", "kernel", "qemu"] {
+        if !cache.join(f).exists() {
+            return Err(format!("the VM rig is not set up ({} missing; run `vmrig setup`)", cache.join(f).display()));
+        }
+    }
+    Ok(())
+}
+
+/// Lines of one node, prefix stripped.
+fn node_lines<'a>(out: &'a str, node: u8, prefix: &str) -> Vec<&'a str> {
+    let tag = format!("[node{node}] {prefix}");
+    out.lines().filter_map(|l| l.strip_prefix(tag.as_str())).collect()
+}
+
+fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let mut w = line.split_whitespace();
+    while let Some(x) = w.next() {
+        if x == key {
+            return w.next();
+        }
+    }
+    None
+}
+
+/// The value of counter `name` printed in phase `phase` by `node`.
+fn ctr(out: &str, node: u8, phase: &str, name: &str) -> u64 {
+    let l = node_lines(out, node, &format!("{phase} CTR {name} "));
+    assert_eq!(l.len(), 1, "node{node} phase {phase}: counter {name}: {l:?}");
+    l[0].trim().parse().unwrap_or_else(|_| panic!("counter {name}: {}", l[0]))
+}
+
+/// `RX k len n from A ok` lines: every size, in order, from `from`.
+fn check_rx(lines: &[&str], from: &str, what: &str) {
+    assert_eq!(lines.len(), SIZES.len(), "{what}: received {lines:?}");
+    for (k, l) in lines.iter().enumerate() {
+        assert_eq!(l.split_whitespace().next(), Some(k.to_string().as_str()), "{what}: order: {l}");
+        assert_eq!(field(l, "len"), Some(SIZES[k].to_string().as_str()), "{what}: {l}");
+        assert_eq!(field(l, "from"), Some(from), "{what}: {l}");
+        assert!(l.ends_with(" ok"), "{what}: {l}");
+    }
+}
+
+#[test]
+fn engine_over_ib_verbs_only_with_psk() {
+    let rig = match find_rig().and_then(|r| rig_ready().map(|()| r)) {
+        Ok(r) => r,
+        Err(why) => {
+            println!("SKIP: rds-sock over IB (verbs-only) in the VM rig not run: {why}");
+            return;
+        }
+    };
+    let root = workspace_root();
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_rds-ib-peer"));
+    let sizes: Vec<String> = SIZES.iter().map(|s| s.to_string()).collect();
+    let mut cmd = Command::new(rig.join("vmrig"));
+    cmd.current_dir(&root).args(["run", "-n", "2", "-t", "300"]);
+    if !bin.starts_with(&root) {
+        cmd.arg("-s").arg(bin.parent().unwrap());
+    }
+    cmd.arg("-e").arg(format!("PEER_BIN={}", bin.display()));
+    cmd.arg("-e").arg(format!("SIZES={}", sizes.join(" ")));
+    cmd.args(["--", "sh"]).arg(root.join("crates/rds-sock/tests/vm/ib_psk_scenario.sh"));
+    let t0 = Instant::now();
+    let out = match cmd.output() {
+        Ok(o) => o,
+        Err(e) => {
+            println!("SKIP: rds-sock over IB (verbs-only) in the VM rig not run: cannot run vmrig: {e}");
+            return;
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    println!("{stdout}\n{stderr}\nvmrig exit {:?} after {:.1} s", out.status.code(), t0.elapsed().as_secs_f64());
+    if !stdout.contains("[node1]") && !stdout.contains("[node2]") {
+        println!("SKIP: rds-sock over IB (verbs-only) in the VM rig not run: the guests did not come up");
+        return;
+    }
+    for node in [1, 2] {
+        assert_eq!(node_lines(&stdout, node, "RDMA_UCM "), vec!["absent"], "node{node}: no RDMA CM in the kernel");
+    }
+
+    // Phase A: ours with ours, same key.
+    for node in [1, 2] {
+        let b = node_lines(&stdout, node, "A BOUND ");
+        assert_eq!(b.len(), 1, "node{node} bound: {b:?}");
+        assert_eq!(field(b[0], "transport"), Some("0"), "IB: {}", b[0]);
+    }
+    check_rx(&node_lines(&stdout, 1, "A RX "), "10.99.0.2:5000", "phase A, node1");
+    check_rx(&node_lines(&stdout, 2, "A RX "), "10.99.0.1:4000", "phase A, node2");
+    for node in [1, 2] {
+        assert_eq!(node_lines(&stdout, node, "A TX ").len(), SIZES.len(), "node{node} sent");
+        assert_eq!(node_lines(&stdout, node, "A ACKED ").len(), 1, "node{node}: all acked");
+        assert_eq!(node_lines(&stdout, node, "A RESULT ok").len(), 1, "node{node} phase A");
+        assert!(ctr(&stdout, node, "A", "ib_qp_created") >= 1, "node{node}: a QP");
+        assert_eq!(ctr(&stdout, node, "A", "ib_side_auth_failed"), 0, "node{node}");
+        // The RoCE v2 GID of the node's address, as the rig finds it.
+        let gid = node_lines(&stdout, node, "GID ");
+        assert_eq!(gid.len(), 1, "node{node}: {gid:?}");
+        let used = node_lines(&stdout, node, "A rds-ib: verbs-only ");
+        assert!(!used.is_empty(), "node{node}: no verbs-only connection set up");
+        for u in used {
+            assert_eq!(field(u, "index"), Some(gid[0].trim()), "node{node}: {u}");
+            assert_eq!(field(u, "roce_v2"), Some("true"), "node{node}: {u}");
+        }
+    }
+    assert_eq!(ctr(&stdout, 2, "A", "ib_connect_failed"), 0);
+    assert!(ctr(&stdout, 1, "A", "ib_accepted") >= 1);
+
+    // Phase B: a rogue client and an engine with the wrong key.
+    assert_eq!(node_lines(&stdout, 2, "B ROGUE "), vec!["challenged", "closed"], "the rogue client was closed");
+    assert_eq!(node_lines(&stdout, 2, "B TX ").len(), SIZES.len(), "the wrong-key engine queued its messages");
+    assert_eq!(node_lines(&stdout, 2, "B UNACKED").len(), 1, "none of them acked");
+    assert!(node_lines(&stdout, 2, "B ACKED").is_empty());
+    assert_eq!(ctr(&stdout, 2, "B", "ib_qp_created"), 0, "the wrong-key engine created no QP");
+    assert!(ctr(&stdout, 2, "B", "ib_connect_failed") >= 1);
+    assert_eq!(ctr(&stdout, 2, "B", "ib_tx_messages"), 0);
+    assert_eq!(node_lines(&stdout, 1, "B NONE").len(), 1, "node1 received nothing");
+    assert!(node_lines(&stdout, 1, "B RX ").is_empty(), "node1 received something");
+    assert_eq!(ctr(&stdout, 1, "B", "ib_qp_created"), 0, "node1 created a QP for an unauthenticated peer");
+    assert_eq!(ctr(&stdout, 1, "B", "ib_accepted"), 0);
+    assert_eq!(ctr(&stdout, 1, "B", "ib_rx_messages"), 0);
+    assert!(ctr(&stdout, 1, "B", "ib_side_auth_failed") >= 1, "the rogue's bad MAC was counted");
+    assert!(ctr(&stdout, 1, "B", "ib_side_bad_handshake") >= 1, "the wrong-key engine's handshakes were counted");
+    assert_eq!(node_lines(&stdout, 1, "B RESULT ok").len(), 1);
+    assert!(out.status.success(), "vmrig exit {:?}", out.status.code());
+}

@@ -1,0 +1,36 @@
+#!/bin/sh
+# RDS-IB verbs-only setup (no RDMA CM; TCP side channel with a pre-shared
+# key) through our engine, in two vmrig guests (vmrig run -n 2).
+# Env: PEER_BIN = rds-ib-peer, SIZES.
+# rdma_ucm is never loaded: nothing can use RDMA CM.
+# Phase A: both engines with the same key: node1 (recv then send, port
+#   4000) with node2 (send then recv, port 5000).
+# Phase B: node1 (fresh engine, the right key, port 4001) expects nothing;
+#   node2 runs a rogue side channel client (a well-formed CLIENT_PARAMS with
+#   a MAC under a wrong key), then an engine with the wrong key sending to
+#   node1:4001. node1 must have created no QP and received nothing.
+set -e
+SIZES=${SIZES:-"0 1 4096 65536 1048576"}
+modprobe rdma_rxe
+modprobe ib_uverbs
+rdma link add rxe0 type rxe netdev eth0
+printf 'rds-ib verbs-only test key 0001\n' > /tmp/psk
+printf 'not the key of this test at all 02\n' > /tmp/badkey
+if lsmod | grep -q '^rdma_ucm'; then echo "RDMA_UCM loaded"; else echo "RDMA_UCM absent"; fi
+echo "GID $(rxe-gid-index rxe0 "$VMRIG_SELF")"
+barrier rxe 60
+if [ "$VMRIG_NODE" = 1 ]; then
+    RDS_IB_DEBUG=1 RDS_IB_PSK_FILE=/tmp/psk BARRIER=a-bound "$PEER_BIN" recv-send "$VMRIG_SELF" 4000 "$VMRIG_PEER" 5000 $SIZES 2>&1 | sed 's/^/A /' || st=$?
+    barrier a-done 120
+    RDS_IB_PSK_FILE=/tmp/psk BARRIER=b-bound WAIT_S=30 "$PEER_BIN" recv-none "$VMRIG_SELF" 4001 "$VMRIG_PEER" 5001 | sed 's/^/B /' || st=$?
+    barrier b-done 120
+    exit ${st:-0}
+else
+    RDS_IB_DEBUG=1 RDS_IB_PSK_FILE=/tmp/psk BARRIER=a-bound "$PEER_BIN" send-recv "$VMRIG_SELF" 5000 "$VMRIG_PEER" 4000 $SIZES 2>&1 | sed 's/^/A /' || st=$?
+    barrier a-done 120
+    barrier b-bound 60
+    RDS_IB_PSK_FILE=/tmp/badkey "$PEER_BIN" rogue "$VMRIG_SELF" 5001 "$VMRIG_PEER" 4001 | sed 's/^/B /' || st=$?
+    RDS_IB_PSK_FILE=/tmp/badkey FLUSH_S=15 "$PEER_BIN" send-unacked "$VMRIG_SELF" 5001 "$VMRIG_PEER" 4001 $SIZES | sed 's/^/B /' || st=$?
+    barrier b-done 120
+    exit ${st:-0}
+fi
