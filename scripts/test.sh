@@ -22,6 +22,8 @@ cargo clippy -p rds-tools --all-targets --features ib -- -D warnings
 cargo test --release -p rds-ib --features verbs
 echo "== rds-sock with IB (engine to engine and to the kernel's rds_rdma over rxe in the VM rig)"
 cargo test --release -p rds-sock --features ib --test ib_vm
+echo "== rds-sock with IB, verbs-only setup (PSK-authenticated side channel, a wrong key refused) in the VM rig"
+cargo test --release -p rds-sock --features ib --test ib_vm_psk
 echo "== fuzz (5 s per target; scripts/fuzz.sh 600 for ten minutes each)"
 scripts/fuzz.sh 5
 echo "== done"
