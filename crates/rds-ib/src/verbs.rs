@@ -1040,6 +1040,15 @@ impl Conn {
     pub fn reap(&mut self) -> io::Result<bool> {
         let r = self.reap_recv();
         let s = self.reap_send();
+        // An ack that came due while the previous ack-only frame was in
+        // flight goes once that frame completed (`rds_ib_ack_send_complete`
+        // attempts the ack again); otherwise the last ack of a stream waits
+        // for traffic that never comes.
+        if r.is_ok() && s.is_ok() && self.failed.is_none() {
+            if let Some(a) = self.fc.attempt_ack() {
+                self.post_ack(a.ack, a.credit)?;
+            }
+        }
         Ok(r? | s?)
     }
 
