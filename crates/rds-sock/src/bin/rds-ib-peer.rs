@@ -27,6 +27,26 @@
 //!     frame, `ROGUE answered` if it answers.
 //! ```
 //!
+//!
+//! ```text
+//! rds-ib-peer stream-send LOCAL LPORT PEER PPORT N
+//!     sends N numbered datagrams of mixed sizes (64 B .. 64 KiB, see
+//!     `stream_len`; the first 8 bytes are k big-endian, the rest is
+//!     pattern(k)) to PEER:PPORT, sleeping GAP_US microseconds (default
+//!     3000) after each, then waits FLUSH_S seconds (default 120) until all
+//!     are acked: `SENT n bytes b`, `ACKED n` or FAIL.
+//! rds-ib-peer stream-recv LOCAL LPORT PEER PPORT N
+//!     receives until message N-1 arrived (WAIT_S seconds without anything
+//!     ends it, default 60), then STRAGGLE_S more seconds (default 3) for
+//!     late duplicates; checks each against the next expected k (sender,
+//!     length and every byte): `RXSTAT received r inorder o dup d lost l
+//!     bad b` and at most 20 `ANOMALY ...` lines; ok only when o == N and
+//!     nothing else happened.
+//! ```
+//!
+//! Both print `DELTA name d` (counters at the end minus just after bind);
+//! `END_BARRIER` names a barrier run before the counters and the shutdown.
+//!
 //! Env: `GAP_MS` sleeps that long between sends; `PAUSE_AT=k` runs
 //! `barrier pause-k 120` before sending message k (a test cuts the link
 //! meanwhile). Output: `BOUND`, `TX k len n`, `ACKED`, `RX k len n from
@@ -49,8 +69,13 @@ fn barrier(name: &str, secs: u32) -> Result<(), String> {
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.len() < 5 || !matches!(args[0].as_str(), "send-recv" | "recv-send" | "recv-none" | "send-unacked" | "rogue") {
-        eprintln!("usage: rds-ib-peer send-recv|recv-send|recv-none|send-unacked|rogue LOCAL LPORT PEER PPORT SIZE...");
+    if args.len() < 5 || !matches!(
+            args[0].as_str(),
+            "send-recv" | "recv-send" | "recv-none" | "send-unacked" | "rogue" | "stream-send" | "stream-recv"
+        ) {
+        eprintln!(
+            "usage: rds-ib-peer send-recv|recv-send|recv-none|send-unacked|rogue|stream-send|stream-recv LOCAL LPORT PEER PPORT SIZE..."
+        );
         return ExitCode::from(2);
     }
     let res = if args[0] == "rogue" { rogue(&args) } else { run(&args) };
@@ -69,6 +94,9 @@ fn main() -> ExitCode {
 fn run(a: &[String]) -> Result<(), String> {
     let local: SocketAddr = format!("{}:{}", a[1], a[2]).parse().map_err(|e| format!("local: {e}"))?;
     let peer: SocketAddr = format!("{}:{}", a[3], a[4]).parse().map_err(|e| format!("peer: {e}"))?;
+    if a[0].starts_with("stream-") {
+        return stream(a, local, peer);
+    }
     let sizes: Vec<usize> = a[5..].iter().map(|s| s.parse().map_err(|_| format!("bad size {s}"))).collect::<Result<_, _>>()?;
     let gap = std::env::var("GAP_MS").ok().and_then(|v| v.parse().ok()).map(Duration::from_millis);
     let pause_at: Option<usize> = std::env::var("PAUSE_AT").ok().and_then(|v| v.parse().ok());
@@ -162,6 +190,144 @@ fn run(a: &[String]) -> Result<(), String> {
         }
     }
     // Let the peer's last acks and our own go out before the process ends.
+    let rep = engine.shutdown(Duration::from_secs(5));
+    println!("UNSENT {}", rep.messages());
+    res
+}
+
+/// Length of stream message k: 64 B .. 64 KiB, mostly small, a few large.
+fn stream_len(k: usize) -> usize {
+    let h = (k as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15).rotate_left(29).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    let h = (h ^ (h >> 31)) as usize;
+    match h % 8 {
+        0 => 65536,
+        1 => 64,
+        2 | 3 => 64 + (h >> 8) % (65536 - 64 + 1),
+        _ => 64 + (h >> 8) % 4033,
+    }
+}
+
+fn stream_msg(k: usize) -> Vec<u8> {
+    let mut m = pattern(k, stream_len(k));
+    m[..8].copy_from_slice(&(k as u64).to_be_bytes());
+    m
+}
+
+/// `stream-send` / `stream-recv` (see the module docs).
+fn stream(a: &[String], local: SocketAddr, peer: SocketAddr) -> Result<(), String> {
+    let n: usize = a.get(5).and_then(|v| v.parse().ok()).ok_or("N missing")?;
+    let env_u64 = |name: &str, dflt: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(dflt);
+    let engine = Engine::global().map_err(|e| format!("engine: {e}"))?;
+    let s = engine.socket().map_err(|e| format!("socket: {e}"))?;
+    s.set_transport(TransportKind::Ib).map_err(|e| format!("SO_RDS_TRANSPORT=IB: {e}"))?;
+    s.set_send_buffer_size_force(8 << 20).map_err(|e| e.to_string())?;
+    s.set_recv_buffer_size_force(16 << 20).map_err(|e| e.to_string())?;
+    s.bind(local).map_err(|e| format!("bind {local}: {e}"))?;
+    println!("BOUND {local} transport {}", s.transport_raw().map_err(|e| e.to_string())?);
+    let before = engine.counters();
+    if let Ok(b) = std::env::var("BARRIER") {
+        barrier(&b, 60)?;
+    }
+    let t0 = Instant::now();
+    let res = if a[0] == "stream-send" {
+        let gap = Duration::from_micros(env_u64("GAP_US", 3000));
+        let mut bytes = 0usize;
+        let mut res = Ok(());
+        'send: for k in 0..n {
+            let m = stream_msg(k);
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                match s.send_to(&m, peer) {
+                    Ok(_) => break,
+                    Err(e) if matches!(e.raw_os_error(), Some(libc::ENOBUFS) | Some(libc::EAGAIN)) && Instant::now() < deadline => {
+                        std::thread::sleep(Duration::from_millis(2));
+                    }
+                    Err(e) => {
+                        res = Err(format!("send {k}: {e}"));
+                        break 'send;
+                    }
+                }
+            }
+            bytes += m.len();
+            if k % 500 == 0 {
+                println!("PROGRESS {k} at {:.2} s", t0.elapsed().as_secs_f64());
+            }
+            std::thread::sleep(gap);
+        }
+        if res.is_ok() {
+            println!("SENT {n} bytes {bytes} in {:.2} s", t0.elapsed().as_secs_f64());
+            if s.flush(Duration::from_secs(env_u64("FLUSH_S", 120))) {
+                println!("ACKED {n} at {:.2} s", t0.elapsed().as_secs_f64());
+            } else {
+                res = Err(format!("not all of the {n} messages acked"));
+            }
+        }
+        res
+    } else {
+        let mut buf = vec![0u8; 1 << 17];
+        let (mut received, mut inorder, mut dup, mut lost, mut bad) = (0usize, 0usize, 0usize, 0usize, 0usize);
+        let mut anomalies = 0;
+        let mut note = |what: String| {
+            anomalies += 1;
+            if anomalies <= 20 {
+                println!("ANOMALY {what}");
+            }
+        };
+        let mut next = 0usize;
+        s.set_read_timeout(Some(Duration::from_secs(env_u64("WAIT_S", 60)))).map_err(|e| e.to_string())?;
+        let mut straggling = false;
+        loop {
+            let (len, from) = match s.recv_from(&mut buf) {
+                Ok(x) => x,
+                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN) | Some(libc::ETIMEDOUT)) => break,
+                Err(e) => return Err(format!("recv after {received}: {e}")),
+            };
+            received += 1;
+            let k = if len >= 8 { u64::from_be_bytes(buf[..8].try_into().unwrap()) as usize } else { usize::MAX };
+            if from != peer || len < 8 || k >= n || buf[..len] != stream_msg(k)[..] {
+                bad += 1;
+                note(format!("bad message #{received} len {len} from {from} k {k}"));
+            } else if k < next {
+                dup += 1;
+                note(format!("duplicate k {k} (expected {next})"));
+            } else {
+                if k > next {
+                    lost += k - next;
+                    note(format!("gap: k {k} while expecting {next}"));
+                } else {
+                    inorder += 1;
+                }
+                next = k + 1;
+            }
+            if next == n && !straggling {
+                println!("LAST at {:.2} s", t0.elapsed().as_secs_f64());
+                straggling = true;
+                s.set_read_timeout(Some(Duration::from_secs(env_u64("STRAGGLE_S", 3)))).map_err(|e| e.to_string())?;
+            }
+        }
+        lost += n - next;
+        println!("RXSTAT received {received} inorder {inorder} dup {dup} lost {lost} bad {bad}");
+        if inorder == n && received == n && dup + lost + bad == 0 {
+            Ok(())
+        } else {
+            Err(format!("received {received}, in order {inorder} of {n}, dup {dup}, lost {lost}, bad {bad}"))
+        }
+    };
+    if let Ok(b) = std::env::var("END_BARRIER") {
+        let _ = barrier(&b, 180);
+    }
+    if res.is_err() || std::env::var_os("RDS_IB_DEBUG").is_some() {
+        for c in engine.connections() {
+            println!("CONN {c:?}");
+        }
+    }
+    let after = engine.counters();
+    for (name, v) in &after {
+        if name.starts_with("ib_") || name.contains("conn_reset") || name.contains("retrans") || name.contains("drop") {
+            let b = before.iter().find(|(m, _)| m == name).map_or(0, |(_, x)| *x);
+            println!("DELTA {name} {}", v.saturating_sub(b));
+        }
+    }
     let rep = engine.shutdown(Duration::from_secs(5));
     println!("UNSENT {}", rep.messages());
     res
