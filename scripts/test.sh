@@ -24,6 +24,8 @@ echo "== rds-sock with IB (engine to engine and to the kernel's rds_rdma over rx
 cargo test --release -p rds-sock --features ib --test ib_vm
 echo "== rds-sock with IB, verbs-only setup (PSK-authenticated side channel, a wrong key refused) in the VM rig"
 cargo test --release -p rds-sock --features ib --test ib_vm_psk
+echo "== rds-sock with IB: the side channel killed mid-stream, nothing lost or duplicated (VM rig)"
+cargo test --release -p rds-sock --features ib --test ib_vm_disconnect
 echo "== fuzz (5 s per target; scripts/fuzz.sh 600 for ten minutes each)"
 scripts/fuzz.sh 5
 echo "== done"
