@@ -21,20 +21,10 @@ use crate::transport::TransportCaps;
 use crate::types::{addr_cmp, ConnId, Errno, PathId, Rng, SockId, TransportKind, RDS_TRANS_NONE};
 
 /// Which extension headers the multipath probe and its pong carry.
-///
-/// The default is `Full`: it interoperates with 6.1 kernels (they read
-/// every extension of a probe and ignore a congestion map's header; the
-/// kernel conformance tests pass with it, docs/interop.md), and between
-/// our nodes it is what keeps every message exactly once across
-/// whole-connection resets and restarts. `Mainline` reproduces the 6.1
-/// wire byte for byte.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HandshakeExts {
     /// NPATHS only: what mainline kernels before 2026 put on the wire
-    /// (their `rds_message_add_extension` refuses a second header); maps
-    /// carry the kernel's exact header (sequence 0, ports 0). Our nodes
-    /// cannot then tell a peer's restart nor which path an accepted
-    /// connection is, as between 6.1 kernels.
+    /// (their `rds_message_add_extension` refuses a second header).
     Mainline,
     /// NPATHS and GEN_NUM (as the 2026 kernels send them): lets the peer
     /// detect our restarts. SPORT_IDX is not sent: it would promise that our
@@ -47,10 +37,6 @@ pub enum HandshakeExts {
     /// peer's map arrived: a restart is known before anything meant for
     /// the previous instance is resent, and a connection joining two
     /// different paths is dropped before use (see `Node::complete_path`).
-    /// Until we have heard from a peer at all, its connections carry only
-    /// our map: every kernel and every rds-rs node sends its map first on a
-    /// new connection, so this never waits for long; a peer that stayed
-    /// silent until spoken to would never get anything else.
     Full,
 }
 
@@ -95,7 +81,7 @@ impl Default for NodeConfig {
     fn default() -> Self {
         NodeConfig {
             npaths: crate::wire::MPATH_WORKERS as u8,
-            handshake_exts: HandshakeExts::Full,
+            handshake_exts: HandshakeExts::Mainline,
             gen_num: 1,
             ping_enable: true,
             reconnect_min: Duration::from_millis(1),

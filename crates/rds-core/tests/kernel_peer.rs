@@ -29,14 +29,8 @@ fn node(addr: IpAddr) -> Node {
     node_with(addr, Duration::ZERO)
 }
 
-/// A node speaking the 6.1 wire (`HandshakeExts::Mainline`), as a kernel
-/// peer sees it; tests that hold for the default (`Full`) too say so.
 fn node_with(addr: IpAddr, settle: Duration) -> Node {
-    node_exts(addr, settle, HandshakeExts::Mainline)
-}
-
-fn node_exts(addr: IpAddr, settle: Duration, exts: HandshakeExts) -> Node {
-    let mut n = Node::new(NodeConfig { gen_num: 7, seed: 1, reconnect_settle: settle, handshake_exts: exts, ..NodeConfig::default() });
+    let mut n = Node::new(NodeConfig { gen_num: 7, seed: 1, reconnect_settle: settle, ..NodeConfig::default() });
     n.register_transport(TransportCaps::tcp());
     n.register_transport(TransportCaps::loopback());
     n.add_local(addr, TransportKind::Tcp);
@@ -276,12 +270,7 @@ fn after_a_reset_of_all_paths_they_reconnect_in_order_whatever_order_their_death
 /// took a connection, only maps and our probe go out on it.
 #[test]
 fn nothing_of_a_socket_goes_out_before_the_kernel_took_the_connection() {
-    nothing_goes_out_before_taken(HandshakeExts::Mainline);
-    nothing_goes_out_before_taken(HandshakeExts::Full);
-}
-
-fn nothing_goes_out_before_taken(exts: HandshakeExts) {
-    let mut n = node_exts(ip(1), Duration::ZERO, exts);
+    let mut n = node(ip(1));
     let s = n.socket();
     n.bind(s, SocketAddr::new(ip(1), 5000)).unwrap();
     let dst = SocketAddr::new(ip(2), 4000);
@@ -299,12 +288,7 @@ fn nothing_goes_out_before_taken(exts: HandshakeExts) {
     n.path_up(p0.id, p0.inst);
     let sent = pull(&mut n, &p0);
     let kinds: Vec<wire::Kind> = sent.iter().map(|m| m.0).collect();
-    // Full sends only its map until the peer's first message (its map).
-    let want: &[wire::Kind] = match exts {
-        HandshakeExts::Mainline => &[wire::Kind::CongMap, wire::Kind::ProbePing],
-        HandshakeExts::Full => &[wire::Kind::CongMap],
-    };
-    assert_eq!(kinds, want, "no datagram yet ({exts:?})");
+    assert_eq!(kinds, [wire::Kind::CongMap, wire::Kind::ProbePing], "no datagram yet");
     // The kernel resets it (no free slot): nothing of ours is lost.
     let t = Instant::now();
     n.path_down(p0.id, p0.inst, DownReason::Closed, t);
@@ -316,5 +300,5 @@ fn nothing_goes_out_before_taken(exts: HandshakeExts) {
     // Its map: it took this one.
     n.received(p0.id, p0.inst, map());
     let data: Vec<Vec<u8>> = pull(&mut n, &p0).into_iter().filter(|m| m.0 == wire::Kind::Data).map(|m| m.1).collect();
-    assert_eq!(data, [b"m1".to_vec(), b"m2".to_vec()], "{exts:?}");
+    assert_eq!(data, [b"m1".to_vec(), b"m2".to_vec()]);
 }

@@ -462,10 +462,6 @@ fn eight_paths_between_two_of_our_nodes() {
 
 /// A raw-TCP RDS peer that answers the multipath probe with a pong without
 /// extension headers (a peer without mprds) and records what it receives.
-/// Like every kernel, it sends its congestion map first on a new
-/// connection (`rds_connect_path_complete` queues it); a node with
-/// `HandshakeExts::Full` sends nothing but its own map and probe to a peer
-/// it never heard from until then.
 struct LegacyPeer {
     stop: Arc<AtomicBool>,
     accepts: Arc<AtomicU64>,
@@ -486,11 +482,8 @@ impl LegacyPeer {
             let mut probes = Vec::new();
             let mut buf = vec![0u8; 256 << 10];
             while !stop2.load(Ordering::SeqCst) {
-                if let Ok((mut c, _)) = l.accept() {
+                if let Ok((c, _)) = l.accept() {
                     accepts2.fetch_add(1, Ordering::SeqCst);
-                    let mut map = Header::cong_map().to_bytes().to_vec();
-                    map.resize(wire::HEADER_LEN + wire::CONG_MAP_BYTES, 0);
-                    c.write_all(&map).unwrap();
                     c.set_nonblocking(true).unwrap();
                     conns.push((c, FrameDecoder::default(), 1));
                 }
@@ -577,11 +570,7 @@ fn one_path_against_a_peer_whose_pong_has_no_npaths() {
     assert_eq!(e.tcp_connections().len(), 1);
     let probes = peer.finish();
     assert_eq!(probes.len(), 1, "one probe");
-    // NPATHS, and GEN_NUM with the default HandshakeExts::Full.
-    let exts: Vec<Ext> = probes[0].extensions().collect();
-    assert_eq!(exts.first(), Some(&Ext::Npaths(8)), "{exts:?}");
-    assert_eq!(exts.len(), 2, "{exts:?}");
-    assert!(matches!(exts[1], Ext::GenNum(g) if g != 0), "{exts:?}");
+    assert_eq!(probes[0].extensions().collect::<Vec<_>>(), vec![Ext::Npaths(8)]);
     e.shutdown(Duration::ZERO);
 }
 

@@ -31,7 +31,7 @@
 //! new connection marked RETRANSMITTED). How they are kept out depends on
 //! `NodeConfig::handshake_exts`:
 //!
-//! * `Mainline` (what a 6.1 kernel speaks): no GEN_NUM
+//! * `Mainline` (the engine default; what a 6.1 kernel speaks): no GEN_NUM
 //!   goes on the wire, so A and B cannot tell that C restarted
 //!   (`peer_restart` stays 0, nothing is flushed); they resend, and the new
 //!   C drops the resent datagrams that come first on its first connection of
@@ -417,17 +417,16 @@ fn paths_up(e: &Engine, c: IpAddr) -> usize {
         .sum()
 }
 
-/// `HandshakeExts::Mainline` (the 6.1 wire): no GEN_NUM on the wire.
+/// Engine defaults: `HandshakeExts::Mainline`, no GEN_NUM on the wire.
 #[test]
 fn kill_9_mid_stream_and_restart_mainline() {
+    assert_eq!(EngineConfig::default().node.handshake_exts, HandshakeExts::Mainline);
     run(addr_block(49), HandshakeExts::Mainline);
 }
 
-/// `HandshakeExts::Full` (the engine default): GEN_NUM tells A and B that
-/// C restarted.
+/// `HandshakeExts::Full`: GEN_NUM tells A and B that C restarted.
 #[test]
 fn kill_9_mid_stream_and_restart_full() {
-    assert_eq!(EngineConfig::default().node.handshake_exts, HandshakeExts::Full);
     run(addr_block(49), HandshakeExts::Full);
 }
 

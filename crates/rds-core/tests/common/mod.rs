@@ -83,10 +83,8 @@ pub struct Net {
 
 /// The configuration the tests start from: node `i` has generation number
 /// 100 + i and PRNG seed i.
-/// The 6.1 kernel's wire (`HandshakeExts::Mainline`): these tests check
-/// kernel-identical bytes; tests of `Full` ask for it.
 pub fn config(i: usize) -> NodeConfig {
-    NodeConfig { gen_num: 100 + i as u32, seed: i as u64, handshake_exts: HandshakeExts::Mainline, ..NodeConfig::default() }
+    NodeConfig { gen_num: 100 + i as u32, seed: i as u64, ..NodeConfig::default() }
 }
 
 pub fn make_node(cfg: NodeConfig, addr: IpAddr, kind: TransportKind) -> Node {
