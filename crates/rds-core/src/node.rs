@@ -37,6 +37,12 @@ pub enum HandshakeExts {
     /// peer's map arrived: a restart is known before anything meant for
     /// the previous instance is resent, and a connection joining two
     /// different paths is dropped before use (see `Node::complete_path`).
+    ///
+    /// Not the default: until we heard from a peer, a new connection carries
+    /// only our map (not even our probe), and a 6.1 kernel that sent its
+    /// map on another of its connections to our address then never speaks
+    /// on ours (seen once in the kernel conformance test: a restarted
+    /// process's only connection never carried data).
     Full,
 }
 
