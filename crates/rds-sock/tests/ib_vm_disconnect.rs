@@ -31,57 +31,16 @@
 //! prints one line starting with `SKIP:` and passes.
 #![cfg(feature = "ib")]
 
-use std::path::{Path, PathBuf};
+mod common;
+
+use common::{field, find_rig, node_lines, rig_ready, workspace_root};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
 const N: usize = 3000;
 const GAP_US: u64 = 3000;
 const KILLS: usize = 3;
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
-}
-
-fn find_rig() -> Result<PathBuf, String> {
-    let mut cands = Vec::new();
-    if let Ok(d) = std::env::var("VMRIG_DIR") {
-        cands.push(PathBuf::from(d));
-    }
-    cands.push(workspace_root().join("../shared/vmrig"));
-    cands.push(PathBuf::from("/work/shared/vmrig"));
-    let tried: Vec<String> = cands.iter().map(|d| d.display().to_string()).collect();
-    cands
-        .into_iter()
-        .find(|d| d.join("vmrig").is_file())
-        .ok_or_else(|| format!("no VM rig found (tried {}; set VMRIG_DIR)", tried.join(", ")))
-}
-
-fn rig_ready() -> Result<(), String> {
-    let cache = PathBuf::from(std::env::var("VMRIG_CACHE").unwrap_or_else(|_| "/var/cache/vmrig".into()));
-    for f in ["initrd.img", "kernel", "qemu"] {
-        if !cache.join(f).exists() {
-            return Err(format!("the VM rig is not set up ({} missing; run `vmrig setup`)", cache.join(f).display()));
-        }
-    }
-    Ok(())
-}
-
-/// Lines of one node, prefix stripped.
-fn node_lines<'a>(out: &'a str, node: u8, prefix: &str) -> Vec<&'a str> {
-    let tag = format!("[node{node}] {prefix}");
-    out.lines().filter_map(|l| l.strip_prefix(tag.as_str())).collect()
-}
-
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let mut w = line.split_whitespace();
-    while let Some(x) = w.next() {
-        if x == key {
-            return w.next();
-        }
-    }
-    None
-}
 
 fn num(line: &str, key: &str) -> u64 {
     field(line, key).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no number after {key:?} in {line:?}"))
