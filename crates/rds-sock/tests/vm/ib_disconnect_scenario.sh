@@ -5,7 +5,8 @@
 # node1 receives (port 4000), node2 streams N numbered datagrams (port
 # 5000) and meanwhile kills the established side channel connection KILLS
 # times (`ss -K`, which aborts the local socket and sends the peer a RST),
-# each 1.0 .. 2.5 s (random) after it was (re-)established.
+# each 1.0 .. 2.5 s (random) after it was (re-)established (a kill that
+# finds none, between two connections, is retried and not counted).
 set -e
 N=${N:-3000}
 GAP_US=${GAP_US:-3000}
@@ -32,6 +33,12 @@ killer() {
         sleep "$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))"
         if [ -e /tmp/stream-done ]; then echo "KILL $i too late (stream over)"; return 0; fi
         n=$(ss -HtnK state established "$F" | grep -c . || true)
+        if [ "$n" -eq 0 ]; then
+            # The side channel was being replaced at that instant (both
+            # sides reconnect at once after a kill): wait for the next one.
+            echo "KILLRETRY $i after ${ms} ms: no established side channel"
+            continue
+        fi
         echo "KILL $i after ${ms} ms killed $n"
         i=$((i+1))
     done
