@@ -115,15 +115,24 @@ struct Boot {
     log: String,
 }
 
-fn run_boot(rig: &Path, bin: &Path, knode: u8, order: &'static str, scenarios: &str) -> Result<Boot, String> {
+/// `vmrig run -n 2 -t SECS` from the workspace root, with the binaries'
+/// directory shared into the guests (when it is outside the root) and named
+/// in CONFORM_BIN.
+fn vmrig_cmd(rig: &Path, bin: &Path, secs: u32) -> Command {
     let root = workspace_root();
     let mut cmd = Command::new(rig.join("vmrig"));
-    cmd.current_dir(&root).args(["run", "-n", "2", "-t", "720"]);
+    cmd.current_dir(&root).args(["run", "-n", "2", "-t", &secs.to_string()]);
     if !bin.starts_with(&root) {
         cmd.arg("-s").arg(bin);
     }
-    cmd.arg("-e").arg(format!("CONFORM_KNODE={knode}"));
     cmd.arg("-e").arg(format!("CONFORM_BIN={}", bin.display()));
+    cmd
+}
+
+fn run_boot(rig: &Path, bin: &Path, knode: u8, order: &'static str, scenarios: &str) -> Result<Boot, String> {
+    let root = workspace_root();
+    let mut cmd = vmrig_cmd(rig, bin, 720);
+    cmd.arg("-e").arg(format!("CONFORM_KNODE={knode}"));
     cmd.arg("-e").arg(format!("CONFORM_SCENARIOS={scenarios}"));
     cmd.args(["--", "bash"]).arg(root.join("crates/tests/kernel/run.sh"));
     let t0 = Instant::now();
@@ -207,12 +216,7 @@ type Gaps = BTreeMap<String, (u64, u64)>;
 /// and how long the boot took.
 fn run_baseline(rig: &Path, bin: &Path, scenarios: &[&str]) -> Result<(Gaps, f64), String> {
     let root = workspace_root();
-    let mut cmd = Command::new(rig.join("vmrig"));
-    cmd.current_dir(&root).args(["run", "-n", "2", "-t", "600"]);
-    if !bin.starts_with(&root) {
-        cmd.arg("-s").arg(bin);
-    }
-    cmd.arg("-e").arg(format!("CONFORM_BIN={}", bin.display()));
+    let mut cmd = vmrig_cmd(rig, bin, 600);
     cmd.arg("-e").arg(format!("BASELINE_SCENARIOS={}", scenarios.join(" ")));
     cmd.args(["--", "bash"]).arg(root.join("crates/tests/kernel/baseline.sh"));
     let t0 = Instant::now();
