@@ -53,6 +53,9 @@ pub struct MsgFlags {
     pub retransmitted: bool,
     /// The peer restarted: drop instead of resending.
     pub flush: bool,
+    /// The transport reported the RDMA op's completion (its notification,
+    /// if any, is queued: never a second one).
+    pub rdma_notified: bool,
 }
 
 /// A message on a path's send or retransmit queue.

@@ -403,6 +403,28 @@ impl Node {
         }
     }
 
+    /// The transport completed the RDMA op of message `seq` on the path
+    /// with an `RDS_RDMA_*` status (`rds_rdma_send_complete`): the socket's
+    /// notification is queued now (NOTIFY_ME, or a failure with RECVERR),
+    /// once; the message itself still waits for its ack (or is dropped).
+    pub fn rdma_complete(&mut self, pid: PathId, inst: u64, seq: u64, status: i32) {
+        let Some(path) = self.path_mut(pid) else { return };
+        if path.inst != inst {
+            return;
+        }
+        let Some(m) = path.retrans.iter_mut().find(|m| m.hdr.sequence == seq && m.rdma.is_some()) else { return };
+        if m.flags.rdma_notified {
+            return;
+        }
+        m.flags.rdma_notified = true;
+        let (Some(s), Some(op)) = (m.sock, m.rdma.clone()) else { return };
+        let Some(sock) = self.sock_mut(s) else { return };
+        if op.flags & rdma_flags::NOTIFY_ME != 0 || (status != rdma_status::SUCCESS && sock.recverr) {
+            sock.notify_queue.push_back(Notification { user_token: op.user_token, status });
+            self.wake(s, false);
+        }
+    }
+
     /// One message of socket `s` no longer holds its lane behind path 0.
     fn release_lane0(&mut self, conn: ConnId, s: SockId) {
         let Some(sock) = self.sock_mut(s) else { return };
@@ -422,7 +444,7 @@ impl Node {
         let mut unblocked = false;
         let Some(sock) = self.sock_mut(s) else { return };
         sock.snd_bytes = sock.snd_bytes.saturating_sub(m.payload.len() as u64);
-        if let Some(op) = &m.rdma {
+        if let Some(op) = m.rdma.as_ref().filter(|_| !m.flags.rdma_notified) {
             if op.flags & rdma_flags::NOTIFY_ME != 0 || (status != rdma_status::SUCCESS && sock.recverr) {
                 sock.notify_queue.push_back(Notification { user_token: op.user_token, status });
             }

@@ -81,6 +81,20 @@
 //!   IB) and takes the port from `RDS_IB_SIDE_PORT`. VM test:
 //!   `cargo test --release -p rds-sock --features ib --test ib_vm_psk`.
 //!
+//! RDMA operations (RDMA CM mode): [`verbs::mr`] registers user memory
+//! on the shared PD for `RDS_GET_MR` / `RDMA_MAP` (cookie `rkey | in-page
+//! offset << 32` as the kernel forms it; registered with iova = in-page
+//! offset, so a peer's `remote_addr` k plus the cookie offset is the
+//! buffer's byte k, as with the kernel's zero-based FRWR MRs); the
+//! transport posts a message's RDMA READ or WRITE right before its SENDs
+//! (local buffers registered for the op's duration, FENCE on the first
+//! SEND, the RDMA extension header with the rkey on the message) and
+//! reports the completion with the kernel's `RDS_RDMA_*` status. rds-sock
+//! exposes `get_mr`, `get_mr_for_dest`, `free_mr`, `send_rdma_map` and the
+//! RDMA_ARGS / RDMA_DEST / RDMA_STATUS ancillary data; VM test
+//! `cargo test --release -p rds-sock --features ib --test ib_vm_rdma`
+//! (ours with ours and with the 6.1 kernel's rds_rdma, both directions).
+//!
 //! ## What does not exist yet
 //!
 //! * reconnect after a device goes away and comes back (the PD cache keeps the
@@ -90,7 +104,10 @@
 //! * verbs-only over InfiniBand link layers (the port is found by the IPv4
 //!   address in its GID table: RoCE only), and a verbs-only listener that
 //!   serves several handshakes at once (one at a time, 5 s each at most);
-//! * RDMA READ / WRITE operations and GET_MR / FREE_MR.
+//! * RDMA in the verbs-only setup mode (GET_MR is EOPNOTSUPP there, and
+//!   its QPs grant no remote access), atomics (`RDS_CMSG_ATOMIC_*`), more
+//!   than [`verbs::MAX_RDMA_SGES`] local buffers per op (the kernel takes
+//!   1024), and `INVALIDATE` / `FREE_MR` cookie 0 (no MR cache to flush).
 //!
 //! Without rds-sock's `ib` feature (or without an RDMA device) the socket
 //! layer answers `SO_RDS_TRANSPORT = RDS_TRANS_IB` with ENOPROTOOPT, as the
@@ -106,6 +123,8 @@ use rds_core::TransportCaps;
 /// What the IB transport will be able to do (RDMA, no multipath).
 pub const CAPS: TransportCaps = TransportCaps::ib();
 
+#[cfg(feature = "verbs")]
+mod rdma_api;
 #[cfg(feature = "verbs")]
 pub mod transport;
 #[cfg(feature = "verbs")]

@@ -145,6 +145,8 @@ struct Counters {
     conn_down: u64,
     rx_flushed: u64,
     tx_flushed: u64,
+    rdma_ops: u64,
+    rdma_failed: u64,
 }
 
 impl Shared {
@@ -168,7 +170,9 @@ struct ListenerHandle {
 /// RDS over InfiniBand / RoCE behind [`RdsTransport`].
 pub struct IbTransport {
     verbs: Arc<Verbs>,
-    cfg: IbConfig,
+    pub(crate) cfg: IbConfig,
+    /// User memory registered for RDMA (`crate::rdma_api`).
+    pub(crate) mrs: crate::verbs::mr::MrTable,
     shared: Arc<Shared>,
     listeners: Mutex<HashMap<IpAddr, ListenerHandle>>,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -207,8 +211,10 @@ impl IbTransport {
         });
         let mut ev = EventLoop::new(shared.clone())?;
         let h = std::thread::Builder::new().name("rds-ib".into()).spawn(move || ev.run())?;
+        let verbs = Verbs::new();
         Ok(Arc::new(IbTransport {
-            verbs: Verbs::new(),
+            mrs: crate::verbs::mr::MrTable::new(verbs.clone()),
+            verbs,
             cfg,
             shared,
             listeners: Mutex::new(HashMap::new()),
@@ -344,6 +350,9 @@ impl RdsTransport for IbTransport {
             ("ib_conn_down", c.conn_down),
             ("ib_rx_flushed", c.rx_flushed),
             ("ib_tx_flushed", c.tx_flushed),
+            ("ib_rdma_ops", c.rdma_ops),
+            ("ib_rdma_failed", c.rdma_failed),
+            ("ib_rdma_mrs", self.mrs.count() as u64),
         ]
     }
 
@@ -638,6 +647,11 @@ impl EventLoop {
             peer_acked
         });
         let protocol = a.conn.protocol_error();
+        let mut rdma_done = Vec::new();
+        a.conn.take_rdma_done(&mut rdma_done);
+        // Completions first: the notification of an op is queued before a
+        // reply the peer sent after the op's message (reaped together).
+        self.rdma_complete(pid, inst, rdma_done);
         self.deliver(pid, inst, ready);
         if let (Some(seq), Some(s)) = (newly_acked, self.shared.sink()) {
             s.acked(pid, inst, seq);
@@ -674,6 +688,23 @@ impl EventLoop {
         }
     }
 
+    /// Reports completed RDMA operations (sequence, `RDS_RDMA_*`) to the core.
+    fn rdma_complete(&self, pid: PathId, inst: u64, done: Vec<(u64, i32)>) {
+        if done.is_empty() {
+            return;
+        }
+        {
+            let mut c = lock(&self.shared.counters);
+            c.rdma_ops += done.len() as u64;
+            c.rdma_failed += done.iter().filter(|d| d.1 != 0).count() as u64;
+        }
+        if let Some(s) = self.shared.sink() {
+            for (seq, status) in done {
+                s.rdma_complete(pid, inst, seq, status);
+            }
+        }
+    }
+
     /// Posts pulled messages while the ring and the credits allow, pulling
     /// more from the core as the queue empties.
     fn transmit(&mut self, pid: PathId) {
@@ -696,6 +727,20 @@ impl EventLoop {
             }
             let (m, om) = a.tx.front_mut().unwrap();
             if om.is_none() {
+                // An RDMA op goes first, and the message tells the peer its
+                // rkey (RDS_EXTHDR_RDMA: a USE_ONCE MR is released on it).
+                if let Some(op) = m.rdma.clone() {
+                    match a.conn.post_rdma(m.header.sequence, &op) {
+                        Ok(true) => {
+                            let _ = m.header.push_extension(rds_core::wire::Ext::Rdma { rkey: op.remote_cookie as u32 });
+                        }
+                        Ok(false) => break,
+                        Err(_) => {
+                            failed = true;
+                            break;
+                        }
+                    }
+                }
                 match OutMessage::new(m.header, m.payload.len(), m.ack_required) {
                     Ok(o) => *om = Some(o),
                     Err(_) => {
@@ -746,6 +791,9 @@ impl EventLoop {
             c.tx_flushed += st.tx_flushed;
         }
         let inst = a.info.inst;
+        let mut rdma_done = Vec::new();
+        a.conn.take_rdma_done(&mut rdma_done);
+        self.rdma_complete(pid, inst, rdma_done);
         self.deliver(pid, inst, ready);
         let peer_acked = a.conn.peer_acked();
         drop(a.conn);

@@ -48,6 +48,9 @@ use crate::credits::FlowControl;
 use crate::frag::{ack_only_header, OutFrame, OutMessage, Reassembler, RecvError, RxKind, SignalState, FRAG_SIZE};
 mod side;
 pub use side::{PortInfo, SideListener};
+pub mod mr;
+mod rdma;
+pub use rdma::MAX_RDMA_SGES;
 
 use crate::private::{
     passive_negotiate, reject_data, version_usable, ActiveNegotiation, ConnectPrivate, Family, PrivAddrs,
@@ -421,6 +424,8 @@ pub struct Conn {
     up: bool,
     stats: ConnStats,
     ready: VecDeque<Received>,
+    /// RDMA operations in flight (`verbs/rdma.rs`).
+    rdma: rdma::RdmaState,
 }
 
 // SAFETY: the verbs and CM objects of a connection may be used from any
@@ -532,6 +537,7 @@ impl Conn {
             up: false,
             stats: ConnStats::default(),
             ready: VecDeque::new(),
+            rdma: rdma::RdmaState::default(),
         };
         // SAFETY: an all-zero ibv_qp_init_attr is valid (null pointers, 0 sizes).
         let mut attr: sys::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
@@ -785,6 +791,9 @@ impl Conn {
             if f.solicited {
                 flags |= sys::ibv_send_flags::IBV_SEND_SOLICITED.0;
             }
+            if self.rdma.take_fence() {
+                flags |= sys::ibv_send_flags::IBV_SEND_FENCE.0;
+            }
             wrs[k].wr_id = slot as u64;
             wrs[k].sg_list = sges[k].as_mut_ptr();
             wrs[k].num_sge = if data.is_empty() { 1 } else { 2 };
@@ -854,6 +863,7 @@ impl Conn {
                 return Err(err(libc::EIO, "ibv_poll_cq (send)"));
             }
             for w in &wc[..n as usize] {
+                self.rdma.on_wc(w.wr_id, w.status);
                 if w.status != sys::ibv_wc_status::IBV_WC_SUCCESS {
                     if w.status == sys::ibv_wc_status::IBV_WC_WR_FLUSH_ERR {
                         self.stats.tx_flushed += 1;

@@ -298,6 +298,10 @@ impl TransportSink for Inner {
     fn pull(&self, path: PathId, inst: u64, budget: usize, out: &mut Vec<TxMessage>) -> bool {
         self.run(|n| n.pull(path, inst, budget, out))
     }
+
+    fn rdma_complete(&self, path: PathId, inst: u64, seq: u64, status: i32) {
+        self.run(|n| n.rdma_complete(path, inst, seq, status))
+    }
 }
 
 /// An RDS node in this process: owns the addresses it serves, their
@@ -436,6 +440,13 @@ impl Engine {
         }
         self.inner.run(|n| n.add_local(ip, TransportKind::Tcp));
         Ok(())
+    }
+
+    /// The IB transport, when it runs (feature `ib`): the socket layer's
+    /// RDMA services (GET_MR, FREE_MR) are its.
+    #[cfg(feature = "ib")]
+    pub(crate) fn ib(&self) -> Option<&Arc<rds_ib::IbTransport>> {
+        self.inner.ib.as_ref()
     }
 
     /// Runs `f` on the node (for introspection and tests).

@@ -11,6 +11,8 @@ use rds_core::{Errno, Payload, Readiness, Received, SendOptions, SockId, SockOpt
 
 use crate::engine::{Engine, SockShared};
 
+mod rdma;
+
 /// Flags of one `recvmsg` call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecvFlags {
@@ -184,6 +186,7 @@ impl RdsSocket {
             let l = self.local.lock();
             (!l.nonblocking && !flags.dontwait, l.write_timeout)
         };
+        self.check_rdma_send(flags.rdma.as_ref(), flags.rdma_dest)?;
         let opts = SendOptions { rdma: flags.rdma.clone(), rdma_dest: flags.rdma_dest, blocking };
         let deadline = timeout.map(|t| Instant::now() + t);
         loop {
@@ -211,6 +214,10 @@ impl RdsSocket {
         loop {
             let snap = self.shared.snapshot();
             match self.run(|n| n.recv(self.id, flags.peek)) {
+                Ok(Received::Data(inc)) if !flags.peek => {
+                    self.rdma_unuse(&inc.header);
+                    return Ok(Received::Data(inc));
+                }
                 Err(Errno::EAGAIN) if blocking => {
                     if !self.shared.wait(snap, deadline) {
                         return Err(err(Errno::ETIMEDOUT));
@@ -437,6 +444,7 @@ impl AsFd for RdsSocket {
 
 impl Drop for RdsSocket {
     fn drop(&mut self) {
+        self.rdma_drop_keys();
         self.engine.unregister_sock(self.id);
     }
 }

@@ -1,0 +1,251 @@
+//! Memory registration for RDMA operations (`RDS_GET_MR`, `RDS_FREE_MR`,
+//! `RDS_CMSG_RDMA_MAP`): user memory registered on the shared PD of the
+//! device that serves a socket's bound address, named to the peer by a
+//! cookie formed as the kernel forms it.
+//!
+//! The cookie is `rkey | offset << 32` where `offset` is the in-page offset
+//! of the buffer's first byte (`rds_rdma_make_cookie(r_key, addr &
+//! ~PAGE_MASK)`). A peer's RDMA to the cookie targets the remote address
+//! `remote_vec.addr + offset` (`rds_cmsg_rdma_args`); the kernel registers
+//! its MRs zero-based over whole pages (`ib_map_mr_sg_zbva`), so address 0
+//! of its MR is the start of the buffer's first page and `remote_vec.addr`
+//! is an offset from the buffer's first byte. Our MRs give the same
+//! addressing: each is registered with `ibv_reg_mr_iova` at the buffer's
+//! exact range with iova = the in-page offset, so iova `offset + k` is the
+//! buffer's byte `k` (no byte outside the buffer is exposed, unlike the
+//! kernel's whole pages).
+//!
+//! MRs belong to a socket (an opaque `owner` number): FREE_MR and RDMA_DEST
+//! only find the caller's own, a USE_ONCE MR is released when a message of
+//! an RDMA that used it arrives ([`MrTable::unuse`]), and closing the socket
+//! releases all of them ([`MrTable::drop_owner`]). At most [`MAX_MRS`] are
+//! registered at a time (ENOMEM beyond).
+
+use std::collections::HashMap;
+use std::io;
+use std::net::Ipv4Addr;
+use std::os::raw::{c_int, c_void};
+use std::ptr;
+use std::sync::{Arc, Mutex};
+
+use rdma_sys as sys;
+
+use super::{check, errno, sockaddr_v4, Channel, IdGuard, Verbs};
+
+/// Most MRs registered at a time, over all sockets.
+pub const MAX_MRS: usize = 4096;
+/// Page size the cookie offset is taken against (x86-64, as the kernel's).
+pub const PAGE_SIZE: u64 = 4096;
+/// Largest MR: 1 MiB plus the partial pages at both ends, as
+/// `RDS_MAX_MSG_SIZE` bounds an RDMA.
+pub const MAX_MR_BYTES: u64 = (1 << 20) + 2 * PAGE_SIZE;
+
+const READWRITE: u64 = 0x0001;
+const USE_ONCE: u64 = 0x0008;
+
+/// Forms a cookie (`rds_rdma_make_cookie`).
+pub fn make_cookie(rkey: u32, offset: u32) -> u64 {
+    u64::from(rkey) | (u64::from(offset) << 32)
+}
+
+/// The rkey of a cookie.
+pub fn cookie_key(cookie: u64) -> u32 {
+    cookie as u32
+}
+
+/// The offset of a cookie.
+pub fn cookie_offset(cookie: u64) -> u32 {
+    (cookie >> 32) as u32
+}
+
+struct UserMr {
+    mr: *mut sys::ibv_mr,
+    owner: u64,
+    use_once: bool,
+}
+
+impl Drop for UserMr {
+    fn drop(&mut self) {
+        // SAFETY: a live registration, released once. A work request of the
+        // peer still in flight to it fails with a remote access error, as
+        // with a kernel MR that was freed.
+        unsafe { sys::ibv_dereg_mr(self.mr) };
+    }
+}
+
+/// A local buffer registered for the duration of one RDMA operation.
+pub(crate) struct LocalMr(*mut sys::ibv_mr);
+
+impl LocalMr {
+    pub(crate) fn lkey(&self) -> u32 {
+        // SAFETY: a live registration.
+        unsafe { (*self.0).lkey }
+    }
+}
+
+impl Drop for LocalMr {
+    fn drop(&mut self) {
+        // SAFETY: a live registration; the work requests using it completed
+        // or the QP is gone.
+        unsafe { sys::ibv_dereg_mr(self.0) };
+    }
+}
+
+/// Registers `len` bytes at `addr` of this process for a local RDMA work
+/// request (READ writes into it).
+pub(crate) fn register_local(pd: *mut sys::ibv_pd, addr: u64, len: u64) -> io::Result<LocalMr> {
+    let access = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as c_int;
+    // SAFETY: the caller of the RDMA operation promised (RDMA_ARGS) that
+    // the buffer stays valid until the operation's completion; verbs pin it.
+    let mr = unsafe { sys::ibv_reg_mr(pd, addr as *mut c_void, len as usize, access) };
+    if mr.is_null() {
+        return Err(errno());
+    }
+    Ok(LocalMr(mr))
+}
+
+/// The MRs of a transport, keyed by rkey.
+pub struct MrTable {
+    verbs: Arc<Verbs>,
+    mrs: Mutex<HashMap<u32, UserMr>>,
+}
+
+// SAFETY: the MR pointers are library objects usable from any thread; the
+// map is behind a mutex.
+unsafe impl Send for MrTable {}
+// SAFETY: as above.
+unsafe impl Sync for MrTable {}
+
+impl MrTable {
+    pub fn new(verbs: Arc<Verbs>) -> MrTable {
+        MrTable { verbs, mrs: Mutex::new(HashMap::new()) }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u32, UserMr>> {
+        self.mrs.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// `__rds_rdma_map`: registers `len` bytes at `addr` (this process's
+    /// memory, readable and writable by the peer) for the socket `owner`
+    /// bound to `local`; returns the cookie. EINVAL for an empty or
+    /// wrapping vector, EMSGSIZE above [`MAX_MR_BYTES`], ENOMEM beyond
+    /// [`MAX_MRS`], ENODEV when no device serves `local`, EFAULT when the
+    /// memory cannot be registered.
+    pub fn get_mr(&self, local: Ipv4Addr, owner: u64, addr: u64, len: u64, flags: u64) -> io::Result<u64> {
+        let e = io::Error::from_raw_os_error;
+        if len == 0 || addr.checked_add(len).is_none() || len > u64::from(u32::MAX) {
+            return Err(e(libc::EINVAL));
+        }
+        if len > MAX_MR_BYTES {
+            return Err(e(libc::EMSGSIZE));
+        }
+        if self.lock().len() >= MAX_MRS {
+            return Err(e(libc::ENOMEM));
+        }
+        let pd = self.pd_for_addr(local)?;
+        let offset = addr % PAGE_SIZE;
+        let access = (sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
+            | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
+            | sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0) as c_int;
+        // SAFETY: the caller hands this memory to the peer until FREE_MR (as
+        // with the kernel's pinned pages); verbs pin it. iova = in-page
+        // offset makes the MR's addresses the kernel's zero-based ones.
+        let mr = unsafe { sys::ibv_reg_mr_iova(pd, addr as *mut c_void, len as usize, offset, access) };
+        if mr.is_null() {
+            let err = errno();
+            return Err(match err.raw_os_error() {
+                Some(libc::ENOMEM) => err,
+                _ => e(libc::EFAULT),
+            });
+        }
+        let _ = flags & READWRITE;
+        let m = UserMr { mr, owner, use_once: flags & USE_ONCE != 0 };
+        // SAFETY: a live registration.
+        let rkey = unsafe { (*mr).rkey };
+        self.lock().insert(rkey, m);
+        Ok(make_cookie(rkey, offset as u32))
+    }
+
+    /// `rds_free_mr`: releases the owner's MR named by `cookie`; EINVAL when
+    /// it has none of that key (a zero cookie, "flush unused MRs", is a
+    /// no-op: nothing is cached).
+    pub fn free_mr(&self, owner: u64, cookie: u64) -> io::Result<()> {
+        if cookie == 0 {
+            return Ok(());
+        }
+        let mut mrs = self.lock();
+        match mrs.get(&cookie_key(cookie)) {
+            Some(m) if m.owner == owner => {
+                let m = mrs.remove(&cookie_key(cookie));
+                drop(mrs);
+                drop(m);
+                Ok(())
+            }
+            _ => Err(io::Error::from_raw_os_error(libc::EINVAL)),
+        }
+    }
+
+    /// Whether `owner` has an MR of this rkey (RDMA_DEST: EINVAL if not).
+    pub fn owns(&self, owner: u64, rkey: u32) -> bool {
+        self.lock().get(&rkey).is_some_and(|m| m.owner == owner)
+    }
+
+    /// `rds_rdma_unuse`: a message of an RDMA that used `rkey` arrived for
+    /// `owner`; a USE_ONCE MR is released. Returns whether one was.
+    pub fn unuse(&self, owner: u64, rkey: u32) -> bool {
+        let mut mrs = self.lock();
+        if mrs.get(&rkey).is_some_and(|m| m.owner == owner && m.use_once) {
+            let m = mrs.remove(&rkey);
+            drop(mrs);
+            drop(m);
+            return true;
+        }
+        false
+    }
+
+    /// `rds_rdma_drop_keys`: the socket closed.
+    pub fn drop_owner(&self, owner: u64) {
+        let gone: Vec<UserMr> = {
+            let mut mrs = self.lock();
+            let keys: Vec<u32> = mrs.iter().filter(|(_, m)| m.owner == owner).map(|(k, _)| *k).collect();
+            keys.into_iter().filter_map(|k| mrs.remove(&k)).collect()
+        };
+        drop(gone);
+    }
+
+    /// MRs registered now.
+    pub fn count(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// The shared PD of the device that serves `local` (the CM's device
+    /// context, the one connections use).
+    fn pd_for_addr(&self, local: Ipv4Addr) -> io::Result<*mut sys::ibv_pd> {
+        let ch = Channel::new()?;
+        let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
+        // SAFETY: ch is live; id is an out pointer.
+        check(
+            unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) },
+            "rdma_create_id",
+        )?;
+        let _guard = IdGuard(id);
+        let mut sa = sockaddr_v4(local, 0);
+        // SAFETY: id is live; sa is valid for the call.
+        if unsafe { sys::rdma_bind_addr(id, &mut sa as *mut _ as *mut libc::sockaddr) } != 0 {
+            return Err(io::Error::from_raw_os_error(libc::ENODEV));
+        }
+        // SAFETY: id is live; verbs is librdmacm's process-wide context of
+        // the device, which outlives the id.
+        let ctx = unsafe { (*id).verbs };
+        if ctx.is_null() {
+            return Err(io::Error::from_raw_os_error(libc::ENODEV));
+        }
+        self.verbs.pd_for(ctx)
+    }
+}
+
+impl Drop for MrTable {
+    fn drop(&mut self) {
+        self.lock().clear();
+    }
+}

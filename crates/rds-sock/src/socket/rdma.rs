@@ -1,0 +1,176 @@
+//! RDMA through the socket API (`RDS_GET_MR`, `RDS_GET_MR_FOR_DEST`,
+//! `RDS_FREE_MR`, `RDS_CMSG_RDMA_MAP`, the checks of `RDS_CMSG_RDMA_ARGS`
+//! and `RDS_CMSG_RDMA_DEST`, use-once releases on receive), with the
+//! kernel's errno values. Only sockets bound over IB (rds-ib, feature
+//! `ib`) can register memory; elsewhere GET_MR is EOPNOTSUPP as in the
+//! kernel for a transport without `get_mr` (TCP), FREE_MR EINVAL, and an
+//! RDMA_ARGS send EOPNOTSUPP.
+
+use std::io;
+use std::net::SocketAddr;
+
+use rds_core::wire::Header;
+use rds_core::{Errno, RdmaOp, TransportKind};
+
+use super::{err, RdsSocket};
+
+
+impl RdsSocket {
+    /// The bound address and transport, ENOTCONN if unbound.
+    fn rdma_binding(&self) -> io::Result<(SocketAddr, Option<TransportKind>)> {
+        self.run(|n| {
+            let local = n.local_addr(self.id)?;
+            let t = n.getsockopt(self.id, rds_core::SockOpt::Transport(0)).ok();
+            Some((local, t))
+        })
+        .map(|(l, t)| (l, t.and_then(|v| if v == u64::from(TransportKind::Ib.uapi()) { Some(TransportKind::Ib) } else { None })))
+        .ok_or_else(|| err(Errno::ENOTCONN))
+    }
+
+    /// `RDS_GET_MR`: registers `len` bytes at `addr` in this process for
+    /// RDMA by peers; returns the cookie (`rkey | in-page offset << 32`) to
+    /// send them (with [`crate::SendFlags::rdma_dest`]). A peer addresses
+    /// the buffer's byte `k` as `remote_addr` `k` with this cookie. `flags`:
+    /// `USE_ONCE` (released when the message of the RDMA that used it
+    /// arrives), `READWRITE`, `INVALIDATE` (accepted, no effect).
+    ///
+    /// Errors: ENOTCONN unbound; EOPNOTSUPP when the socket's transport is
+    /// not IB (TCP); EINVAL for an empty or wrapping buffer; EMSGSIZE above
+    /// 1 MiB (plus partial pages); ENOMEM beyond the MR limit; EFAULT when
+    /// the memory cannot be registered.
+    ///
+    /// # Safety
+    ///
+    /// `addr..addr + len` must stay valid memory of this process until the
+    /// MR is released ([`RdsSocket::free_mr`], a use-once release, or the
+    /// socket's close): the peer reads and writes it at any time until then.
+    pub unsafe fn get_mr(&self, addr: u64, len: u64, flags: u32) -> io::Result<u64> {
+        let (local, t) = self.rdma_binding()?;
+        #[cfg(feature = "ib")]
+        if t == Some(TransportKind::Ib) {
+            if let Some(ib) = self.engine.ib() {
+                return ib.get_mr(local.ip(), self.id.number(), addr, len, u64::from(flags));
+            }
+        }
+        let _ = (local, t, addr, len, flags);
+        Err(err(Errno::EOPNOTSUPP))
+    }
+
+    /// `RDS_GET_MR_FOR_DEST`: as [`RdsSocket::get_mr`] (the kernel ignores
+    /// the destination too).
+    ///
+    /// # Safety
+    ///
+    /// As [`RdsSocket::get_mr`].
+    pub unsafe fn get_mr_for_dest(&self, _dest: SocketAddr, addr: u64, len: u64, flags: u32) -> io::Result<u64> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { self.get_mr(addr, len, flags) }
+    }
+
+    /// `RDS_FREE_MR`: releases this socket's MR named by `cookie`. EINVAL
+    /// when it has none of that key, and (as the kernel without a
+    /// transport `flush_mrs`) for any cookie on a socket that is not bound
+    /// over IB; a zero cookie on IB ("flush unused MRs") does nothing.
+    pub fn free_mr(&self, cookie: u64, _flags: u32) -> io::Result<()> {
+        let bound = self.rdma_binding();
+        #[cfg(feature = "ib")]
+        if let Ok((_, Some(TransportKind::Ib))) = bound {
+            if let Some(ib) = self.engine.ib() {
+                return ib.free_mr(self.id.number(), cookie);
+            }
+        }
+        let _ = (bound, cookie);
+        Err(err(Errno::EINVAL))
+    }
+
+    /// `sendmsg` with `RDS_CMSG_RDMA_MAP`: registers `len` bytes at `addr`
+    /// (as [`RdsSocket::get_mr`]) and sends `buf` to `dst` announcing the
+    /// cookie (an RDMA_DEST extension); returns (bytes sent, cookie). The
+    /// MR is released again when the send fails.
+    ///
+    /// # Safety
+    ///
+    /// As [`RdsSocket::get_mr`].
+    pub unsafe fn send_rdma_map(
+        &self,
+        buf: &[u8],
+        dst: Option<SocketAddr>,
+        addr: u64,
+        len: u64,
+        map_flags: u32,
+        flags: &crate::SendFlags,
+    ) -> io::Result<(usize, u64)> {
+        if flags.rdma_dest.is_some() {
+            // Only one cookie per message (rds_cmsg_rdma_map / _dest).
+            return Err(err(Errno::EINVAL));
+        }
+        // SAFETY: the caller's promise, passed on.
+        let cookie = unsafe { self.get_mr(addr, len, map_flags)? };
+        let f = crate::SendFlags { rdma_dest: Some(cookie), ..flags.clone() };
+        match self.send_msg(buf, dst, &f) {
+            Ok(n) => Ok((n, cookie)),
+            Err(e) => {
+                let _ = self.free_mr(cookie, 0);
+                Err(e)
+            }
+        }
+    }
+
+    /// The IB-side checks of a send's RDMA ancillary data
+    /// (`rds_cmsg_rdma_args`, `rds_cmsg_rdma_dest`): an RDMA_DEST cookie
+    /// must name an MR of this socket (EINVAL); an op needs at least one
+    /// local buffer, none empty or wrapping (EINVAL), at most
+    /// `rds_ib::verbs::MAX_RDMA_SGES` of them (EMSGSIZE; the kernel allows
+    /// 1024), and no more local bytes than the remote length (EINVAL).
+    /// Other transports are left to the core (EOPNOTSUPP / EINVAL).
+    pub(super) fn check_rdma_send(&self, rdma: Option<&RdmaOp>, dest: Option<u64>) -> io::Result<()> {
+        if rdma.is_none() && dest.is_none() {
+            return Ok(());
+        }
+        let Ok((_, Some(TransportKind::Ib))) = self.rdma_binding() else { return Ok(()) };
+        #[cfg(feature = "ib")]
+        if let Some(ib) = self.engine.ib() {
+            if let Some(c) = dest {
+                if !ib.owns_mr(self.id.number(), c as u32) {
+                    return Err(err(Errno::EINVAL));
+                }
+            }
+        }
+        if let Some(op) = rdma {
+            if op.local.is_empty() || op.local.iter().any(|(a, l)| *l == 0 || a.checked_add(*l).is_none()) {
+                return Err(err(Errno::EINVAL));
+            }
+            #[cfg(feature = "ib")]
+            if op.local.len() > rds_ib::verbs::MAX_RDMA_SGES {
+                return Err(err(Errno::EMSGSIZE));
+            }
+            let total = op.local.iter().fold(0u64, |t, (_, l)| t.saturating_add(*l));
+            if total > op.remote_len {
+                return Err(err(Errno::EINVAL));
+            }
+        }
+        Ok(())
+    }
+
+    /// A received message announcing that a peer's RDMA used one of our
+    /// MRs (RDS_EXTHDR_RDMA): a USE_ONCE MR is released (`rds_rdma_unuse`).
+    pub(super) fn rdma_unuse(&self, hdr: &Header) {
+        #[cfg(feature = "ib")]
+        if let Some(ib) = self.engine.ib() {
+            for e in hdr.extensions() {
+                if let rds_core::wire::Ext::Rdma { rkey } = e {
+                    ib.unuse_mr(self.id.number(), rkey);
+                }
+            }
+        }
+        let _ = hdr;
+    }
+
+    /// The socket closes: its MRs go (`rds_rdma_drop_keys`).
+    pub(super) fn rdma_drop_keys(&self) {
+        #[cfg(feature = "ib")]
+        if let Some(ib) = self.engine.ib() {
+            ib.drop_mrs(self.id.number());
+        }
+    }
+}
