@@ -322,6 +322,27 @@ pub struct FlowCounters {
 }
 
 impl FlowCounters {
+    /// What grew since `earlier` (a snapshot of the same counters).
+    pub fn since(&self, earlier: &FlowCounters) -> FlowCounters {
+        FlowCounters {
+            tx_throttle: self.tx_throttle.saturating_sub(earlier.tx_throttle),
+            tx_credit_updates: self.tx_credit_updates.saturating_sub(earlier.tx_credit_updates),
+            rx_credit_updates: self.rx_credit_updates.saturating_sub(earlier.rx_credit_updates),
+            ack_sent: self.ack_sent.saturating_sub(earlier.ack_sent),
+            ack_send_delayed: self.ack_send_delayed.saturating_sub(earlier.ack_send_delayed),
+            ack_send_piggybacked: self.ack_send_piggybacked.saturating_sub(earlier.ack_send_piggybacked),
+        }
+    }
+
+    pub fn add(&mut self, more: &FlowCounters) {
+        self.tx_throttle += more.tx_throttle;
+        self.tx_credit_updates += more.tx_credit_updates;
+        self.rx_credit_updates += more.rx_credit_updates;
+        self.ack_sent += more.ack_sent;
+        self.ack_send_delayed += more.ack_send_delayed;
+        self.ack_send_piggybacked += more.ack_send_piggybacked;
+    }
+
     /// The counters with the kernel's names.
     pub fn named(&self) -> [(&'static str, u64); 6] {
         [

@@ -99,8 +99,9 @@
 //!
 //! * reconnect after a device goes away and comes back (the PD cache keeps the
 //!   old device context), conn_info rows, the kernel's ib_* counter names;
-//! * IPv6 (port 16385, 56-byte private data) on the verbs path, credit flow
-//!   control on the wire (we advertise 0 credits, as mainline does);
+//! * IPv6 (port 16385, 56-byte private data) on the verbs path; credit flow
+//!   control in the verbs-only setup mode (the side channel carries no
+//!   credits; RDMA CM connections offer it by default);
 //! * verbs-only over InfiniBand link layers (the port is found by the IPv4
 //!   address in its GID table: RoCE only), and a verbs-only listener that
 //!   serves several handshakes at once (one at a time, 5 s each at most);

@@ -147,6 +147,8 @@ struct Counters {
     tx_flushed: u64,
     rdma_ops: u64,
     rdma_failed: u64,
+    /// Credit and ack counters of every connection so far.
+    flow: crate::credits::FlowCounters,
 }
 
 impl Shared {
@@ -337,7 +339,8 @@ impl RdsTransport for IbTransport {
 
     fn counters(&self) -> Vec<(&'static str, u64)> {
         let c = *lock(&self.shared.counters);
-        vec![
+        let flow = c.flow.named();
+        let mut v = vec![
             ("ib_connect", c.connects),
             ("ib_connect_failed", c.connect_failed),
             ("ib_accepted", c.accepted),
@@ -353,7 +356,9 @@ impl RdsTransport for IbTransport {
             ("ib_rdma_ops", c.rdma_ops),
             ("ib_rdma_failed", c.rdma_failed),
             ("ib_rdma_mrs", self.mrs.count() as u64),
-        ]
+        ];
+        v.extend(flow);
+        v
     }
 
     fn conn_info(&self) -> Vec<TransportConnInfo> {
@@ -464,6 +469,8 @@ struct Active {
     tx: VecDeque<(TxMessage, Option<OutMessage>)>,
     /// The highest `h_ack` reported to the core.
     acked: u64,
+    /// The connection's flow counters already added to `Counters::flow`.
+    fc_seen: crate::credits::FlowCounters,
 }
 
 struct EventLoop {
@@ -628,7 +635,7 @@ impl EventLoop {
         let ok = self.ctl(libc::EPOLL_CTL_ADD, cm, token << 1).is_ok()
             && self.ctl(libc::EPOLL_CTL_ADD, cq, (token << 1) | 1).is_ok();
         self.tokens.insert(token, info.id);
-        self.conns.insert(info.id, Active { info, conn, token, tx: VecDeque::new(), acked });
+        self.conns.insert(info.id, Active { info, conn, token, tx: VecDeque::new(), acked, fc_seen: Default::default() });
         if !ok {
             self.teardown(info.id, DownReason::Closed);
             return false;
@@ -647,6 +654,10 @@ impl EventLoop {
             peer_acked
         });
         let protocol = a.conn.protocol_error();
+        let fc = a.conn.flow_counters();
+        let fc_new = fc.since(&a.fc_seen);
+        a.fc_seen = fc;
+        lock(&self.shared.counters).flow.add(&fc_new);
         let mut rdma_done = Vec::new();
         a.conn.take_rdma_done(&mut rdma_done);
         // Completions first: the notification of an op is queued before a

@@ -9,9 +9,16 @@
 //! the kernel's `rds_rdma`:
 //!
 //! * RDMA CM in the TCP port space, IPv4 port [`RDS_IB_PORT`] (18634);
-//!   address and route resolution with a 5000 ms timeout; `retry_count` 7 and
+//!   address and route resolution with a 5000 ms timeout; `retry_count`
+//!   [`RETRY_COUNT`] (the kernel's `rds_ib_retry_count`) and
 //!   `rnr_retry_count` 7 (infinite: mainline runs without credit flow
 //!   control and relies on RNR retry);
+//! * credit flow control offered by default ([`Verbs::set_flow_control`]):
+//!   the connect request and the accept advertise the posted receive ring,
+//!   every reposted buffer is granted again in `h_credit` (an ack-only
+//!   frame once 16 wait), and our sends are limited by credits when both
+//!   sides advertised some; a mainline kernel advertises 0, which turns it
+//!   off ([`crate::credits`]);
 //! * the connect request carries `rds_ib_connect_private` proposing 4.1
 //!   ([`crate::private`]), falling back to 3.1 after a reject with value 1;
 //!   the passive side answers with the version `passive_negotiate` picks and
@@ -138,6 +145,8 @@ pub struct Verbs {
     opened: Mutex<Vec<(String, *mut sys::ibv_context)>>,
     /// QPs created so far (both modes).
     qp_created: std::sync::atomic::AtomicU64,
+    /// Credit flow control offered on new RDMA CM connections.
+    flow_control: std::sync::atomic::AtomicBool,
 }
 
 // SAFETY: the PD and context pointers are library objects that verbs allow
@@ -148,7 +157,27 @@ unsafe impl Sync for Verbs {}
 
 impl Verbs {
     pub fn new() -> Arc<Verbs> {
-        Arc::new(Verbs { pds: Mutex::new(Vec::new()), opened: Mutex::new(Vec::new()), qp_created: Default::default() })
+        Arc::new(Verbs {
+            pds: Mutex::new(Vec::new()),
+            opened: Mutex::new(Vec::new()),
+            qp_created: Default::default(),
+            flow_control: std::sync::atomic::AtomicBool::new(true),
+        })
+    }
+
+    /// Whether new RDMA CM connections offer credit flow control (on by
+    /// default; [`crate::credits`]): our private data advertises the
+    /// posted receive ring, and our sends are limited by credits when the
+    /// peer advertised some too. A peer that advertises 0 (every mainline
+    /// kernel) turns our limiting off; then RNR retry paces the sender.
+    /// Verbs-only connections run without it (no credits on the side
+    /// channel).
+    pub fn set_flow_control(&self, on: bool) {
+        self.flow_control.store(on, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    pub fn flow_control(&self) -> bool {
+        self.flow_control.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The shared PD of a device context, allocated on first use.
@@ -667,7 +696,12 @@ impl Conn {
         conn.local = local;
         conn.peer = peer;
         let addrs = PrivAddrs::V4 { saddr: local, daddr: peer };
-        let dp = nego.request(addrs, 0, 0, 0).encode();
+        // Flow control: the whole posted receive ring is our initial credit.
+        let fc_on = verbs.flow_control();
+        conn.fc = FlowControl::new(fc_on);
+        conn.fc.credits.advertise(conn.rx_posted as u32);
+        let credit = conn.fc.credits.take_initial_advertisement();
+        let dp = nego.request(addrs, 0, 0, credit).encode();
         let mut param = conn_param(&dp);
         // SAFETY: id has a QP; param and its private data live across the call.
         check(unsafe { sys::rdma_connect(id, &mut param) }, "rdma_connect")?;
@@ -682,6 +716,7 @@ impl Conn {
                     .map_err(|u| err(libc::EPROTO, &format!("RDS-IB version {:#06x} not supported", u.version)))?;
                 conn.version = est.version;
                 conn.peer_credit = est.peer_credit;
+                conn.fc.credits.set_flow_control(fc_on, est.peer_credit);
                 conn.fc.on_frame(est.ack_seq, 0);
                 conn.up = true;
                 Ok(Ok(conn))
@@ -720,6 +755,16 @@ impl Conn {
 
     pub fn is_up(&self) -> bool {
         self.up
+    }
+
+    /// Credit and ack counters (`ib_tx_credit_updates`, ...).
+    pub fn flow_counters(&self) -> crate::credits::FlowCounters {
+        self.fc.counters
+    }
+
+    /// Whether our sends are limited by credits (flow control negotiated on).
+    pub fn flow_control(&self) -> bool {
+        self.fc.credits.flow_control()
     }
 
     pub fn stats(&self) -> ConnStats {
@@ -956,8 +1001,9 @@ impl Conn {
                         continue;
                     }
                 };
-                if let Err(e) = self.post_recv(i) {
-                    self.fail(false, e.to_string());
+                match self.post_recv(i) {
+                    Ok(()) => self.fc.on_refill(1),
+                    Err(e) => self.fail(false, e.to_string()),
                 }
                 self.fc.on_frame(frame.ack, frame.credit);
                 match frame.kind {
@@ -1453,9 +1499,14 @@ impl Listener {
             conn.version = version;
             conn.peer_credit = dp.credit;
             conn.peer_proposed = dp.version();
+            // Flow control on when both sides offer it (the requester's
+            // credits are our send credits); then our ring is our credit.
+            conn.fc.credits.set_flow_control(self.verbs.flow_control(), dp.credit);
+            conn.fc.credits.advertise(conn.rx_posted as u32);
+            let credit = conn.fc.credits.take_initial_advertisement();
             conn.fc.on_frame(dp.ack_seq, 0);
             let addrs = PrivAddrs::V4 { saddr: conn.local, daddr: conn.peer };
-            let rep = ConnectPrivate::new(addrs, version, dp.tos, 0, 0).encode();
+            let rep = ConnectPrivate::new(addrs, version, dp.tos, 0, credit).encode();
             let mut param = conn_param(&rep);
             // SAFETY: the id has a QP; param and rep live across the call.
             check(unsafe { sys::rdma_accept(conn.cm_id(), &mut param) }, "rdma_accept")?;

@@ -8,7 +8,9 @@
 //!   then the same back, each checked byte by byte, in order, all acked;
 //! * phase B: our engine (node2) to the kernel's `rds_rdma` (node1, AF_RDS
 //!   sockets through rds-ib's `tests/vm/kernel_side.py`): the same sizes to
-//!   the kernel, then from the kernel.
+//!   the kernel, then from the kernel;
+//! * credit flow control: on between our engines (both grant and receive
+//!   credit updates), off with the kernel (it advertises 0 credits).
 //!
 //! Run: `cargo test --release -p rds-sock --features ib --test ib_vm`.
 //! When the rig cannot start the test prints one line starting with
@@ -80,5 +82,20 @@ fn engine_over_ib_with_itself_and_with_kernel_rds_rdma() {
     assert_eq!(node_lines(&stdout, 2, "B ACKED ").len(), 1, "the kernel acked all");
     assert_eq!(node_lines(&stdout, 2, "B RESULT ok").len(), 1, "phase B, ours");
     assert_eq!(node_lines(&stdout, 1, "B KRESULT ok").len(), 2, "phase B, kernel recv and send");
+
+    // Credit flow control (on by default): our engines grant each other
+    // credits and spend them; the kernel advertises 0, so with it ours is
+    // off and nothing is granted to us.
+    let ctr = |node: u8, phase: &str, name: &str| -> u64 {
+        let l = node_lines(&stdout, node, &format!("{phase} CTR {name} "));
+        assert_eq!(l.len(), 1, "node{node} {phase} {name}: {l:?}");
+        l[0].trim().parse().unwrap()
+    };
+    for node in [1, 2] {
+        let (tx, rx) = (ctr(node, "A", "ib_tx_credit_updates"), ctr(node, "A", "ib_rx_credit_updates"));
+        println!("node{node} phase A: ib_tx_credit_updates {tx} ib_rx_credit_updates {rx} ib_tx_throttle {}", ctr(node, "A", "ib_tx_throttle"));
+        assert!(tx > 0 && rx > 0, "node{node}: credits flow between our engines");
+    }
+    assert_eq!(ctr(2, "B", "ib_rx_credit_updates"), 0, "the kernel grants no credits");
     assert!(out.status.success(), "vmrig exit {:?}", out.status.code());
 }
