@@ -26,6 +26,8 @@ echo "== rds-sock with IB, verbs-only setup (PSK-authenticated side channel, a w
 cargo test --release -p rds-sock --features ib --test ib_vm_psk
 echo "== rds-sock with IB: the side channel killed mid-stream, nothing lost or duplicated (VM rig)"
 cargo test --release -p rds-sock --features ib --test ib_vm_disconnect
+echo "== rds-sock with IB: RDMA READ / WRITE through the socket API, ours and the kernel's rds_rdma (VM rig)"
+cargo test --release -p rds-sock --features ib --test ib_vm_rdma
 echo "== fuzz (5 s per target; scripts/fuzz.sh 600 for ten minutes each)"
 scripts/fuzz.sh 5
 echo "== done"

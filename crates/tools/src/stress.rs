@@ -22,9 +22,13 @@ pub const MAX_BUCKETS: usize = 16;
 pub const MAX_MSG_SIZE: usize = 1 << 20;
 
 /// The test header: sequence number per (sender, receiver) pair, both
-/// endpoints, the slot in the request pipeline and the operation. The RDMA
-/// and async fields of the original are carried as zeros (no RDMA over TCP);
-/// `rdma_key` and `rdma_op` are decoded so a peer asking for RDMA is noticed.
+/// endpoints, the slot in the request pipeline and the operation, then
+/// the RDMA fields of `-D` (the original copies them in host byte order:
+/// little-endian here): the op the requester asks for ([`RDMA_OP_READ`],
+/// [`RDMA_OP_WRITE`]), its buffer's address (for its own checks), the
+/// remote address to use (0: the start of the MR), the pattern of `-v`,
+/// the cookie (0 on the wire of a request: it travels as RDMA_DEST /
+/// RDMA_MAP), the size and the vector count. The async fields stay 0.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Header {
     pub seq: u32,
@@ -35,8 +39,18 @@ pub struct Header {
     pub index: u16,
     pub op: u8,
     pub rdma_op: u8,
+    pub rdma_addr: u64,
+    pub rdma_phyaddr: u64,
+    pub rdma_pattern: u64,
     pub rdma_key: u64,
+    pub rdma_size: u32,
+    pub rdma_vector: u32,
 }
+
+/// `rdma_op` of a request: the passive side RDMA-reads the requester's buffer.
+pub const RDMA_OP_READ: u8 = 1;
+/// `rdma_op` of a request: the passive side RDMA-writes the requester's buffer.
+pub const RDMA_OP_WRITE: u8 = 2;
 
 impl Default for Header {
     fn default() -> Header {
@@ -49,7 +63,12 @@ impl Default for Header {
             index: 0,
             op: 0,
             rdma_op: 0,
+            rdma_addr: 0,
+            rdma_phyaddr: 0,
+            rdma_pattern: 0,
             rdma_key: 0,
+            rdma_size: 0,
+            rdma_vector: 0,
         }
     }
 }
@@ -67,9 +86,13 @@ impl Header {
         b[16..18].copy_from_slice(&self.index.to_be_bytes());
         b[18] = self.op;
         b[19] = self.rdma_op;
-        // rdma_addr 20..28, rdma_phyaddr 28..36, rdma_pattern 36..44
-        b[44..52].copy_from_slice(&self.rdma_key.to_be_bytes());
-        // rdma_size 52..56, rdma_vector 56..60, retry 60, rdma_remote_err 61, pending 62
+        b[20..28].copy_from_slice(&self.rdma_addr.to_le_bytes());
+        b[28..36].copy_from_slice(&self.rdma_phyaddr.to_le_bytes());
+        b[36..44].copy_from_slice(&self.rdma_pattern.to_le_bytes());
+        b[44..52].copy_from_slice(&self.rdma_key.to_le_bytes());
+        b[52..56].copy_from_slice(&self.rdma_size.to_le_bytes());
+        b[56..60].copy_from_slice(&self.rdma_vector.to_le_bytes());
+        // retry 60, rdma_remote_err 61, pending 62
     }
 
     /// Reads a packed header; `None` if `buf` is shorter than 63 bytes.
@@ -89,7 +112,12 @@ impl Header {
             index: u16_at(16),
             op: buf[18],
             rdma_op: buf[19],
-            rdma_key: u64::from_be_bytes(buf[44..52].try_into().unwrap()),
+            rdma_addr: u64::from_le_bytes(buf[20..28].try_into().unwrap()),
+            rdma_phyaddr: u64::from_le_bytes(buf[28..36].try_into().unwrap()),
+            rdma_pattern: u64::from_le_bytes(buf[36..44].try_into().unwrap()),
+            rdma_key: u64::from_le_bytes(buf[44..52].try_into().unwrap()),
+            rdma_size: u32::from_le_bytes(buf[52..56].try_into().unwrap()),
+            rdma_vector: u32::from_le_bytes(buf[56..60].try_into().unwrap()),
         })
     }
 
@@ -341,8 +369,7 @@ mod tests {
             to_port: 4002,
             index: 7,
             op: OP_ACK,
-            rdma_op: 0,
-            rdma_key: 0,
+            ..Header::default()
         };
         let mut b = [0xffu8; HEADER_SIZE + 4];
         h.encode(&mut b);
@@ -355,6 +382,11 @@ mod tests {
         assert_eq!(b[HEADER_SIZE], 0xff, "writes exactly 63 bytes");
         assert_eq!(Header::decode(&b).unwrap(), h);
         assert!(Header::decode(&b[..62]).is_none());
+        // The RDMA fields, little-endian at their offsets.
+        let r = Header { rdma_op: RDMA_OP_WRITE, rdma_addr: 0x1122, rdma_pattern: 7, rdma_key: 0x64_0000_0a0b, rdma_size: 4096, rdma_vector: 2, ..h };
+        r.encode(&mut b);
+        assert_eq!((b[19], &b[20..22], &b[44..49], &b[52..54], b[56]), (2, &[0x22, 0x11][..], &[0x0b, 0x0a, 0, 0, 0x64][..], &[0, 0x10][..], 2));
+        assert_eq!(Header::decode(&b).unwrap(), r);
         let mut g = h;
         g.seq += 1;
         assert!(!h.basic_eq(&g));

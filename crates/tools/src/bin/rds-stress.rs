@@ -10,10 +10,13 @@ use std::sync::{Arc, OnceLock};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use rds_sock::{Engine, RdsSocket, RecvFlags};
+use rds_core::message::rdma_flags;
+use rds_core::RdmaOp;
+use rds_sock::{Engine, RdsSocket, RecvFlags, SendFlags};
 use rds_tools::stress::{
     bucket, check_pattern, is_version_string, pattern, stats_header, stats_line, Header, WireOptions, HEADER_SIZE,
-    MAX_BUCKETS, MAX_MSG_SIZE, OPTIONS_V1_SIZE, OPTIONS_V2_SIZE, OP_ACK, OP_REQ, VERSION_LEN,
+    MAX_BUCKETS, MAX_MSG_SIZE, OPTIONS_V1_SIZE, OPTIONS_V2_SIZE, OP_ACK, OP_REQ, RDMA_OP_READ, RDMA_OP_WRITE,
+    VERSION_LEN,
 };
 use rds_tools::{bind_error, catch_signals, errstr, parse, parse_size, Args, STOP};
 
@@ -34,7 +37,7 @@ Every second one line, then a dashed line and the average of the run:
   tsks          tasks running
   tx/s, rx/s    requests sent / received in that second
   tx+rx K/s     KiB/s of all payload sent and received (requests and acks)
-  mbi/mbo K/s   RDMA KiB/s in / out: always 0 over TCP
+  mbi/mbo K/s   RDMA KiB/s into / out of the requesters' buffers (-D)
   tx us/c       average microseconds per send call
   rtt us        average microseconds from a request to its ack
   cpu %         CPU use measured by -c; -1 without -c
@@ -78,10 +81,27 @@ Active side (the passive side runs with the active side's settings):
       --show-perfdata       print machine-readable \"::\" lines instead of the
                             table: rates, RDS counters and /proc/stat CPU use
 
+RDMA (IB transport only; refused by a build without --features ib, and
+with --transport tcp):
+  -D, --rdma-bytes BYTES    with every request the requester offers a buffer
+                            of BYTES (times -I) and the other side RDMA-reads
+                            or -writes it before sending the ack (RDMA_ARGS
+                            with NOTIFY_ME on the ack); multiple of 8, at most
+                            1M in all
+  -I, --rdma-buffers N      local buffers per RDMA op (default 1, at most 64)
+  -M, --rdma-mode 0|1|2     0: alternate READ and WRITE (default), 1: READ
+                            only, 2: WRITE only
+      --rdma-use-get-mr 0|1 register with RDS_GET_MR and announce the cookie
+                            with RDMA_DEST (default 0: RDMA_MAP on the request)
+      --rdma-use-once 0|1   USE_ONCE MRs, released by the ack (default 0:
+                            FREE_MR on the ack)
+      --rdma-use-fence 0|1  FENCE the ack after an RDMA READ (default 1)
+      --rdma-use-notify 0|1 accepted; notifications are always asked for
+  With -v the RDMA buffers carry the original's 64-bit pattern and both
+  directions are checked (the READ by the reader, the WRITE by the owner).
+
 Rejected with an error:
-  -D, --rdma-bytes, -I, --rdma-buffers, -M, --rdma-mode, --rdma-use-once,
-  --rdma-use-get-mr, --rdma-use-fence, --rdma-use-notify, --rdma-cache-mrs,
-  --rdma-alignment, --rdma-key-o-meter: RDMA needs the IB transport;
+  --rdma-cache-mrs, --rdma-alignment, --rdma-key-o-meter: not implemented;
   --reset (RDS_CONN_RESET), --async, --always-bursty, --sync-always-bursty:
   not available in this userspace RDS.
 
@@ -111,13 +131,17 @@ const FLAGS: &[&str] = &[
     "async", "always-bursty", "sync-always-bursty", "h", "help",
 ];
 
+const RDMA_ERROR: &str = "RDMA needs the IB transport (--transport ib, or an address of an RDMA device, with \
+                          rds-tools built with feature ib); RDS-TCP has no RDMA (drop -D/-I/-M/--rdma-* to test datagrams)";
+
+/// The RDMA options: refused by a build without IB.
 const RDMA_OPTS: &[&str] = &[
     "D", "rdma-bytes", "I", "rdma-buffers", "M", "rdma-mode", "rdma-use-once", "rdma-use-get-mr", "rdma-use-fence",
     "rdma-use-notify", "rdma-cache-mrs", "rdma-alignment", "rdma-key-o-meter",
 ];
 
-const RDMA_ERROR: &str = "RDMA needs the IB transport; this rds-stress runs over RDS-TCP, which has no RDMA \
-                          (drop -D/-I/-M/--rdma-* to test datagrams)";
+/// Most local buffers of one RDMA op (`-I`; rds-ib's limit, the kernel's is 1024).
+const MAX_RDMA_VECTOR: u32 = 64;
 
 // Statistics cells, as the original's.
 const S_REQ_TX: usize = 0;
@@ -211,11 +235,15 @@ fn main() {
     if let Some(o) = args.operands.first() {
         usage(&format!("unexpected argument '{o}'"));
     }
-    if let Some((n, _)) = args.opts.iter().find(|(n, _)| RDMA_OPTS.contains(&n.as_str())) {
+    let tcp_only = !cfg!(feature = "ib") || TRANSPORT.get().and_then(|t| t.as_deref()) == Some("tcp");
+    if let Some((n, _)) = args.opts.iter().find(|(n, _)| RDMA_OPTS.contains(&n.as_str())).filter(|_| tcp_only) {
         let dash = if n.len() == 1 { "-" } else { "--" };
         die(&format!("{dash}{n}: {RDMA_ERROR}"));
     }
     for (opt, what) in [
+        ("rdma-cache-mrs", "--rdma-cache-mrs is not implemented by this rds-stress"),
+        ("rdma-alignment", "--rdma-alignment is not implemented by this rds-stress"),
+        ("rdma-key-o-meter", "--rdma-key-o-meter is not implemented by this rds-stress"),
         ("reset", "--reset (RDS_CONN_RESET) is not available in this userspace RDS"),
         ("async", "--async (asynchronous sends, an Oracle RDS extension) is not available in this userspace RDS"),
         ("always-bursty", "--always-bursty is not implemented by this rds-stress"),
@@ -230,7 +258,12 @@ fn main() {
         req_depth: num(&args, &["d", "depth"], u32::MAX.into()).unwrap_or(1) as u32,
         req_size: num(&args, &["q", "req-bytes"], u32::MAX.into()).unwrap_or(1024) as u32,
         ack_size: num(&args, &["a", "ack-bytes"], u32::MAX.into()).unwrap_or(HEADER_SIZE as u64) as u32,
-        rdma_size: 0,
+        rdma_size: num(&args, &["D", "rdma-bytes"], MAX_MSG_SIZE as u64).unwrap_or(0) as u32,
+        rdma_vector: num(&args, &["I", "rdma-buffers"], MAX_RDMA_VECTOR.into()).unwrap_or(1) as u32,
+        rw_mode: num(&args, &["M", "rdma-mode"], 2).unwrap_or(0) as u8,
+        rdma_use_once: num(&args, &["rdma-use-once"], 1).unwrap_or(0) as u8,
+        rdma_use_get_mr: num(&args, &["rdma-use-get-mr"], 1).unwrap_or(0) as u8,
+        rdma_use_fence: num(&args, &["rdma-use-fence"], 1).unwrap_or(1) as u8,
         send_addr: Ipv4Addr::UNSPECIFIED,
         receive_addr: val(&args, &["r", "recv-addr"]).map_or(Ipv4Addr::UNSPECIFIED, parse_addr),
         starting_port: num(&args, &["p", "port"], u16::MAX.into()).unwrap_or(4000) as u16,
@@ -243,9 +276,7 @@ fn main() {
         show_params: args.has("show-params").into(),
         show_perfdata: args.has("show-perfdata").into(),
         use_cong_monitor: num(&args, &["use-cong-monitor"], 1).unwrap_or(1) as u8,
-        rdma_use_fence: 1,
         simplex: flag(&args, &["o", "one-way"]).into(),
-        rdma_vector: 1,
         connect_retries: num(&args, &["connect-retries"], u32::MAX.into()).unwrap_or(0) as u32,
         tos: num(&args, &["Q", "tos"], u8::MAX.into()).unwrap_or(0) as u8,
         ..WireOptions::default()
@@ -290,6 +321,20 @@ fn check_sizes(o: &WireOptions) {
     if o.nr_tasks == 0 {
         die("at least one task is needed (-t)");
     }
+    if o.rdma_size != 0 {
+        if o.rdma_vector == 0 || o.rdma_vector > MAX_RDMA_VECTOR {
+            die(&format!("RDMA buffers must be 1 to {MAX_RDMA_VECTOR} (-I)"));
+        }
+        if u64::from(o.rdma_size) * u64::from(o.rdma_vector) > MAX_MSG_SIZE as u64 {
+            die(&format!("RDMA size times buffers must be at most {MAX_MSG_SIZE} bytes (-D, -I)"));
+        }
+        if o.rdma_size % 8 != 0 {
+            die("RDMA size must be a multiple of 8 bytes (-D)");
+        }
+        if o.rw_mode > 2 {
+            die("RDMA mode must be 0 (read and write), 1 (read) or 2 (write) (-M)");
+        }
+    }
     if u32::from(o.starting_port) + u32::from(o.nr_tasks) > u32::from(u16::MAX) {
         die(&format!("ports {} to {} do not fit (-p, -t)", o.starting_port + 1, u32::from(o.starting_port) + u32::from(o.nr_tasks)));
     }
@@ -309,7 +354,13 @@ fn active(mut o: WireOptions, local: Local, soak: Option<Soak>) -> i32 {
         println!("  {:<10} {:<7}", "Req size", o.req_size);
         println!("  {:<10} {:<7}", "ACK size", o.ack_size);
         println!("  {:<10} {:<7}", "RDMA size", o.rdma_size);
-        println!("  {:<10} use_fence", "RDMA opts");
+        let mut opts = Vec::new();
+        for (on, name) in [(o.rdma_use_once, "use_once"), (o.rdma_use_get_mr, "use_get_mr"), (o.rdma_use_fence, "use_fence")] {
+            if on != 0 {
+                opts.push(name);
+            }
+        }
+        println!("  {:<10} {}", "RDMA opts", if opts.is_empty() { " (defaults)".to_string() } else { opts.join(" ") });
         println!();
     }
     let target = SocketAddrV4::new(o.send_addr, o.starting_port);
@@ -427,7 +478,7 @@ fn passive(mut addr: Ipv4Addr, port: u16, local: Local, soak: Option<Soak>) -> i
         peer_recv(&mut stream, &mut v1[VERSION_LEN..]);
         WireOptions::decode_v1(&v1)
     };
-    if o.rdma_size != 0 {
+    if o.rdma_size != 0 && !cfg!(feature = "ib") {
         die(&format!("the active side asked for RDMA (-D {}): {RDMA_ERROR}", o.rdma_size));
     }
     if o.async_send != 0 {
@@ -560,6 +611,45 @@ struct Peer {
     recv_index: u32,
     send_time: Vec<Instant>,
     ack_header: Vec<Header>,
+    /// `-D`: the RDMA buffers of every pipeline slot.
+    rdma: Option<RdmaSlots>,
+}
+
+/// RDMA state of one peer, per pipeline slot (`-D`).
+struct RdmaSlots {
+    /// As requester: the buffer the peer reads or writes, and its cookie
+    /// (0 when none is registered).
+    buf: Vec<Vec<u8>>,
+    cookie: Vec<u64>,
+    /// As responder: the local buffer of the op we run, whether it is in
+    /// flight, and (op, pattern) to check a READ with `-v`.
+    local: Vec<Vec<u8>>,
+    inflight: Vec<bool>,
+    issued: Vec<(u8, u64)>,
+    next_op: u8,
+}
+
+/// Fills `buf` with the original's 64-bit RDMA pattern.
+fn rdma_fill(buf: &mut [u8], pattern: u64) {
+    for w in buf.chunks_exact_mut(8) {
+        w.copy_from_slice(&pattern.to_ne_bytes());
+    }
+}
+
+/// The offset of the first word of `buf` that is not `pattern`.
+fn rdma_check(buf: &[u8], pattern: u64) -> Option<usize> {
+    buf.chunks_exact(8).position(|w| w != pattern.to_ne_bytes()).map(|i| i * 8)
+}
+
+/// Ancillary data of one send.
+enum Extra {
+    None,
+    /// RDMA_MAP of (address, length, flags).
+    Map(u64, u64, u32),
+    /// RDMA_DEST cookie.
+    Dest(u64),
+    /// RDMA_ARGS.
+    Op(RdmaOp),
 }
 
 struct Task {
@@ -642,6 +732,17 @@ impl Task {
                 recv_index: 0,
                 send_time: vec![Instant::now(); depth],
                 ack_header: vec![Header::default(); depth],
+                rdma: (o.rdma_size != 0).then(|| {
+                    let len = o.rdma_size as usize * o.rdma_vector as usize;
+                    RdmaSlots {
+                        buf: vec![vec![0u8; len]; depth],
+                        cookie: vec![0; depth],
+                        local: vec![vec![0u8; len]; depth],
+                        inflight: vec![false; depth],
+                        issued: vec![(0, 0); depth],
+                        next_op: if o.rw_mode == 2 { RDMA_OP_WRITE } else { RDMA_OP_READ },
+                    }
+                }),
             })
             .collect();
         let max = o.req_size.max(o.ack_size) as usize;
@@ -743,7 +844,13 @@ impl Task {
             let p = &self.peers[i];
             let q = ((p.recv_index + depth - p.unacked) % depth) as usize;
             let mut h = p.ack_header[q];
-            self.send_packet(i, &mut h, self.run.o.ack_size as usize)?;
+            let extra = if h.rdma_op != 0 { self.rdma_ack_op(i, q, &h)? } else { Extra::None };
+            self.send_packet(i, &mut h, self.run.o.ack_size as usize, extra)?;
+            if h.rdma_op != 0 {
+                if let Some(r) = self.peers[i].rdma.as_mut() {
+                    r.inflight[q] = true;
+                }
+            }
             self.ctl().inc(S_ACK_TX, u64::from(self.run.o.ack_size));
             trace!(self, "ACK: {} -> {} seq {} index {}", self.me, self.peers[i].dst, h.seq, h.index);
             self.peers[i].unacked -= 1;
@@ -762,8 +869,9 @@ impl Task {
                 index: p.send_index as u16,
                 ..Header::default()
             };
+            let extra = self.rdma_req(i, &mut h);
             let start = Instant::now();
-            let n = self.send_packet(i, &mut h, self.run.o.req_size as usize)?;
+            let n = self.send_packet(i, &mut h, self.run.o.req_size as usize, extra)?;
             let took = start.elapsed();
             let p = &mut self.peers[i];
             p.send_time[p.send_index as usize] = start;
@@ -776,17 +884,109 @@ impl Task {
         Ok(())
     }
 
+    /// `-D`, requester: the RDMA fields of request `h` (`rdma_build_req`),
+    /// its buffer prepared for `-v`, and how the cookie goes along.
+    fn rdma_req(&mut self, i: usize, h: &mut Header) -> Extra {
+        let o = &self.run.o;
+        let (size, vector, mode, verify) = (o.rdma_size, o.rdma_vector, o.rw_mode, o.verify != 0);
+        let (get_mr, use_once) = (o.rdma_use_get_mr != 0, o.rdma_use_once != 0);
+        let p = &mut self.peers[i];
+        let seq = p.send_seq;
+        let Some(r) = p.rdma.as_mut() else { return Extra::None };
+        let q = h.index as usize;
+        h.rdma_op = r.next_op;
+        r.next_op = match mode {
+            0 => 3 - r.next_op,
+            1 => RDMA_OP_READ,
+            _ => RDMA_OP_WRITE,
+        };
+        h.rdma_pattern = (u64::from(seq) << 32) | u64::from(std::process::id());
+        h.rdma_addr = r.buf[q].as_ptr() as u64;
+        h.rdma_size = size;
+        h.rdma_vector = vector;
+        if verify {
+            let fill = if h.rdma_op == RDMA_OP_READ { h.rdma_pattern } else { 0 };
+            rdma_fill(&mut r.buf[q], fill);
+        }
+        let len = r.buf[q].len() as u64;
+        let flags = rdma_flags::READWRITE | if use_once { rdma_flags::USE_ONCE } else { 0 };
+        if !get_mr {
+            return Extra::Map(h.rdma_addr, len, flags);
+        }
+        if r.cookie[q] == 0 {
+            // SAFETY: the slot's buffer lives as long as the task (the
+            // socket, and with it its MRs, goes first); it is not touched
+            // while the peer may use it (until the ack).
+            r.cookie[q] = unsafe { self.sock.get_mr(h.rdma_addr, len, flags) }
+                .unwrap_or_else(|e| rdma_die("setsockopt(RDS_GET_MR) failed", &e));
+        }
+        Extra::Dest(r.cookie[q])
+    }
+
+    /// `-D`, responder: the RDMA op that goes with the ack of slot `q`
+    /// (`rdma_build_cmsg_xfer`); EAGAIN while the slot's previous op has
+    /// not completed.
+    fn rdma_ack_op(&mut self, i: usize, q: usize, h: &Header) -> Result<Extra, i32> {
+        let o = &self.run.o;
+        let (verify, fence, depth) = (o.verify != 0, o.rdma_use_fence != 0, o.req_depth as usize);
+        let Some(r) = self.peers[i].rdma.as_mut() else { return Ok(Extra::None) };
+        if r.inflight[q] {
+            return Err(libc::EAGAIN);
+        }
+        let size = u64::from(h.rdma_size);
+        let base = r.local[q].as_ptr() as u64;
+        let local = (0..u64::from(h.rdma_vector)).map(|v| (base + size * v, size)).collect();
+        let mut flags = rdma_flags::NOTIFY_ME;
+        if h.rdma_op == RDMA_OP_WRITE {
+            flags |= rdma_flags::READWRITE;
+            if verify {
+                rdma_fill(&mut r.local[q], h.rdma_pattern);
+            }
+        } else if fence {
+            flags |= rdma_flags::FENCE;
+        }
+        r.issued[q] = (h.rdma_op, h.rdma_pattern);
+        Ok(Extra::Op(RdmaOp {
+            remote_cookie: h.rdma_key,
+            remote_addr: h.rdma_phyaddr,
+            remote_len: size * u64::from(h.rdma_vector),
+            local,
+            flags,
+            user_token: (i * depth + q) as u64,
+        }))
+    }
+
     /// Sends one message of `size` bytes with header `h` (its seq filled
-    /// in here) to peer `i`.
-    fn send_packet(&mut self, i: usize, h: &mut Header, size: usize) -> Result<usize, i32> {
+    /// in here) to peer `i`, with `extra` as ancillary data.
+    fn send_packet(&mut self, i: usize, h: &mut Header, size: usize, extra: Extra) -> Result<usize, i32> {
         let p = &mut self.peers[i];
         h.seq = p.send_seq;
         h.encode(&mut self.sbuf);
-        match self.sock.send_to(&self.sbuf[..size], p.dst.into()) {
+        let dst = p.dst.into();
+        let q = h.index as usize;
+        let res = match extra {
+            Extra::None => self.sock.send_to(&self.sbuf[..size], dst),
+            Extra::Dest(c) => self.sock.send_msg(&self.sbuf[..size], Some(dst), &SendFlags { rdma_dest: Some(c), ..SendFlags::default() }),
+            Extra::Op(op) => self.sock.send_msg(&self.sbuf[..size], Some(dst), &SendFlags { rdma: Some(op), ..SendFlags::default() }),
+            Extra::Map(addr, len, flags) => {
+                // SAFETY: as in rdma_req.
+                match unsafe { self.sock.send_rdma_map(&self.sbuf[..size], Some(dst), addr, len, flags, &SendFlags::default()) } {
+                    Ok((n, cookie)) => {
+                        if let Some(r) = p.rdma.as_mut() {
+                            r.cookie[q] = cookie;
+                        }
+                        Ok(n)
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+        };
+        match res {
             Ok(n) if n == size => {
                 p.send_seq = p.send_seq.wrapping_add(1);
                 Ok(n)
             }
+            Err(e) if e.raw_os_error() == Some(libc::EOPNOTSUPP) => rdma_die(&format!("sendmsg({})", p.dst), &e),
             Ok(n) => die(&format!("sendto() truncated - {n}")),
             Err(e) if is_again(&e) => Err(e.raw_os_error().unwrap_or(libc::EAGAIN)),
             Err(e) => die_errno(&format!("sendto({}) failed", p.dst), &e),
@@ -801,6 +1001,10 @@ impl Task {
             Err(e) => die_errno("recvmsg() failed", &e),
         };
         let now = Instant::now();
+        if let Some((token, status)) = m.rdma_status {
+            self.rdma_completed(token, status);
+            return true;
+        }
         if let Some(mask) = m.cong_update {
             for p in &mut self.peers {
                 if mask & (1u64 << (p.dst.port() % 64)) != 0 {
@@ -855,8 +1059,19 @@ impl Task {
             print!("{}", Header::mismatch_report(&expected, &got));
             die(&format!("header from {from} to id {} bogus", self.me.port()));
         }
-        if got.rdma_key != 0 || got.rdma_op != 0 {
-            die(&format!("a message from {from} asks for RDMA: {RDMA_ERROR}"));
+        if got.rdma_op != 0 {
+            if o.rdma_size == 0 {
+                die(&format!("a message from {from} asks for RDMA: {RDMA_ERROR}"));
+            }
+            if got.rdma_size != o.rdma_size || got.rdma_vector != o.rdma_vector {
+                die(&format!("Unexpected RDMA size {} x {} in a message from {from}", got.rdma_size, got.rdma_vector));
+            }
+            if got.rdma_op != RDMA_OP_READ && got.rdma_op != RDMA_OP_WRITE {
+                die(&format!("Unexpected RDMA op {} in a message from {from}", got.rdma_op));
+            }
+            if got.op == OP_REQ && m.rdma_dest.is_none() {
+                die(&format!("an RDMA request from {from} without a cookie (RDMA_DEST)"));
+            }
         }
         if o.verify != 0 {
             let payload = &self.rbuf[HEADER_SIZE..len];
@@ -890,9 +1105,27 @@ impl Task {
                 ctl.hist[bucket(us)].fetch_add(1, Relaxed);
             }
             p.pending = p.pending.saturating_sub(1);
+            if got.rdma_op != 0 {
+                let q = expect_index as usize;
+                let len = u64::from(got.rdma_size) * u64::from(got.rdma_vector);
+                // WRITE: the peer wrote our buffer (RDMA in); READ: it read it.
+                ctl.inc(if got.rdma_op == RDMA_OP_WRITE { S_MBI } else { S_MBO }, len);
+                let (use_once, verify) = (self.run.o.rdma_use_once != 0, self.run.o.verify != 0);
+                if let Some(r) = p.rdma.as_mut() {
+                    if verify && got.rdma_op == RDMA_OP_WRITE {
+                        if let Some(off) = rdma_check(&r.buf[q], got.rdma_pattern) {
+                            die(&format!("-v: the RDMA WRITE of {from} into slot {q} differs from the pattern at offset {off}"));
+                        }
+                    }
+                    if !use_once && r.cookie[q] != 0 {
+                        self.sock.free_mr(r.cookie[q], 0).unwrap_or_else(|e| die_errno("setsockopt(RDS_FREE_MR) failed", &e));
+                    }
+                    r.cookie[q] = 0;
+                }
+            }
         } else {
             // Build the ack right away; it is sent when the socket has room.
-            p.ack_header[p.recv_index as usize] = Header {
+            let mut ack = Header {
                 op: OP_ACK,
                 from_addr: *me.ip(),
                 from_port: me.port(),
@@ -901,12 +1134,58 @@ impl Task {
                 index: p.recv_index as u16,
                 ..Header::default()
             };
+            if got.rdma_op != 0 {
+                // rdma_build_ack: echo the request's RDMA fields; the
+                // cookie came as RDMA_DEST.
+                ack.rdma_op = got.rdma_op;
+                ack.rdma_size = got.rdma_size;
+                ack.rdma_vector = got.rdma_vector;
+                ack.rdma_addr = got.rdma_addr;
+                ack.rdma_phyaddr = got.rdma_phyaddr;
+                ack.rdma_pattern = got.rdma_pattern;
+                ack.rdma_key = m.rdma_dest.unwrap_or(0);
+            }
+            p.ack_header[p.recv_index as usize] = ack;
             p.unacked += 1;
             p.recv_index = (p.recv_index + 1) % depth;
         }
         p.recv_seq = p.recv_seq.wrapping_add(1);
         true
     }
+}
+
+impl Task {
+    /// An RDMA notification (`rdma_mark_completed`): the slot is free again;
+    /// with `-v` a READ's bytes are checked.
+    fn rdma_completed(&mut self, token: u64, status: i32) {
+        let depth = u64::from(self.run.o.req_depth);
+        let (i, q) = ((token / depth) as usize, (token % depth) as usize);
+        let verify = self.run.o.verify != 0;
+        let Some(p) = self.peers.get_mut(i) else { die(&format!("RDMA notification with a bad token {token}")) };
+        let Some(r) = p.rdma.as_mut() else { die("an RDMA notification without -D") };
+        if status != 0 {
+            let what = match status {
+                1 => "remote error",
+                2 => "operation was cancelled",
+                3 => "operation was dropped",
+                4 => "other error",
+                _ => "unknown error",
+            };
+            println!("{}: RDMA op {q} failed: {what}", p.dst);
+        } else if verify && r.issued[q].0 == RDMA_OP_READ {
+            if let Some(off) = rdma_check(&r.local[q], r.issued[q].1) {
+                die(&format!("-v: the RDMA READ from {} (slot {q}) differs from the pattern at offset {off}", p.dst));
+            }
+        }
+        r.inflight[q] = false;
+    }
+}
+
+fn rdma_die(what: &str, e: &std::io::Error) -> ! {
+    if e.raw_os_error() == Some(libc::EOPNOTSUPP) {
+        die(&format!("{what}: {}: {RDMA_ERROR}", errstr(e)));
+    }
+    die_errno(what, e)
 }
 
 // ---------------------------------------------------------------------------
