@@ -1,0 +1,86 @@
+//! RDMA completion notifications (`RDS_CMSG_RDMA_STATUS`) over an IB-like
+//! transport: the transport's report (`Node::rdma_complete`) queues the
+//! notification with its status, exactly once per op, whatever the ack or
+//! a later drop says; without a report the ack notifies SUCCESS.
+
+mod common;
+
+use common::*;
+use rds_core::message::{rdma_flags, rdma_status};
+use rds_core::*;
+
+fn op(flags: u32, token: u64) -> RdmaOp {
+    RdmaOp { remote_cookie: 0x64_0000_0123, remote_addr: 0, remote_len: 8, local: vec![(0x1000, 8)], flags, user_token: token }
+}
+
+fn send_op(net: &mut Net, s: SockId, o: RdmaOp) -> u64 {
+    let opts = SendOptions { rdma: Some(o), ..SendOptions::default() };
+    net.nodes[0].send(s, Some(sa(2, 4000)), &Payload::copy_from(b"with op"), &opts).unwrap();
+    net.run();
+    net.data_sent_by(0).last().expect("sent").header.sequence
+}
+
+fn statuses(r: Vec<Received>) -> Vec<(u64, i32)> {
+    r.into_iter()
+        .filter_map(|r| match r {
+            Received::RdmaStatus { user_token, status } => Some((user_token, status)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn the_transports_status_is_notified_once() {
+    let mut net = Net::with_configs(vec![config(0), config(1)], TransportKind::Ib);
+    net.hold_acks = true;
+    let a = net.bound(0, 4000);
+    let _b = net.bound(1, 4000);
+    let seq = send_op(&mut net, a, op(rdma_flags::NOTIFY_ME | rdma_flags::READWRITE, 7));
+    let pid = net.path(0, 1, 0);
+    let inst = net.links[&(0, pid)].inst;
+    // Nothing before the transport reports.
+    assert!(statuses(net.drain(0, a)).is_empty());
+    net.nodes[0].rdma_complete(pid, inst, seq, rdma_status::REMOTE_ERROR);
+    // A second report, an older instance's, and the ack add nothing.
+    net.nodes[0].rdma_complete(pid, inst, seq, rdma_status::SUCCESS);
+    net.nodes[0].rdma_complete(pid, inst.wrapping_sub(1), seq, rdma_status::OTHER_ERROR);
+    net.flush_acks();
+    net.run();
+    assert_eq!(statuses(net.drain(0, a)), vec![(7, rdma_status::REMOTE_ERROR)]);
+    assert_eq!(net.nodes[0].pending_messages(a), 0, "the message itself was acked");
+}
+
+#[test]
+fn without_a_report_the_ack_notifies_success() {
+    let mut net = Net::with_configs(vec![config(0), config(1)], TransportKind::Ib);
+    let a = net.bound(0, 4000);
+    let _b = net.bound(1, 4000);
+    send_op(&mut net, a, op(rdma_flags::NOTIFY_ME, 9));
+    assert_eq!(statuses(net.drain(0, a)), vec![(9, rdma_status::SUCCESS)]);
+}
+
+#[test]
+fn a_failure_without_notify_me_is_reported_only_with_recverr() {
+    let mut net = Net::with_configs(vec![config(0), config(1)], TransportKind::Ib);
+    net.hold_acks = true;
+    let a = net.bound(0, 4000);
+    let _b = net.bound(1, 4000);
+    let pid_inst = |net: &Net| {
+        let pid = net.path(0, 1, 0);
+        (pid, net.links[&(0, pid)].inst)
+    };
+    // No NOTIFY_ME, no RECVERR: a failed op is silent.
+    let seq = send_op(&mut net, a, op(0, 1));
+    let (pid, inst) = pid_inst(&net);
+    net.nodes[0].rdma_complete(pid, inst, seq, rdma_status::OTHER_ERROR);
+    assert!(statuses(net.drain(0, a)).is_empty());
+    // With RECVERR it is reported; a success is not.
+    net.nodes[0].setsockopt(a, SockOpt::RecvErr(true)).unwrap();
+    let seq = send_op(&mut net, a, op(0, 2));
+    net.nodes[0].rdma_complete(pid, inst, seq, rdma_status::OTHER_ERROR);
+    let seq = send_op(&mut net, a, op(0, 3));
+    net.nodes[0].rdma_complete(pid, inst, seq, rdma_status::SUCCESS);
+    net.flush_acks();
+    net.run();
+    assert_eq!(statuses(net.drain(0, a)), vec![(2, rdma_status::OTHER_ERROR)]);
+}
