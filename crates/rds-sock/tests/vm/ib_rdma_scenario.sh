@@ -7,8 +7,11 @@
 # Phase B: node1 loads the kernel's rds_rdma: a kernel socket is the target
 #   (RDMA_MAP), ours on node2 the initiator.
 # Phase C: the kernel on node1 is the initiator, ours on node2 the target.
-# (No BADKEY against the kernel: after the QP error its connection took
-# about 90 s to come back in a trial run.)
+# No BADKEY against the kernel: after the QP error the kernel's connection
+# shutdown (rds_ib_conn_path_shutdown) waits until no FRWR MR registered on
+# that connection is in use, i.e. until the target socket frees its MRs or
+# closes; in trial runs nothing reconnected until the kernel target gave up
+# (90 s) and closed its socket.
 set -e
 N=${N:-70000}
 modprobe rdma_rxe
