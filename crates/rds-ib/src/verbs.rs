@@ -70,6 +70,13 @@ pub const RDS_IB_PORT: u16 = 18634;
 pub const RECV_WR: usize = 512;
 /// Send slots (header copy + 4 KiB buffer) per connection.
 pub const SEND_WR: usize = 256;
+/// Transport retries of an RC QP before its sends fail with
+/// `IBV_WC_RETRY_EXC_ERR` (the CM REQ carries it, so both sides of a
+/// connection we open use it; the kernel's `rds_ib_retry_count` default,
+/// 1 in 6.1). Not 7: rxe (Soft-RoCE) takes 7 as "retry forever", so a
+/// peer that went silent would never end the connection.
+pub const RETRY_COUNT: u8 = 1;
+
 /// Address and route resolution timeout (`RDS_RDMA_RESOLVE_TIMEOUT_MS`).
 pub const RESOLVE_TIMEOUT_MS: i32 = 5000;
 /// `IB_CM_REJ_CONSUMER_DEFINED`: the reject reason carrying reject data.
@@ -410,9 +417,14 @@ pub struct ConnStats {
 }
 
 /// The reject value for a connect request we refuse for now (a connect of
-/// our own to that peer is under way, or the path is busy): not 1, so the
-/// peer retries without falling back to protocol 3.1.
-pub const REJ_RETRY: i32 = 2;
+/// our own to that peer is under way, or the path is busy): 0, which the
+/// kernel's active side takes like [`crate::private::REJ_INCOMPAT`]: it drops the attempt
+/// and reconnects (proposing 3.1 from then on, as after any such reject of
+/// its own). A value above 1 is only logged by the kernel: its connection
+/// then stays CONNECTING for good and it rejects every connect of ours as
+/// a crossed one (seen in the forced-disconnect VM test: no connection
+/// again after a refusal).
+pub const REJ_RETRY: i32 = 0;
 
 /// One RDS-IB connection: CM id, RC QP, CQs, rings.
 pub struct Conn {
@@ -1396,7 +1408,7 @@ fn conn_param(dp: &[u8]) -> sys::rdma_conn_param {
         responder_resources: 1,
         initiator_depth: 1,
         flow_control: 0,
-        retry_count: 7,
+        retry_count: RETRY_COUNT,
         rnr_retry_count: 7,
         srq: 0,
         qp_num: 0,
@@ -1447,7 +1459,7 @@ impl Listener {
     /// [`Listener::accept`], asking `admit(local, peer)` about every
     /// compatible request first: a request it refuses is rejected with the
     /// reject value [`REJ_RETRY`] (the kernel's active side then drops and
-    /// retries without falling back to 3.1) and counted in `refused`.
+    /// retries) and counted in `refused`.
     pub fn accept_with(
         &mut self,
         deadline: Instant,

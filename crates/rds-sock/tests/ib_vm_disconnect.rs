@@ -26,21 +26,89 @@
 //! `recv_drop_old_seq` = duplicates dropped by the core, flushed work
 //! requests).
 //!
+//! The second test does the same in the RDMA CM setup mode (port 18634,
+//! what the kernel's `rds_rdma` speaks; `MODE=cm` of the same scenario),
+//! where there is no side channel to kill: the sending guest drops every
+//! incoming RoCE v2 packet (UDP 4791, a `tc` ingress filter) for `CUT_S`
+//! seconds mid-stream. Its RC QP gets no acks and exhausts its retries
+//! (IBV_WC_RETRY_EXC_ERR; our QPs use the kernel's retry count, 1, see
+//! `rds_ib::verbs::RETRY_COUNT`), its connection goes down, its DREQ
+//! (outgoing traffic still passes) takes the receiver's down, and the
+//! reconnects fail until the filter is removed. Three phases in one boot,
+//! `NC` datagrams each: A our engine to our engine, B our engine to the
+//! kernel's rds_rdma (kernel_side.py stream-recv checks every datagram),
+//! C the kernel (kernel_side.py stream-send) to our engine. Asserted per
+//! phase: every datagram exactly once, in order, exact; our sender had all
+//! acked (A, B); the filter dropped packets; our side's `conn_reset` and
+//! `ib_conn_down` grew and it had more than one IB connection; and the
+//! kernel logged a failed completion ("disconnecting and reconnecting")
+//! and connected more than once. The counter deltas are printed.
+//!
 //! Run: `cargo test --release -p rds-sock --features ib --test
-//! ib_vm_disconnect -- --nocapture`. When the rig cannot start the test
-//! prints one line starting with `SKIP:` and passes.
+//! ib_vm_disconnect -- --nocapture` (the two tests boot one after the
+//! other). When the rig cannot start a test prints one line starting with
+//! `SKIP:` and passes.
 #![cfg(feature = "ib")]
 
 mod common;
 
 use common::{field, find_rig, node_lines, rig_ready, workspace_root};
 use std::path::PathBuf;
-use std::process::Command;
+use std::process::{Command, Output};
+use std::sync::Mutex;
 use std::time::Instant;
 
 const N: usize = 3000;
 const GAP_US: u64 = 3000;
 const KILLS: usize = 3;
+/// Datagrams per phase of the RDMA CM test, and how long incoming RoCE v2
+/// is dropped.
+const NC: usize = 600;
+const CUT_S: u64 = 4;
+
+/// One two-guest boot at a time (the machine has 2 cores).
+static BOOT: Mutex<()> = Mutex::new(());
+
+/// Runs the scenario in `vmrig run -n 2` with `env`; `None` (after printing
+/// `SKIP: ...`) when the rig cannot start.
+fn boot(what: &str, env: &[(&str, String)], timeout_s: u32) -> Option<(String, Output)> {
+    let _one = BOOT.lock().unwrap_or_else(|p| p.into_inner());
+    let rig = match find_rig().and_then(|r| rig_ready().map(|()| r)) {
+        Ok(r) => r,
+        Err(why) => {
+            println!("SKIP: {what} in the VM rig not run: {why}");
+            return None;
+        }
+    };
+    let root = workspace_root();
+    let bin = PathBuf::from(env!("CARGO_BIN_EXE_rds-ib-peer"));
+    let mut cmd = Command::new(rig.join("vmrig"));
+    cmd.current_dir(&root).args(["run", "-n", "2", "-t", &timeout_s.to_string()]);
+    if !bin.starts_with(&root) {
+        cmd.arg("-s").arg(bin.parent().unwrap());
+    }
+    cmd.arg("-e").arg(format!("PEER_BIN={}", bin.display()));
+    for (k, v) in env {
+        cmd.arg("-e").arg(format!("{k}={v}"));
+    }
+    cmd.args(["--", "sh"]).arg(root.join("crates/rds-sock/tests/vm/ib_disconnect_scenario.sh"));
+    let t0 = Instant::now();
+    let out = match cmd.output() {
+        Ok(o) => o,
+        Err(e) => {
+            println!("SKIP: {what} in the VM rig not run: cannot run vmrig: {e}");
+            return None;
+        }
+    };
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+    println!("{stdout}\n{stderr}\nvmrig exit {:?} after {:.1} s", out.status.code(), t0.elapsed().as_secs_f64());
+    if !stdout.contains("[node1]") && !stdout.contains("[node2]") {
+        println!("SKIP: {what} in the VM rig not run: the guests did not come up");
+        return None;
+    }
+    Some((stdout, out))
+}
 
 fn num(line: &str, key: &str) -> u64 {
     field(line, key).and_then(|v| v.parse().ok()).unwrap_or_else(|| panic!("no number after {key:?} in {line:?}"))
@@ -48,47 +116,31 @@ fn num(line: &str, key: &str) -> u64 {
 
 /// The counter delta `name` printed by `node`.
 fn delta(out: &str, node: u8, name: &str) -> u64 {
-    let l = node_lines(out, node, &format!("DELTA {name} "));
-    assert_eq!(l.len(), 1, "node{node}: counter {name}: {l:?}");
+    delta_in(out, node, "", name)
+}
+
+/// The counter delta `name` printed by `node` on a line starting with
+/// `prefix` (a phase, "A " ...).
+fn delta_in(out: &str, node: u8, prefix: &str, name: &str) -> u64 {
+    let l = node_lines(out, node, &format!("{prefix}DELTA {name} "));
+    assert_eq!(l.len(), 1, "node{node}: {prefix}counter {name}: {l:?}");
     l[0].trim().parse().unwrap_or_else(|_| panic!("counter {name}: {}", l[0]))
+}
+
+/// The `RXSTAT` / `KRXSTAT` line of a receiver: all `NC` exactly once.
+fn check_rxstat(line: &str, what: &str) {
+    println!("{what}: {line}");
+    assert_eq!(num(line, "received"), NC as u64, "{what} received: {line}");
+    assert_eq!(num(line, "inorder"), NC as u64, "{what} in order: {line}");
+    assert_eq!(num(line, "dup"), 0, "{what} duplicated: {line}");
+    assert_eq!(num(line, "lost"), 0, "{what} lost: {line}");
+    assert_eq!(num(line, "bad"), 0, "{what} bad: {line}");
 }
 
 #[test]
 fn ib_side_channel_killed_mid_stream_nothing_lost_or_duplicated() {
-    let rig = match find_rig().and_then(|r| rig_ready().map(|()| r)) {
-        Ok(r) => r,
-        Err(why) => {
-            println!("SKIP: rds-sock IB forced-disconnect test in the VM rig not run: {why}");
-            return;
-        }
-    };
-    let root = workspace_root();
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_rds-ib-peer"));
-    let mut cmd = Command::new(rig.join("vmrig"));
-    cmd.current_dir(&root).args(["run", "-n", "2", "-t", "400"]);
-    if !bin.starts_with(&root) {
-        cmd.arg("-s").arg(bin.parent().unwrap());
-    }
-    cmd.arg("-e").arg(format!("PEER_BIN={}", bin.display()));
-    cmd.arg("-e").arg(format!("N={N}"));
-    cmd.arg("-e").arg(format!("GAP_US={GAP_US}"));
-    cmd.arg("-e").arg(format!("KILLS={KILLS}"));
-    cmd.args(["--", "sh"]).arg(root.join("crates/rds-sock/tests/vm/ib_disconnect_scenario.sh"));
-    let t0 = Instant::now();
-    let out = match cmd.output() {
-        Ok(o) => o,
-        Err(e) => {
-            println!("SKIP: rds-sock IB forced-disconnect test in the VM rig not run: cannot run vmrig: {e}");
-            return;
-        }
-    };
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    println!("{stdout}\n{stderr}\nvmrig exit {:?} after {:.1} s", out.status.code(), t0.elapsed().as_secs_f64());
-    if !stdout.contains("[node1]") && !stdout.contains("[node2]") {
-        println!("SKIP: rds-sock IB forced-disconnect test in the VM rig not run: the guests did not come up");
-        return;
-    }
+    let env = [("N", N.to_string()), ("GAP_US", GAP_US.to_string()), ("KILLS", KILLS.to_string())];
+    let Some((stdout, out)) = boot("rds-sock IB forced-disconnect test", &env, 400) else { return };
     for node in [1, 2] {
         assert_eq!(node_lines(&stdout, node, "RDMA_UCM "), vec!["absent"], "node{node}: no RDMA CM in the kernel");
         let b = node_lines(&stdout, node, "BOUND ");
@@ -137,5 +189,80 @@ fn ib_side_channel_killed_mid_stream_nothing_lost_or_duplicated() {
     let ups = delta(&stdout, 2, "ib_connect") - delta(&stdout, 2, "ib_connect_failed") + delta(&stdout, 2, "ib_accepted");
     assert!(ups >= 2, "node2 set up {ups} IB connections: no reconnect");
     println!("RESULT: {N} datagrams, {} kills, node2 conn_reset {resets}, {ups} IB connections", done.len());
+    assert!(out.status.success(), "vmrig exit {:?}", out.status.code());
+}
+
+#[test]
+fn ib_cm_roce_cut_mid_stream_nothing_lost_or_duplicated() {
+    let env = [("MODE", "cm".to_string()), ("N", NC.to_string()), ("GAP_US", GAP_US.to_string()), ("CUT_S", CUT_S.to_string())];
+    let Some((stdout, out)) = boot("rds-sock IB (RDMA CM) forced-disconnect test", &env, 300) else { return };
+    let one = |node: u8, prefix: &str| -> String {
+        let l = node_lines(&stdout, node, prefix);
+        assert_eq!(l.len(), 1, "node{node} {prefix:?}: {l:?}");
+        l[0].to_string()
+    };
+    for (ph, node) in [("A", 1), ("A", 2), ("B", 2), ("C", 2)] {
+        assert_eq!(field(&one(node, &format!("{ph} BOUND ")), "transport"), Some("0"), "node{node} phase {ph}: IB");
+    }
+    for (ph, node) in [("B", 1), ("C", 1)] {
+        assert_eq!(field(&one(node, &format!("{ph} KBOUND ")), "transport"), Some("0"), "node1 phase {ph}: kernel IB");
+    }
+    for node in [1, 2] {
+        assert!(node_lines(&stdout, node, "").iter().all(|l| !l.contains(" EXIT ")), "node{node}: a program failed");
+        for ph in ["A", "B", "C"] {
+            assert!(node_lines(&stdout, node, &format!("{ph} ANOMALY ")).is_empty(), "node{node} phase {ph} anomalies");
+            assert!(node_lines(&stdout, node, &format!("{ph} KANOMALY ")).is_empty(), "node{node} phase {ph} anomalies");
+        }
+    }
+
+    // The cuts happened during the streams and dropped RoCE v2 packets:
+    // on the sender's guest (node2 in A and B, the kernel's node1 in C).
+    for (ph, node) in [("A", 2), ("B", 2), ("C", 1)] {
+        println!("phase {ph}: {}", one(node, &format!("{ph} CUT ")));
+        let d = num(&one(node, &format!("{ph} CUTEND ")), "dropped");
+        assert!(d > 0, "phase {ph}: the filter dropped nothing");
+    }
+
+    // Every datagram exactly once, in order, exact; senders done.
+    check_rxstat(&one(1, "A RXSTAT "), "phase A, our receiver");
+    check_rxstat(&one(1, "B KRXSTAT "), "phase B, the kernel's receiver");
+    check_rxstat(&one(2, "C RXSTAT "), "phase C, our receiver");
+    for ph in ["A", "B"] {
+        assert_eq!(node_lines(&stdout, 2, &format!("{ph} ACKED {NC} ")).len(), 1, "phase {ph}: node2 not all acked");
+        assert_eq!(node_lines(&stdout, 2, &format!("{ph} RESULT ok")).len(), 1, "phase {ph}: node2 result");
+    }
+    assert_eq!(node_lines(&stdout, 1, "A RESULT ok").len(), 1, "phase A: node1 result");
+    assert_eq!(node_lines(&stdout, 2, "C RESULT ok").len(), 1, "phase C: node2 result");
+    assert_eq!(num(&format!("n {}", one(1, "C KSENT ")), "n"), NC as u64, "phase C: the kernel sent all");
+    for ph in ["B", "C"] {
+        assert_eq!(node_lines(&stdout, 1, &format!("{ph} KRESULT ok")).len(), 1, "phase {ph}: kernel side result");
+    }
+
+    // The connections really went down and came back.
+    let names = ["conn_reset", "recv_drop_old_seq", "ib_connect", "ib_connect_failed", "ib_accepted", "ib_accept_refused", "ib_conn_down", "ib_tx_flushed", "ib_rx_flushed"];
+    let mut summary = Vec::new();
+    for (ph, nodes) in [("A", &[1u8, 2][..]), ("B", &[2][..]), ("C", &[2][..])] {
+        for &node in nodes {
+            let p = format!("{ph} ");
+            let d: Vec<String> = names.iter().map(|n| format!("{n} {}", delta_in(&stdout, node, &p, n))).collect();
+            println!("phase {ph} node{node} deltas: {}", d.join(", "));
+            let resets = delta_in(&stdout, node, &p, "conn_reset");
+            assert!(resets >= 1, "phase {ph} node{node}: no reconnect (conn_reset 0)");
+            assert!(delta_in(&stdout, node, &p, "ib_conn_down") >= 1, "phase {ph} node{node}: the IB connection never went down");
+            let ups = delta_in(&stdout, node, &p, "ib_connect") - delta_in(&stdout, node, &p, "ib_connect_failed")
+                + delta_in(&stdout, node, &p, "ib_accepted");
+            assert!(ups >= 2, "phase {ph} node{node}: {ups} IB connections, no reconnect");
+            summary.push(format!("{ph}/node{node} conn_reset {resets} connections {ups}"));
+        }
+    }
+    // The kernel saw its connection fail (phase C: its sends exhausted
+    // their retries) and connected again.
+    let klog = node_lines(&stdout, 1, "KLOG ");
+    let failed: Vec<&&str> = klog.iter().filter(|l| l.contains("disconnecting and reconnecting")).collect();
+    let connected = klog.iter().filter(|l| l.contains("conn connected")).count();
+    println!("kernel: {} failed completions logged, {connected} connections: {failed:?}", failed.len());
+    assert!(!failed.is_empty(), "the kernel logged no failed completion");
+    assert!(connected >= 3, "the kernel connected {connected} times");
+    println!("RESULT: 3 x {NC} datagrams across RoCE v2 cuts of {CUT_S} s, exactly once; {}", summary.join("; "));
     assert!(out.status.success(), "vmrig exit {:?}", out.status.code());
 }

@@ -313,8 +313,11 @@ impl Conn {
         // SAFETY: as above.
         let mut a: sys::ibv_qp_attr = unsafe { std::mem::zeroed() };
         a.qp_state = sys::ibv_qp_state::IBV_QPS_RTS;
-        a.timeout = 14;
-        a.retry_cnt = 7;
+        // 4.096 us * 2^18 = 1.07 s per try: with the kernel's single
+        // retry (RETRY_COUNT) a silent peer ends the connection after ~2 s,
+        // and a slow (emulated) one is not taken for dead.
+        a.timeout = 18;
+        a.retry_cnt = super::RETRY_COUNT;
         a.rnr_retry = 7;
         a.sq_psn = psn;
         a.max_rd_atomic = 1;

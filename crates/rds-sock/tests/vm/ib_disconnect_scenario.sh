@@ -1,19 +1,99 @@
 #!/bin/sh
-# RDS-IB verbs-only setup (TCP side channel, pre-shared key; no RDMA CM)
-# with the side channel killed mid-stream, in two vmrig guests
-# (vmrig run -n 2). Env: PEER_BIN = rds-ib-peer, N, GAP_US, KILLS.
+# RDS-IB with the connection forcibly broken mid-stream, in two vmrig
+# guests (vmrig run -n 2). Env: MODE (psk, default, or cm), PEER_BIN =
+# rds-ib-peer, KSIDE = rds-ib's kernel_side.py (cm; found next to this
+# script by default), N, GAP_US, KILLS (psk), CUT_S (cm).
+#
+# MODE=psk: the verbs-only setup (TCP side channel, pre-shared key; no
+# RDMA CM) with the side channel killed mid-stream.
 # node1 receives (port 4000), node2 streams N numbered datagrams (port
 # 5000) and meanwhile kills the established side channel connection KILLS
 # times (`ss -K`, which aborts the local socket and sends the peer a RST),
 # each 1.0 .. 2.5 s (random) after it was (re-)established (a kill that
 # finds none, between two connections, is retried and not counted).
+#
+# MODE=cm: the RDMA CM setup (port 18634, what the kernel speaks), three
+# phases, each a stream of N datagrams during which the sending guest
+# drops every incoming RoCE v2 packet (UDP 4791, a tc ingress filter on
+# eth0) for CUT_S seconds, starting 1.0 .. 2.0 s (random) into the stream:
+# the sender's RC QP gets no acks, exhausts its retries
+# (IBV_WC_RETRY_EXC_ERR), its connection goes down and its DREQ (outgoing
+# traffic still passes) takes the receiver's down too; reconnects fail
+# until the filter is gone. Lines are prefixed with the phase.
+#   A: our engine (node2, port 5000) to our engine (node1, port 4000);
+#   B: our engine (node2, port 5001) to the kernel's rds_rdma (node1, now
+#      loaded, port 4000, kernel_side.py stream-recv);
+#   C: the kernel (node1, port 4001, kernel_side.py stream-send) to our
+#      engine (node2, port 6000); node1 cuts.
+# Then node1 prints the kernel's RDS/IB log lines (KLOG).
 set -e
+MODE=${MODE:-psk}
 N=${N:-3000}
 GAP_US=${GAP_US:-3000}
 KILLS=${KILLS:-3}
+CUT_S=${CUT_S:-6}
+KSIDE=${KSIDE:-$(cd "$(dirname "$0")/../../../rds-ib/tests/vm" && pwd)/kernel_side.py}
 modprobe rdma_rxe
 modprobe ib_uverbs
 rdma link add rxe0 type rxe netdev eth0
+if [ "$MODE" = cm ]; then
+    modprobe rdma_ucm
+    barrier rxe 60
+    # cutter PHASE: after the phase's start barrier, drop incoming RoCE v2
+    # for CUT_S seconds.
+    cutter() {
+        barrier "$1-bound" 60 || return 0
+        r=$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')
+        ms=$((1000 + r % 1000))
+        sleep "$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))"
+        tc qdisc add dev eth0 ingress 2>/dev/null || true
+        tc filter add dev eth0 ingress protocol ip prio 1 flower ip_proto udp dst_port 4791 action drop
+        echo "$1 CUT after ${ms} ms for ${CUT_S} s"
+        sleep "$CUT_S"
+        d=$(tc -s filter show dev eth0 ingress | sed -n 's/.*(dropped \([0-9]*\).*/\1/p' | head -1)
+        tc filter del dev eth0 ingress prio 1
+        echo "$1 CUTEND dropped ${d:-0}"
+    }
+    # ours / kside PHASE ARGS...: rds-ib-peer / kernel_side.py with the
+    # phase's barriers, their lines prefixed with the phase, a failure
+    # shown as "PHASE EXIT status" (the test asserts on the lines).
+    prefix() { while IFS= read -r l; do echo "$1 $l"; done; }
+    ours() {
+        ph=$1; shift
+        { FLUSH_S=90 WAIT_S=60 BARRIER=$ph-bound END_BARRIER=$ph-end GAP_US=$GAP_US "$PEER_BIN" "$@" 2>&1 || echo "EXIT $?"; } | prefix "$ph"
+    }
+    kside() {
+        ph=$1; shift
+        { WAIT_S=60 BARRIER=$ph-bound END_BARRIER=$ph-end GAP_US=$GAP_US python3 "$KSIDE" "$@" 2>&1 || echo "EXIT $?"; } | prefix "$ph"
+    }
+    has() { case " ${PHASES:-A B C} " in *" $1 "*) return 0 ;; esac; return 1; }
+    if [ "$VMRIG_NODE" = 1 ]; then
+        if has A; then ours A stream-recv "$VMRIG_SELF" 4000 "$VMRIG_PEER" 5000 "$N"; fi
+        modprobe rds_rdma
+        if has B; then kside B stream-recv "$VMRIG_SELF" 4000 "$VMRIG_PEER" 5001 "$N"; fi
+        if has C; then
+            cutter C > /tmp/cut-C.log 2>&1 &
+            kside C stream-send "$VMRIG_SELF" 4001 "$VMRIG_PEER" 6000 "$N"
+            wait
+            cat /tmp/cut-C.log
+        fi
+        dmesg | grep 'RDS/IB' | sed 's/^\[[ 0-9.]*\] /KLOG /' || true
+    else
+        for ph in A B; do
+            has $ph || continue
+            cutter $ph > /tmp/cut-$ph.log 2>&1 &
+            if [ $ph = A ]; then
+                ours A stream-send "$VMRIG_SELF" 5000 "$VMRIG_PEER" 4000 "$N"
+            else
+                ours B stream-send "$VMRIG_SELF" 5001 "$VMRIG_PEER" 4000 "$N"
+            fi
+            wait
+            cat /tmp/cut-$ph.log
+        done
+        if has C; then ours C stream-recv "$VMRIG_SELF" 6000 "$VMRIG_PEER" 4001 "$N"; fi
+    fi
+    exit 0
+fi
 printf 'rds-ib verbs-only test key 0001\n' > /tmp/psk
 if lsmod | grep -q '^rdma_ucm'; then echo "RDMA_UCM loaded"; else echo "RDMA_UCM absent"; fi
 barrier rxe 60
