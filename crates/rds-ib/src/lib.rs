@@ -75,11 +75,26 @@
 //!   `ib_side_bad_handshake`; `ib_qp_created` counts QPs); then QPN, PSN
 //!   (random), GID (the RoCE v2 GID of the node's IPv4 address) and MTU are
 //!   exchanged and each side moves its QP INIT -> RTR -> RTS itself
-//!   (`verbs/side.rs`). Only our own nodes speak it. rds-sock's engine
+//!   (`verbs/side.rs`). The listener serves up to 16 unauthenticated
+//!   handshakes at once, each on its own thread with one 5 s deadline for
+//!   all of HELLO .. CLIENT_PARAMS (connections beyond that are closed at
+//!   once), so a peer that connects and stalls does not hold up another
+//!   peer's setup. Only our own nodes speak it. rds-sock's engine
 //!   picks it when `RDS_IB_PSK_FILE` names a key file (at least 16 bytes,
 //!   surrounding whitespace trimmed; a bad file leaves the engine without
 //!   IB) and takes the port from `RDS_IB_SIDE_PORT`. VM test:
 //!   `cargo test --release -p rds-sock --features ib --test ib_vm_psk`.
+//!
+//! Connection loss: RC QPs retry a lost packet [`verbs::RETRY_COUNT`]
+//! times (the kernel's `rds_ib_retry_count`, 1; Soft-RoCE would take the
+//! IB maximum 7 as "forever"), so a peer that went silent ends the
+//! connection (IBV_WC_RETRY_EXC_ERR, then the CM disconnect or the side
+//! channel's close); the core resends what was not acked and the receiver
+//! drops what it already had. VM test `cargo test --release -p rds-sock
+//! --features ib --test ib_vm_disconnect`: a stream broken mid-way, verbs-
+//! only (side channel killed) and RDMA CM (incoming RoCE v2 dropped for
+//! seconds; ours with ours and with the 6.1 kernel's rds_rdma both ways),
+//! every datagram exactly once.
 //!
 //! RDMA operations (RDMA CM mode): [`verbs::mr`] registers user memory
 //! on the shared PD for `RDS_GET_MR` / `RDMA_MAP` (cookie `rkey | in-page
@@ -103,8 +118,13 @@
 //!   control in the verbs-only setup mode (the side channel carries no
 //!   credits; RDMA CM connections offer it by default);
 //! * verbs-only over InfiniBand link layers (the port is found by the IPv4
-//!   address in its GID table: RoCE only), and a verbs-only listener that
-//!   serves several handshakes at once (one at a time, 5 s each at most);
+//!   address in its GID table: RoCE only);
+//! * a calm reconnect against the kernel after a connection loss: both
+//!   sides connect at once, and a connect request of ours that reaches
+//!   the kernel after its own connection to us came up makes it drop that
+//!   one (its stale-connection rule), so several connections come and go
+//!   before one holds (4 to 28 in the VM test's kernel-to-ours phase;
+//!   nothing lost); the larger address does not hold back its reconnect;
 //! * RDMA in the verbs-only setup mode (GET_MR is EOPNOTSUPP there, and
 //!   its QPs grant no remote access), atomics (`RDS_CMSG_ATOMIC_*`), more
 //!   than [`verbs::MAX_RDMA_SGES`] local buffers per op (the kernel takes

@@ -9,6 +9,15 @@
 //!   without the key, or with a replayed or altered frame, has its TCP
 //!   connection closed and is counted (`auth_failed`, or `bad_handshake`
 //!   for garbage, EOF and timeouts), and no QP exists for it.
+//! * It serves up to [`MAX_PENDING_HANDSHAKES`] unauthenticated handshakes
+//!   at once, each on a thread of its own with its own deadline
+//!   ([`HANDSHAKE_TIMEOUT`] for HELLO .. CLIENT_PARAMS in all, however the
+//!   peer spreads its bytes): a peer that connects and stalls holds one
+//!   slot, not the listener, and an honest peer's handshake goes on
+//!   meanwhile. A connection beyond the bound is closed at once (counted
+//!   in `bad_handshake` and `busy`). Only an authenticated peer reaches
+//!   the listener's own thread (admission, QP, parameters, READY, again
+//!   bounded by [`HANDSHAKE_TIMEOUT`]).
 //! * The connecting side ([`Conn::connect_side`]) creates its QP only after
 //!   the server proved the key.
 //! * The device and the GID come from the local IPv4 address: the port
@@ -26,9 +35,11 @@
 
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::raw::c_int;
 use std::ptr;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -38,8 +49,11 @@ use rds_core::wire::{PROTOCOL_3_1, PROTOCOL_4_1};
 use super::{err, errno, sockaddr_v4, Conn, Link, Verbs};
 use crate::sidechannel::{parse_header, random_nonce, random_psn, Client, Key, Params, Server, SideError, HEADER_LEN};
 
-/// How long the accepting side waits for each handshake step.
+/// How long the accepting side waits for a peer's handshake: HELLO to
+/// CLIENT_PARAMS in all, then again for SERVER_PARAMS to READY.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Unauthenticated handshakes a [`SideListener`] serves at once.
+pub const MAX_PENDING_HANDSHAKES: usize = 16;
 /// `IBV_LINK_LAYER_INFINIBAND`.
 const LINK_LAYER_IB: u8 = 1;
 
@@ -172,20 +186,42 @@ impl Verbs {
     }
 }
 
-/// Reads one whole frame (header, then the body its kind has).
-fn read_frame(s: &mut &TcpStream) -> io::Result<Vec<u8>> {
+/// Fills `buf` from a blocking socket by `deadline` (each read waits at
+/// most the time left: a peer sending a byte now and then gets no more).
+fn read_exact_by(s: &TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result<()> {
+    let mut off = 0;
+    while off < buf.len() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            return Err(err(libc::ETIMEDOUT, "RDS-IB side channel handshake"));
+        }
+        s.set_read_timeout(Some(left.max(Duration::from_millis(1))))?;
+        match (&*s).read(&mut buf[off..]) {
+            Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => off += n,
+            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Reads one whole frame (header, then the body its kind has) by `deadline`.
+fn read_frame(s: &TcpStream, deadline: Instant) -> io::Result<Vec<u8>> {
     let mut buf = vec![0u8; HEADER_LEN];
-    s.read_exact(&mut buf)?;
+    read_exact_by(s, &mut buf, deadline)?;
     let (_, len) = parse_header(&buf)?;
     buf.resize(HEADER_LEN + len, 0);
-    s.read_exact(&mut buf[HEADER_LEN..])?;
+    read_exact_by(s, &mut buf[HEADER_LEN..], deadline)?;
     Ok(buf)
 }
 
-fn set_deadline(s: &TcpStream, deadline: Instant) -> io::Result<()> {
+/// Writes one frame by `deadline` (frames are small: the socket buffer
+/// takes them unless the peer stopped reading long ago).
+fn write_frame(s: &TcpStream, frame: &[u8], deadline: Instant) -> io::Result<()> {
     let left = deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1));
-    s.set_read_timeout(Some(left))?;
-    s.set_write_timeout(Some(left))
+    s.set_write_timeout(Some(left))?;
+    (&*s).write_all(frame)
 }
 
 /// The side channel after the handshake: EOF (the peer closed, its
@@ -369,11 +405,9 @@ impl Conn {
     ) -> io::Result<Conn> {
         let deadline = Instant::now() + timeout;
         let sock = tcp_connect(local, SocketAddr::from((peer, port)), deadline)?;
-        set_deadline(&sock, deadline)?;
         let (mut hs, hello) = Client::new(key, random_nonce()?);
-        let mut s = &sock;
-        s.write_all(&hello)?;
-        hs.on_challenge(&read_frame(&mut s)?)?;
+        write_frame(&sock, &hello, deadline)?;
+        hs.on_challenge(&read_frame(&sock, deadline)?)?;
         // The server has the key: only now a QP.
         let pi = verbs.port_for_ip(local)?;
         debug_port("connect", local, peer, &pi);
@@ -382,9 +416,9 @@ impl Conn {
         conn.local = local;
         conn.peer = peer;
         let mine = conn.our_params(&pi, psn, PROTOCOL_4_1);
-        let mut s = conn.side_sock()?;
-        s.write_all(&hs.params(&mine)?)?;
-        let theirs = hs.on_server_params(&read_frame(&mut s)?)?;
+        let s = conn.side_sock()?;
+        write_frame(s, &hs.params(&mine)?, deadline)?;
+        let theirs = hs.on_server_params(&read_frame(s, deadline)?)?;
         if theirs.local != IpAddr::V4(peer) || theirs.peer != IpAddr::V4(local) {
             return Err(SideError::BadField("addresses").into());
         }
@@ -392,37 +426,129 @@ impl Conn {
             return Err(err(libc::EPROTO, &format!("RDS-IB version {:#06x} not supported", theirs.rds_version)));
         }
         conn.modify_rtr_rts(&pi, &theirs, psn)?;
-        let mut s = conn.side_sock()?;
-        s.write_all(&hs.ready()?)?;
-        hs.on_ready(&read_frame(&mut s)?)?;
+        let s = conn.side_sock()?;
+        write_frame(s, &hs.ready()?, deadline)?;
+        hs.on_ready(&read_frame(s, deadline)?)?;
         conn.side_established(&theirs)?;
         Ok(conn)
     }
 }
 
 /// The accepting side of the verbs-only mode: a TCP listener on
-/// `local:port`.
+/// `local:port`, whose unauthenticated handshakes run on threads of their
+/// own (at most [`MAX_PENDING_HANDSHAKES`] at once).
 pub struct SideListener {
     tcp: TcpListener,
     verbs: Arc<Verbs>,
     local: Ipv4Addr,
     key: Key,
+    timeout: Duration,
+    max_pending: usize,
+    /// Handshakes on their threads now.
+    pending: Arc<AtomicUsize>,
+    done_tx: mpsc::Sender<PreAuth>,
+    done_rx: mpsc::Receiver<PreAuth>,
+    /// An eventfd the handshake threads write after sending a result.
+    wake: Arc<OwnedFd>,
     /// Peers that failed the key check (bad MAC on CLIENT_PARAMS: wrong
     /// key, replayed or altered frame). No QP was created for them.
     pub auth_failed: u64,
     /// Handshakes that ended otherwise before authentication (garbage,
     /// EOF, timeout, wrong version, addresses not matching the TCP
-    /// connection). No QP was created for them.
+    /// connection, no free handshake slot). No QP was created for them.
     pub bad_handshake: u64,
+    /// Of `bad_handshake`: connections closed at once because
+    /// [`MAX_PENDING_HANDSHAKES`] handshakes were under way.
+    pub busy: u64,
     /// Authenticated requests the admission check refused.
     pub refused: u64,
+}
+
+/// How a handshake thread's part (HELLO .. CLIENT_PARAMS) ended.
+enum PreAuth {
+    /// The peer proved the key; its parameters, still unchecked otherwise.
+    Authenticated { sock: TcpStream, from: Ipv4Addr, local: Ipv4Addr, hs: Box<Server>, theirs: Params },
+    /// Closed; `auth`: on a bad MAC.
+    Failed { auth: bool },
+}
+
+/// Frees a handshake slot and wakes the listener, however the thread ends.
+struct Slot {
+    pending: Arc<AtomicUsize>,
+    wake: Arc<OwnedFd>,
+}
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.pending.fetch_sub(1, Ordering::AcqRel);
+        let one: u64 = 1;
+        // SAFETY: an 8-byte write of a valid u64 to our eventfd.
+        unsafe { libc::write(self.wake.as_raw_fd(), (&one as *const u64).cast(), 8) };
+    }
+}
+
+/// A handshake thread: HELLO, CHALLENGE, CLIENT_PARAMS by `deadline`.
+fn pre_auth(sock: TcpStream, from: Ipv4Addr, fallback_local: Ipv4Addr, key: &Key, deadline: Instant) -> PreAuth {
+    let run = || -> Result<(Ipv4Addr, Server, Params), (bool, io::Error)> {
+        let plain = |e: io::Error| (false, e);
+        sock.set_nonblocking(false).map_err(plain)?;
+        sock.set_nodelay(true).map_err(plain)?;
+        let local = match sock.local_addr().map_err(plain)?.ip() {
+            IpAddr::V4(a) => a,
+            IpAddr::V6(_) => fallback_local,
+        };
+        let mut hs = Server::new(key, random_nonce().map_err(|e| (false, e))?);
+        let hello = read_frame(&sock, deadline).map_err(plain)?;
+        let ch = hs.on_hello(&hello).map_err(|e| (false, e.into()))?;
+        write_frame(&sock, &ch, deadline).map_err(plain)?;
+        let cp = read_frame(&sock, deadline).map_err(plain)?;
+        let theirs = hs.on_client_params(&cp).map_err(|e| (e == SideError::AuthFailed, e.into()))?;
+        Ok((local, hs, theirs))
+    };
+    match run() {
+        Ok((local, hs, theirs)) => PreAuth::Authenticated { sock, from, local, hs: Box::new(hs), theirs },
+        Err((auth, _)) => {
+            let _ = sock.shutdown(std::net::Shutdown::Both);
+            PreAuth::Failed { auth }
+        }
+    }
 }
 
 impl SideListener {
     pub fn bind(verbs: &Arc<Verbs>, local: Ipv4Addr, key: Key, port: u16) -> io::Result<SideListener> {
         let tcp = TcpListener::bind((local, port))?;
         tcp.set_nonblocking(true)?;
-        Ok(SideListener { tcp, verbs: verbs.clone(), local, key, auth_failed: 0, bad_handshake: 0, refused: 0 })
+        // SAFETY: plain eventfd creation; the descriptor is owned below.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(errno());
+        }
+        // SAFETY: fd is a new descriptor nobody else owns.
+        let wake = Arc::new(unsafe { OwnedFd::from_raw_fd(fd) });
+        let (done_tx, done_rx) = mpsc::channel();
+        Ok(SideListener {
+            tcp,
+            verbs: verbs.clone(),
+            local,
+            key,
+            timeout: HANDSHAKE_TIMEOUT,
+            max_pending: MAX_PENDING_HANDSHAKES,
+            pending: Arc::new(AtomicUsize::new(0)),
+            done_tx,
+            done_rx,
+            wake,
+            auth_failed: 0,
+            bad_handshake: 0,
+            busy: 0,
+            refused: 0,
+        })
+    }
+
+    /// Other limits than [`HANDSHAKE_TIMEOUT`] and
+    /// [`MAX_PENDING_HANDSHAKES`] (tests).
+    pub fn set_limits(&mut self, timeout: Duration, max_pending: usize) {
+        self.timeout = timeout;
+        self.max_pending = max_pending.max(1);
     }
 
     /// The TCP port listened on.
@@ -430,84 +556,122 @@ impl SideListener {
         Ok(self.tcp.local_addr()?.port())
     }
 
+    /// Handshakes under way on their threads.
+    pub fn pending(&self) -> usize {
+        self.pending.load(Ordering::Acquire)
+    }
+
     /// Accepts the next authenticated peer that `admit(local, peer)` takes
     /// and brings its connection up; `None` when `deadline` passes first.
     /// Unauthenticated and refused peers are closed and counted; no QP is
-    /// created for them.
+    /// created for them. Handshakes started here go on on their threads
+    /// after a return; their outcomes are taken by the next calls.
     pub fn accept_with(
         &mut self,
         deadline: Instant,
         admit: &mut dyn FnMut(Ipv4Addr, Ipv4Addr) -> bool,
     ) -> io::Result<Option<Conn>> {
         loop {
-            let (sock, from) = match self.tcp.accept() {
-                Ok(x) => x,
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
-                    let left = deadline.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        return Ok(None);
+            // Outcomes of the handshake threads first.
+            while let Ok(done) = self.done_rx.try_recv() {
+                let (sock, from, local, hs, theirs) = match done {
+                    PreAuth::Failed { auth: true } => {
+                        self.auth_failed += 1;
+                        continue;
                     }
-                    let mut pfd = libc::pollfd { fd: self.tcp.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-                    // SAFETY: one valid pollfd.
-                    unsafe { libc::poll(&mut pfd, 1, left.as_millis().clamp(1, 1000) as c_int) };
-                    continue;
+                    PreAuth::Failed { auth: false } => {
+                        self.bad_handshake += 1;
+                        continue;
+                    }
+                    PreAuth::Authenticated { sock, from, local, hs, theirs } => (sock, from, local, hs, theirs),
+                };
+                // Once admitted (the core took the path) a failure is the
+                // caller's to report.
+                let mut admitted = false;
+                let res = self.establish(sock, from, local, *hs, theirs, &mut |l, p| {
+                    let a = admit(l, p);
+                    admitted |= a;
+                    a
+                });
+                match res {
+                    Ok(Some(c)) => return Ok(Some(c)),
+                    Err(e) if admitted => return Err(e),
+                    _ => {}
                 }
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
-                Err(e) => return Err(e),
-            };
-            let IpAddr::V4(from_ip) = from.ip() else { continue };
-            // Once admitted (the core took the path) a failure is the
-            // caller's to report.
-            let mut admitted = false;
-            let res = self.handshake(sock, from_ip, &mut |l, p| {
-                let a = admit(l, p);
-                admitted |= a;
-                a
-            });
-            match res {
-                Ok(Some(c)) => return Ok(Some(c)),
-                Err(e) if admitted => return Err(e),
-                _ => {}
+            }
+            // New connections, each to a thread of its own.
+            let mut accepted = false;
+            loop {
+                match self.tcp.accept() {
+                    Ok((sock, from)) => {
+                        accepted = true;
+                        self.start(sock, from);
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock => break,
+                    Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            if accepted {
+                continue;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let mut pfd = [
+                libc::pollfd { fd: self.tcp.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+                libc::pollfd { fd: self.wake.as_raw_fd(), events: libc::POLLIN, revents: 0 },
+            ];
+            // SAFETY: two valid pollfds.
+            unsafe { libc::poll(pfd.as_mut_ptr(), 2, left.as_millis().clamp(1, 1000) as c_int) };
+            if pfd[1].revents != 0 {
+                let mut n: u64 = 0;
+                // SAFETY: an 8-byte read into a valid u64 from our eventfd.
+                unsafe { libc::read(self.wake.as_raw_fd(), (&mut n as *mut u64).cast(), 8) };
             }
         }
     }
 
-    /// One peer: `Ok(None)` when it was refused (and counted) before any QP.
-    fn handshake(
+    /// Hands a new connection to a handshake thread, or closes it (no free
+    /// slot, not IPv4, no thread).
+    fn start(&mut self, sock: TcpStream, from: SocketAddr) {
+        let IpAddr::V4(from_ip) = from.ip() else {
+            self.bad_handshake += 1;
+            return;
+        };
+        if self.pending.load(Ordering::Acquire) >= self.max_pending {
+            self.bad_handshake += 1;
+            self.busy += 1;
+            let _ = sock.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+        self.pending.fetch_add(1, Ordering::AcqRel);
+        let slot = Slot { pending: self.pending.clone(), wake: self.wake.clone() };
+        let (key, tx, local, deadline) = (self.key.clone(), self.done_tx.clone(), self.local, Instant::now() + self.timeout);
+        let spawned = std::thread::Builder::new().name("rds-ib-side-hs".into()).spawn(move || {
+            let _slot = slot;
+            let _ = tx.send(pre_auth(sock, from_ip, local, &key, deadline));
+        });
+        if spawned.is_err() {
+            // The closure (socket and slot) was dropped with the error.
+            self.bad_handshake += 1;
+        }
+    }
+
+    /// An authenticated peer: its claims checked, admission, our QP, the
+    /// parameters both ways, READY both ways. `Ok(None)` when it was
+    /// refused (and counted) before any QP.
+    fn establish(
         &mut self,
         sock: TcpStream,
         from: Ipv4Addr,
+        local: Ipv4Addr,
+        mut hs: Server,
+        theirs: Params,
         admit: &mut dyn FnMut(Ipv4Addr, Ipv4Addr) -> bool,
     ) -> io::Result<Option<Conn>> {
-        sock.set_nonblocking(false)?;
-        sock.set_nodelay(true)?;
-        let local = match sock.local_addr()?.ip() {
-            IpAddr::V4(a) => a,
-            IpAddr::V6(_) => self.local,
-        };
-        set_deadline(&sock, Instant::now() + HANDSHAKE_TIMEOUT)?;
-        let mut hs = Server::new(&self.key, random_nonce()?);
-        let mut s = &sock;
-        let pre = (|| -> Result<Params, (bool, io::Error)> {
-            let hello = read_frame(&mut s).map_err(|e| (false, e))?;
-            let ch = hs.on_hello(&hello).map_err(|e| (false, e.into()))?;
-            s.write_all(&ch).map_err(|e| (false, e))?;
-            let cp = read_frame(&mut s).map_err(|e| (false, e))?;
-            hs.on_client_params(&cp).map_err(|e| (e == SideError::AuthFailed, e.into()))
-        })();
-        let theirs = match pre {
-            Ok(p) => p,
-            Err((auth, e)) => {
-                if auth {
-                    self.auth_failed += 1;
-                } else {
-                    self.bad_handshake += 1;
-                }
-                let _ = sock.shutdown(std::net::Shutdown::Both);
-                return Err(e);
-            }
-        };
-        // Authenticated. Its claimed addresses must be the TCP connection's.
+        // Its claimed addresses must be the TCP connection's.
         if theirs.local != IpAddr::V4(from) || theirs.peer != IpAddr::V4(local)
             || !matches!(theirs.rds_version, PROTOCOL_4_1 | PROTOCOL_3_1)
         {
@@ -520,6 +684,7 @@ impl SideListener {
             let _ = sock.shutdown(std::net::Shutdown::Both);
             return Ok(None);
         }
+        let deadline = Instant::now() + self.timeout;
         let pi = self.verbs.port_for_ip(local)?;
         debug_port("accept", local, from, &pi);
         let psn = random_psn()?;
@@ -529,11 +694,177 @@ impl SideListener {
         conn.peer_proposed = theirs.rds_version;
         let mine = conn.our_params(&pi, psn, theirs.rds_version);
         conn.modify_rtr_rts(&pi, &theirs, psn)?;
-        let mut s = conn.side_sock()?;
-        s.write_all(&hs.params(&mine)?)?;
-        s.write_all(&hs.ready()?)?;
-        hs.on_ready(&read_frame(&mut s)?)?;
+        let s = conn.side_sock()?;
+        write_frame(s, &hs.params(&mine)?, deadline)?;
+        write_frame(s, &hs.ready()?, deadline)?;
+        hs.on_ready(&read_frame(s, deadline)?)?;
         conn.side_established(&theirs)?;
         Ok(Some(conn))
+    }
+}
+
+/// The listener's handshake handling without any RDMA device: every
+/// authenticated peer is refused by `admit`, so no QP is ever asked for.
+/// Loopback addresses 127.93.1-3.x (no other test uses 127.93/16).
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::sidechannel::{HELLO_LEN, MAGIC};
+
+    const KEY: &[u8] = b"rds-ib side listener test key 01";
+
+    fn key() -> Key {
+        Key::new(KEY.to_vec()).unwrap()
+    }
+
+    fn listener(addr: Ipv4Addr, timeout: Duration, max_pending: usize) -> SideListener {
+        let mut l = SideListener::bind(&Verbs::new(), addr, key(), 0).unwrap();
+        l.set_limits(timeout, max_pending);
+        l
+    }
+
+    /// The listener has not closed its end of `s` (no EOF, no reset).
+    fn still_open(s: &TcpStream) -> bool {
+        s.set_nonblocking(true).unwrap();
+        let r = s.peek(&mut [0u8; 1]);
+        s.set_nonblocking(false).unwrap();
+        matches!(r, Err(e) if e.kind() == io::ErrorKind::WouldBlock)
+    }
+
+    /// Drives the listener (refusing every authenticated peer) until
+    /// `done(listener)` or 60 s.
+    fn drive_until(l: &mut SideListener, mut done: impl FnMut(&SideListener) -> bool) {
+        let bound = Instant::now() + Duration::from_secs(60);
+        while !done(l) {
+            assert!(Instant::now() < bound, "not reached in 60 s: pending {} bad {} busy {}", l.pending(), l.bad_handshake, l.busy);
+            let r = l.accept_with(Instant::now() + Duration::from_millis(100), &mut |_, _| false);
+            assert!(matches!(r, Ok(None)), "{r:?}", r = r.map(|c| c.is_some()));
+        }
+    }
+
+    /// A client with the key, from `local`: HELLO, the server's proof,
+    /// CLIENT_PARAMS; then it waits for the listener's answer. Returns
+    /// whether the listener closed the connection (the refusal) rather
+    /// than answering.
+    fn honest(local: Ipv4Addr, server: SocketAddr) -> io::Result<bool> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let sock = tcp_connect(local, server, deadline)?;
+        let (mut hs, hello) = Client::new(&key(), random_nonce()?);
+        write_frame(&sock, &hello, deadline)?;
+        hs.on_challenge(&read_frame(&sock, deadline)?)?;
+        let p = Params {
+            qpn: 0x11,
+            psn: 1,
+            gid: local.to_ipv6_mapped().octets(),
+            lid: 0,
+            mtu: 1024,
+            rds_version: PROTOCOL_4_1,
+            path: 0,
+            credits: 0,
+            tos: 0,
+            ack_seq: 0,
+            local: IpAddr::V4(local),
+            peer: server.ip(),
+        };
+        write_frame(&sock, &hs.params(&p)?, deadline)?;
+        sock.set_read_timeout(Some(Duration::from_secs(60)))?;
+        match (&sock).read(&mut [0u8; 1]) {
+            Ok(0) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::ConnectionReset => Ok(true),
+            Ok(_) => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    #[test]
+    fn stalled_clients_do_not_delay_an_honest_handshake() {
+        let addr = Ipv4Addr::new(127, 93, 1, 1);
+        let client = Ipv4Addr::new(127, 93, 1, 2);
+        // A handshake deadline far beyond the test: served one at a time,
+        // the honest peer would wait behind the stalled ones for minutes.
+        let mut l = listener(addr, Duration::from_secs(600), MAX_PENDING_HANDSHAKES);
+        let srv = SocketAddr::from((addr, l.port().unwrap()));
+        // Three connect and send nothing, one sends half a header.
+        let mut stalled: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(srv).unwrap()).collect();
+        let half = TcpStream::connect(srv).unwrap();
+        (&half).write_all(&MAGIC[..2]).unwrap();
+        stalled.push(half);
+        drive_until(&mut l, |l| l.pending() == 4);
+        let h = std::thread::spawn(move || honest(client, srv));
+        let mut admitted = Vec::new();
+        drive_until_admit(&mut l, &stalled, &mut admitted);
+        assert_eq!(admitted, vec![(addr, client, true)], "one admission check, for the honest peer, with every stalled client still connected");
+        assert!(h.join().unwrap().unwrap(), "the honest peer was refused (closed) after authenticating");
+        assert_eq!((l.refused, l.auth_failed, l.bad_handshake, l.busy), (1, 0, 0, 0));
+        assert_eq!(l.pending(), 4, "the stalled handshakes are still waiting");
+        assert!(stalled.iter().all(still_open));
+        // They end when their clients give up, each counted, slots freed.
+        drop(stalled);
+        drive_until(&mut l, |l| l.pending() == 0 && l.bad_handshake == 4);
+        assert_eq!((l.refused, l.auth_failed, l.busy), (1, 0, 0));
+    }
+
+    /// Runs the listener until `admit` was asked once; `admit` records the
+    /// addresses and whether every stalled client was still connected.
+    fn drive_until_admit(l: &mut SideListener, stalled: &[TcpStream], admitted: &mut Vec<(Ipv4Addr, Ipv4Addr, bool)>) {
+        let bound = Instant::now() + Duration::from_secs(60);
+        while admitted.is_empty() {
+            assert!(Instant::now() < bound, "the honest peer was not served in 60 s");
+            let r = l.accept_with(Instant::now() + Duration::from_millis(100), &mut |lo, pe| {
+                admitted.push((lo, pe, stalled.iter().all(still_open)));
+                false
+            });
+            assert!(matches!(r, Ok(None)));
+        }
+    }
+
+    #[test]
+    fn each_handshake_has_one_deadline_however_the_peer_sends() {
+        let addr = Ipv4Addr::new(127, 93, 2, 1);
+        let mut l = listener(addr, Duration::from_secs(1), MAX_PENDING_HANDSHAKES);
+        let srv = SocketAddr::from((addr, l.port().unwrap()));
+        let silent = TcpStream::connect(srv).unwrap();
+        // One byte of a HELLO every 250 ms: 10 s for the frame, each byte
+        // well within any per-read timeout.
+        let drip = std::thread::spawn(move || {
+            let s = TcpStream::connect(srv).unwrap();
+            let (_, hello) = Client::new(&key(), [7; crate::sidechannel::NONCE_LEN]);
+            for (i, b) in hello.iter().enumerate() {
+                if (&s).write_all(&[*b]).is_err() {
+                    return i;
+                }
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            HELLO_LEN
+        });
+        drive_until(&mut l, |l| l.bad_handshake == 2 && l.pending() == 0);
+        let sent = drip.join().unwrap();
+        assert!(sent < HELLO_LEN, "the dripping client got its whole HELLO in ({sent} bytes)");
+        assert!(!still_open(&silent), "the silent client is still connected");
+        assert_eq!((l.auth_failed, l.refused, l.busy), (0, 0, 0));
+    }
+
+    #[test]
+    fn handshakes_beyond_the_bound_are_closed_at_once() {
+        let addr = Ipv4Addr::new(127, 93, 3, 1);
+        let mut l = listener(addr, Duration::from_secs(600), 2);
+        let srv = SocketAddr::from((addr, l.port().unwrap()));
+        let first: Vec<TcpStream> = (0..2).map(|_| TcpStream::connect(srv).unwrap()).collect();
+        drive_until(&mut l, |l| l.pending() == 2);
+        let third = TcpStream::connect(srv).unwrap();
+        drive_until(&mut l, |l| l.busy == 1);
+        assert_eq!((l.pending(), l.bad_handshake, l.auth_failed, l.refused), (2, 1, 0, 0));
+        third.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let r = (&third).read(&mut [0u8; 1]);
+        assert!(matches!(r, Ok(0)) || matches!(&r, Err(e) if e.kind() == io::ErrorKind::ConnectionReset), "{r:?}");
+        assert!(first.iter().all(still_open));
+        // A freed slot serves the next one.
+        drop(first);
+        drive_until(&mut l, |l| l.pending() == 0 && l.bad_handshake == 3);
+        let again = TcpStream::connect(srv).unwrap();
+        drive_until(&mut l, |l| l.pending() == 1);
+        assert_eq!(l.busy, 1);
+        drop(again);
+        drive_until(&mut l, |l| l.pending() == 0 && l.bad_handshake == 4);
     }
 }
