@@ -45,9 +45,10 @@
 //! cargo test --release -p rds-ib --features verbs --test kernel_ib
 //! ```
 //!
-//! [`verbs`] (IPv4 only so far): device discovery, one PD per device context
+//! [`verbs`]: device discovery, one PD per device context
 //! shared by all connections, RDMA CM connect ([`verbs::Conn::connect`], to
-//! port 18634, proposing 4.1 with the kernel's private data, falling back to
+//! port 18634 for IPv4 and 16385 for IPv6 as the kernel's two listeners,
+//! with the 32- or 56-byte private data, proposing 4.1 with the kernel's private data, falling back to
 //! 3.1 on a reject) and accept ([`verbs::Listener`]), an RC QP per
 //! connection with its CQs, a ring of 512 two-SGE receives (header + 4 KiB)
 //! and two-SGE sends (header copy + fragment), reassembly and acks from the
@@ -114,8 +115,8 @@
 //!
 //! * reconnect after a device goes away and comes back (the PD cache keeps the
 //!   old device context), conn_info rows, the kernel's ib_* counter names;
-//! * IPv6 (port 16385, 56-byte private data) on the verbs path; credit flow
-//!   control in the verbs-only setup mode (the side channel carries no
+//! * IPv6 in the verbs-only setup mode (RDMA CM connections speak both
+//!   families); credit flow control in the verbs-only setup mode (the side channel carries no
 //!   credits; RDMA CM connections offer it by default);
 //! * verbs-only over InfiniBand link layers (the port is found by the IPv4
 //!   address in its GID table: RoCE only);

@@ -14,7 +14,8 @@
 //! * a short-lived thread per outgoing connect (RDMA CM address and route
 //!   resolution and the connect handshake block for up to seconds); it
 //!   hands the established connection to the event thread;
-//! * one listener thread per served address (RDMA CM port 18634), which
+//! * one listener thread per served address (RDMA CM port 18634 for IPv4,
+//!   16385 for IPv6), which
 //!   asks the core ([`TransportSink::accept`]) before accepting.
 //!
 //! Both sides of an IB connection connect when they have something to send
@@ -48,13 +49,13 @@ use rds_core::{
 
 use crate::frag::OutMessage;
 use crate::sidechannel::{Key, DEFAULT_PORT};
-use crate::verbs::{device_names, Conn, Listener, Received, SideListener, Verbs, RDS_IB_PORT};
+use crate::verbs::{device_names, Conn, Listener, Received, SideListener, Verbs};
 
 /// How connections are set up.
 #[derive(Clone, Debug, Default)]
 pub enum SetupMode {
-    /// RDMA CM on port 18634 with the kernel's private data (talks to the
-    /// kernel's `rds_rdma`).
+    /// RDMA CM on port 18634 (IPv4) or 16385 (IPv6) with the kernel's
+    /// private data (talks to the kernel's `rds_rdma`).
     #[default]
     Cm,
     /// No RDMA CM: a TCP side channel on `port` authenticated with the
@@ -127,7 +128,7 @@ struct Shared {
     /// Outgoing connects under way: path to instance.
     connecting: Mutex<HashMap<PathId, u64>>,
     /// (local, peer) pairs with an outgoing connect under way.
-    connecting_pairs: Mutex<HashSet<(Ipv4Addr, Ipv4Addr)>>,
+    connecting_pairs: Mutex<HashSet<(IpAddr, IpAddr)>>,
     counters: Mutex<Counters>,
     stopped: AtomicBool,
 }
@@ -229,6 +230,12 @@ impl IbTransport {
         *self.shared.sink.write().unwrap_or_else(|p| p.into_inner()) = Some(sink);
     }
 
+    /// IPv4 as IPv4 (also when written IPv4-mapped), IPv6 as IPv6.
+    fn canonical(addr: IpAddr) -> IpAddr {
+        addr.to_canonical()
+    }
+
+    /// The verbs-only setup mode is IPv4 only.
     fn v4(addr: IpAddr) -> io::Result<Ipv4Addr> {
         match addr {
             IpAddr::V4(a) => Ok(a),
@@ -245,12 +252,11 @@ impl RdsTransport for IbTransport {
     /// `rds_ib_laddr_check`: an RDMA CM id binds to the address and lands
     /// on an RDMA device (verbs-only: a port has a GID for the address).
     fn laddr_check(&self, addr: IpAddr) -> io::Result<()> {
-        let a = IbTransport::v4(addr)?;
         if let SetupMode::VerbsOnly { .. } = self.cfg.mode {
             // No RDMA CM: the address must be in a port's GID table.
-            return self.verbs.port_for_ip(a).map(|_| ());
+            return self.verbs.port_for_ip(IbTransport::v4(addr)?).map(|_| ());
         }
-        if crate::verbs::addr_has_device(a)? {
+        if crate::verbs::addr_has_device(IbTransport::canonical(addr))? {
             Ok(())
         } else {
             Err(io::Error::from_raw_os_error(libc::EADDRNOTAVAIL))
@@ -258,15 +264,15 @@ impl RdsTransport for IbTransport {
     }
 
     fn start_local(&self, addr: IpAddr) -> io::Result<()> {
-        let a = IbTransport::v4(addr)?;
+        let a = IbTransport::canonical(addr);
         let mut ls = lock(&self.listeners);
         if ls.contains_key(&addr) {
             return Ok(());
         }
         let (bound, port) = match &self.cfg.mode {
-            SetupMode::Cm => (Listener::bind(&self.verbs, a).map(AnyListener::Cm), RDS_IB_PORT),
+            SetupMode::Cm => (Listener::bind(&self.verbs, a).map(AnyListener::Cm), crate::verbs::cm_port(&a)),
             SetupMode::VerbsOnly { key, port } => {
-                (SideListener::bind(&self.verbs, a, key.clone(), *port).map(AnyListener::Side), *port)
+                (SideListener::bind(&self.verbs, IbTransport::v4(a)?, key.clone(), *port).map(AnyListener::Side), *port)
             }
         };
         let mut l = bound.map_err(|e| {
@@ -291,10 +297,12 @@ impl RdsTransport for IbTransport {
     }
 
     fn connect(&self, path: PathInfo) {
-        let (Ok(l), Ok(f)) = (IbTransport::v4(path.laddr), IbTransport::v4(path.faddr)) else {
+        let (l, f) = (IbTransport::canonical(path.laddr), IbTransport::canonical(path.faddr));
+        let side = matches!(self.cfg.mode, SetupMode::VerbsOnly { .. });
+        if l.is_ipv4() != f.is_ipv4() || (side && !l.is_ipv4()) {
             self.shared.push(Cmd::Connected(path, Err(io::Error::from_raw_os_error(libc::EAFNOSUPPORT))));
             return;
-        };
+        }
         lock(&self.shared.connecting).insert(path.id, path.inst);
         lock(&self.shared.connecting_pairs).insert((l, f));
         lock(&self.shared.counters).connects += 1;
@@ -304,7 +312,10 @@ impl RdsTransport for IbTransport {
         let spawned = std::thread::Builder::new().name("rds-ib-connect".into()).spawn(move || {
             let r = match &mode {
                 SetupMode::Cm => Conn::connect(&verbs, l, f, CONNECT_TIMEOUT),
-                SetupMode::VerbsOnly { key, port } => Conn::connect_side(&verbs, l, f, key, *port, CONNECT_TIMEOUT),
+                SetupMode::VerbsOnly { key, port } => match (l, f) {
+                    (IpAddr::V4(l), IpAddr::V4(f)) => Conn::connect_side(&verbs, l, f, key, *port, CONNECT_TIMEOUT),
+                    _ => Err(io::Error::from_raw_os_error(libc::EAFNOSUPPORT)),
+                },
             };
             lock(&shared.connecting_pairs).remove(&(l, f));
             shared.push(Cmd::Connected(path, r));
@@ -389,11 +400,11 @@ impl AnyListener {
     fn accept_with(
         &mut self,
         deadline: Instant,
-        admit: &mut dyn FnMut(Ipv4Addr, Ipv4Addr) -> bool,
+        admit: &mut dyn FnMut(IpAddr, IpAddr) -> bool,
     ) -> io::Result<Option<Conn>> {
         match self {
             AnyListener::Cm(l) => l.accept_with(deadline, admit),
-            AnyListener::Side(l) => l.accept_with(deadline, admit),
+            AnyListener::Side(l) => l.accept_with(deadline, &mut |a, b| admit(IpAddr::V4(a), IpAddr::V4(b))),
         }
     }
 
@@ -418,12 +429,12 @@ fn listen_loop(l: &mut AnyListener, stop: &AtomicBool, shared: &Arc<Shared>) {
         let deadline = Instant::now() + Duration::from_millis(200);
         let res = l.accept_with(deadline, &mut |local, peer| {
             // Crossed connects: the smaller address's own connect wins.
-            if u32::from(local) < u32::from(peer) && lock(&shared.connecting_pairs).contains(&(local, peer)) {
+            if rds_core::addr_cmp(&local, &peer).is_lt() && lock(&shared.connecting_pairs).contains(&(local, peer)) {
                 refused = true;
                 return false;
             }
             let Some(sink) = shared.sink() else { return false };
-            match sink.accept(TransportKind::Ib, IpAddr::V4(local), IpAddr::V4(peer), 0) {
+            match sink.accept(TransportKind::Ib, local, peer, 0) {
                 Accept::Path(info) => {
                     taken = Some(info);
                     true

@@ -8,7 +8,8 @@
 //! and no [`rds_core::RdsTransport`] integration yet. What it does follows
 //! the kernel's `rds_rdma`:
 //!
-//! * RDMA CM in the TCP port space, IPv4 port [`RDS_IB_PORT`] (18634);
+//! * RDMA CM in the TCP port space, port [`RDS_IB_PORT`] (18634) for IPv4
+//!   and [`RDS_CM_PORT`] (16385) for IPv6, as the kernel's two listeners;
 //!   address and route resolution with a 5000 ms timeout; `retry_count`
 //!   [`RETRY_COUNT`] (the kernel's `rds_ib_retry_count`) and
 //!   `rnr_retry_count` 7 (infinite: mainline runs without credit flow
@@ -42,7 +43,7 @@
 use std::collections::VecDeque;
 use std::ffi::CStr;
 use std::io;
-use std::net::Ipv4Addr;
+use std::net::{IpAddr, Ipv4Addr};
 use std::os::raw::{c_int, c_void};
 use std::ptr;
 use std::sync::{Arc, Mutex};
@@ -66,6 +67,9 @@ use crate::private::{
 
 /// The RDMA CM port of RDS over IPv4 (`RDS_PORT` 18634).
 pub const RDS_IB_PORT: u16 = 18634;
+/// The RDMA CM port of RDS over IPv6 (`RDS_CM_PORT` 16385, the kernel's
+/// second listener, IPv6 requests only).
+pub const RDS_CM_PORT: u16 = 16385;
 /// Receive work requests posted per connection.
 pub const RECV_WR: usize = 512;
 /// Send slots (header copy + 4 KiB buffer) per connection.
@@ -124,13 +128,13 @@ pub fn device_names() -> io::Result<Vec<String>> {
 
 /// Whether an RDMA device serves the local address `addr`
 /// (`rds_ib_laddr_check`: an RDMA CM id bound to it lands on a device).
-pub fn addr_has_device(addr: Ipv4Addr) -> io::Result<bool> {
+pub fn addr_has_device(addr: IpAddr) -> io::Result<bool> {
     let ch = Channel::new()?;
     let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
     // SAFETY: ch is live; id is an out pointer.
     check(unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) }, "rdma_create_id")?;
     let _guard = IdGuard(id);
-    let mut sa = sockaddr_v4(addr, 0);
+    let mut sa = sockaddr_ip(addr, 0);
     // SAFETY: id is live; sa is valid for the call.
     if unsafe { sys::rdma_bind_addr(id, &mut sa as *mut _ as *mut libc::sockaddr) } != 0 {
         return Ok(false);
@@ -371,16 +375,59 @@ fn sockaddr_v4(addr: Ipv4Addr, port: u16) -> libc::sockaddr_in {
     }
 }
 
-fn id_addrs(id: *mut sys::rdma_cm_id) -> (Option<Ipv4Addr>, Option<Ipv4Addr>) {
-    let get = |sa: *const libc::sockaddr| -> Option<Ipv4Addr> {
+/// A socket address of either family for the RDMA CM calls (which read the
+/// family and the matching structure).
+fn sockaddr_ip(addr: IpAddr, port: u16) -> libc::sockaddr_storage {
+    // SAFETY: sockaddr_storage is plain data; all-zero is valid.
+    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
+    match addr {
+        IpAddr::V4(a) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for any sockaddr.
+            unsafe { *(&mut ss as *mut _ as *mut libc::sockaddr_in) = sockaddr_v4(a, port) };
+        }
+        IpAddr::V6(a) => {
+            let sin6 = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: port.to_be(),
+                sin6_flowinfo: 0,
+                sin6_addr: libc::in6_addr { s6_addr: a.octets() },
+                sin6_scope_id: 0,
+            };
+            // SAFETY: as above.
+            unsafe { *(&mut ss as *mut _ as *mut libc::sockaddr_in6) = sin6 };
+        }
+    }
+    ss
+}
+
+/// The kernel's RDMA CM port for an address family: 18634 (`RDS_PORT`) for
+/// IPv4, 16385 (`RDS_CM_PORT`) for IPv6 (`rds_rdma_listen_init`).
+pub fn cm_port(addr: &IpAddr) -> u16 {
+    if addr.is_ipv4() { RDS_IB_PORT } else { RDS_CM_PORT }
+}
+
+/// The private data layout of an address family.
+fn family(addr: &IpAddr) -> Family {
+    if addr.is_ipv4() { Family::V4 } else { Family::V6 }
+}
+
+fn id_addrs(id: *mut sys::rdma_cm_id) -> (Option<IpAddr>, Option<IpAddr>) {
+    let get = |sa: *const libc::sockaddr| -> Option<IpAddr> {
         // SAFETY: sa points into the id's route address storage.
         let fam = unsafe { (*sa).sa_family } as i32;
-        if fam != libc::AF_INET {
-            return None;
+        match fam {
+            libc::AF_INET => {
+                // SAFETY: an AF_INET address is a sockaddr_in.
+                let sin = unsafe { &*(sa as *const libc::sockaddr_in) };
+                Some(IpAddr::V4(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr))))
+            }
+            libc::AF_INET6 => {
+                // SAFETY: an AF_INET6 address is a sockaddr_in6.
+                let sin6 = unsafe { &*(sa as *const libc::sockaddr_in6) };
+                Some(IpAddr::V6(std::net::Ipv6Addr::from(sin6.sin6_addr.s6_addr)))
+            }
+            _ => None,
         }
-        // SAFETY: an AF_INET address is a sockaddr_in.
-        let sin = unsafe { &*(sa as *const libc::sockaddr_in) };
-        Some(Ipv4Addr::from(u32::from_be(sin.sin_addr.s_addr)))
     };
     // SAFETY: id is live; rdma_get_local_addr/peer_addr return pointers into it.
     let (l, p) = unsafe { (sys::rdma_get_local_addr(&*id), sys::rdma_get_peer_addr(&*id)) };
@@ -458,8 +505,8 @@ pub struct Conn {
     reasm: Reassembler,
     next_seq: u64,
     version: u16,
-    local: Ipv4Addr,
-    peer: Ipv4Addr,
+    local: IpAddr,
+    peer: IpAddr,
     peer_credit: u32,
     peer_proposed: u16,
     up: bool,
@@ -571,8 +618,8 @@ impl Conn {
             reasm: Reassembler::default(),
             next_seq: 1,
             version: 0,
-            local: Ipv4Addr::UNSPECIFIED,
-            peer: Ipv4Addr::UNSPECIFIED,
+            local: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
+            peer: IpAddr::V4(Ipv4Addr::UNSPECIFIED),
             peer_credit: 0,
             peer_proposed: 0,
             up: false,
@@ -659,7 +706,10 @@ impl Conn {
     /// Connects to the kernel (or any RDS-IB peer) at `peer` from `local`:
     /// resolve, route, QP, connect with the private data proposing 4.1; a
     /// reject with value 1 retries once with 3.1.
-    pub fn connect(verbs: &Arc<Verbs>, local: Ipv4Addr, peer: Ipv4Addr, timeout: Duration) -> io::Result<Conn> {
+    pub fn connect(verbs: &Arc<Verbs>, local: IpAddr, peer: IpAddr, timeout: Duration) -> io::Result<Conn> {
+        if local.is_ipv4() != peer.is_ipv4() {
+            return Err(err(libc::EAFNOSUPPORT, "RDS-IB connect: address families differ"));
+        }
         let mut nego = ActiveNegotiation::new();
         let deadline = Instant::now() + timeout;
         for _attempt in 0..2 {
@@ -677,8 +727,8 @@ impl Conn {
     #[allow(clippy::type_complexity)]
     fn connect_once(
         verbs: &Arc<Verbs>,
-        local: Ipv4Addr,
-        peer: Ipv4Addr,
+        local: IpAddr,
+        peer: IpAddr,
         nego: &mut ActiveNegotiation,
         deadline: Instant,
     ) -> io::Result<Result<Conn, RejectAction>> {
@@ -686,9 +736,9 @@ impl Conn {
         let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
         // SAFETY: ch is live; id is an out pointer.
         check(unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) }, "rdma_create_id")?;
-        let mut src = sockaddr_v4(local, 0);
-        let mut dst = sockaddr_v4(peer, RDS_IB_PORT);
-        // SAFETY: id is live; both sockaddr_in are valid for the call.
+        let mut src = sockaddr_ip(local, 0);
+        let mut dst = sockaddr_ip(peer, cm_port(&peer));
+        // SAFETY: id is live; both socket addresses are valid for the call.
         let r = unsafe {
             sys::rdma_resolve_addr(
                 id,
@@ -707,7 +757,7 @@ impl Conn {
         let mut conn = Conn::build(verbs.clone(), Link::Cm { id, ch }, None)?;
         conn.local = local;
         conn.peer = peer;
-        let addrs = PrivAddrs::V4 { saddr: local, daddr: peer };
+        let addrs = PrivAddrs::new(local, peer).ok_or_else(|| err(libc::EAFNOSUPPORT, "RDS-IB connect"))?;
         // Flow control: the whole posted receive ring is our initial credit.
         let fc_on = verbs.flow_control();
         conn.fc = FlowControl::new(fc_on);
@@ -724,7 +774,7 @@ impl Conn {
             sys::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED => {
                 let data = ev.private.unwrap_or_default();
                 let est = nego
-                    .on_established(&data, Family::V4)
+                    .on_established(&data, family(&peer))
                     .map_err(|u| err(libc::EPROTO, &format!("RDS-IB version {:#06x} not supported", u.version)))?;
                 conn.version = est.version;
                 conn.peer_credit = est.peer_credit;
@@ -757,11 +807,11 @@ impl Conn {
         self.peer_proposed
     }
 
-    pub fn local(&self) -> Ipv4Addr {
+    pub fn local(&self) -> IpAddr {
         self.local
     }
 
-    pub fn peer(&self) -> Ipv4Addr {
+    pub fn peer(&self) -> IpAddr {
         self.peer
     }
 
@@ -1415,12 +1465,12 @@ fn conn_param(dp: &[u8]) -> sys::rdma_conn_param {
     }
 }
 
-/// The passive side: an RDMA CM listener on `local`:18634.
+/// The passive side: an RDMA CM listener on `local`, port [`cm_port`].
 pub struct Listener {
     id: *mut sys::rdma_cm_id,
     ch: Channel,
     verbs: Arc<Verbs>,
-    local: Ipv4Addr,
+    local: IpAddr,
     /// Connect requests rejected (incompatible version or no private data).
     pub rejected: u64,
     /// Events other than connect requests seen on the listening id.
@@ -1434,13 +1484,14 @@ pub struct Listener {
 unsafe impl Send for Listener {}
 
 impl Listener {
-    pub fn bind(verbs: &Arc<Verbs>, local: Ipv4Addr) -> io::Result<Listener> {
+    /// Listens on `local` at the kernel's port for its family ([`cm_port`]).
+    pub fn bind(verbs: &Arc<Verbs>, local: IpAddr) -> io::Result<Listener> {
         let ch = Channel::new()?;
         let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
         // SAFETY: ch is live; id is an out pointer.
         check(unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) }, "rdma_create_id")?;
         let guard = IdGuard(id);
-        let mut sa = sockaddr_v4(local, RDS_IB_PORT);
+        let mut sa = sockaddr_ip(local, cm_port(&local));
         // SAFETY: id is live; sa is valid for the call.
         check(unsafe { sys::rdma_bind_addr(id, &mut sa as *mut _ as *mut libc::sockaddr) }, "rdma_bind_addr")?;
         // SAFETY: id is bound.
@@ -1463,8 +1514,9 @@ impl Listener {
     pub fn accept_with(
         &mut self,
         deadline: Instant,
-        admit: &mut dyn FnMut(Ipv4Addr, Ipv4Addr) -> bool,
+        admit: &mut dyn FnMut(IpAddr, IpAddr) -> bool,
     ) -> io::Result<Option<Conn>> {
+        let fam = family(&self.local);
         loop {
             let Some(ev) = self.ch.next(deadline)? else { return Ok(None) };
             if ev.kind != sys::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
@@ -1472,7 +1524,7 @@ impl Listener {
                 continue;
             }
             let data = ev.private.clone().unwrap_or_default();
-            let version = match passive_negotiate(&data, Family::V4) {
+            let version = match passive_negotiate(&data, fam) {
                 Ok(v) if version_usable(v) => v,
                 res => {
                     let rej = reject_data(match res {
@@ -1489,9 +1541,10 @@ impl Listener {
                     continue;
                 }
             };
-            let dp = ConnectPrivate::decode(&data, Family::V4).map_err(|e| err(libc::EPROTO, &e.to_string()))?;
+            let dp = ConnectPrivate::decode(&data, fam).map_err(|e| err(libc::EPROTO, &e.to_string()))?;
             let (la, pa) = id_addrs(ev.id);
-            if !admit(la.unwrap_or(self.local), pa.unwrap_or(Ipv4Addr::UNSPECIFIED)) {
+            let unspec = if self.local.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED) };
+            if !admit(la.unwrap_or(self.local), pa.unwrap_or(unspec)) {
                 let rej = reject_data(REJ_RETRY);
                 // SAFETY: as for the incompatible request above.
                 unsafe {
@@ -1507,7 +1560,7 @@ impl Listener {
             check(unsafe { sys::rdma_migrate_id(ev.id, ch.0) }, "rdma_migrate_id")?;
             let mut conn = Conn::build(self.verbs.clone(), Link::Cm { id: ev.id, ch }, None)?;
             conn.local = la.unwrap_or(self.local);
-            conn.peer = pa.unwrap_or(Ipv4Addr::from(0));
+            conn.peer = pa.unwrap_or(unspec);
             conn.version = version;
             conn.peer_credit = dp.credit;
             conn.peer_proposed = dp.version();
@@ -1517,7 +1570,7 @@ impl Listener {
             conn.fc.credits.advertise(conn.rx_posted as u32);
             let credit = conn.fc.credits.take_initial_advertisement();
             conn.fc.on_frame(dp.ack_seq, 0);
-            let addrs = PrivAddrs::V4 { saddr: conn.local, daddr: conn.peer };
+            let addrs = PrivAddrs::new(conn.local, conn.peer).ok_or_else(|| err(libc::EPROTO, "RDS-IB accept: address families differ"))?;
             let rep = ConnectPrivate::new(addrs, version, dp.tos, 0, credit).encode();
             let mut param = conn_param(&rep);
             // SAFETY: the id has a QP; param and rep live across the call.

@@ -9,6 +9,9 @@
 //! * phase B: our engine (node2) to the kernel's `rds_rdma` (node1, AF_RDS
 //!   sockets through rds-ib's `tests/vm/kernel_side.py`): the same sizes to
 //!   the kernel, then from the kernel;
+//! * phases C and D: the same over IPv6 (the rig's fd99::1 and fd99::2;
+//!   RDMA CM port 16385 and the 56-byte private data, as the kernel's
+//!   second listener expects);
 //! * credit flow control: on between our engines (both grant and receive
 //!   credit updates), off with the kernel (it advertises 0 credits).
 //!
@@ -43,6 +46,7 @@ fn engine_over_ib_with_itself_and_with_kernel_rds_rdma() {
     }
     cmd.arg("-e").arg(format!("PEER_BIN={}", bin.display()));
     cmd.arg("-e").arg(format!("KSIDE={}", root.join("crates/rds-ib/tests/vm/kernel_side.py").display()));
+    cmd.arg("-e").arg(format!("KPEER={}", env!("CARGO_BIN_EXE_rds-kernel-peer")));
     cmd.arg("-e").arg(format!("SIZES={}", sizes.join(" ")));
     cmd.args(["--", "sh"]).arg(root.join("crates/rds-sock/tests/vm/ib_scenario.sh"));
     let t0 = Instant::now();
@@ -56,7 +60,10 @@ fn engine_over_ib_with_itself_and_with_kernel_rds_rdma() {
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     println!("{stdout}\n{stderr}\nvmrig exit {:?} after {:.1} s", out.status.code(), t0.elapsed().as_secs_f64());
-    if !stdout.contains("[node1]") && !stdout.contains("[node2]") {
+    // Guests that came up print `[nodeN]` lines (on stdout or, for a
+    // scenario that failed early, stderr); only a rig that never started
+    // them is a SKIP.
+    if !format!("{stdout}{stderr}").contains("[node") {
         println!("SKIP: rds-sock over IB in the VM rig not run: the guests did not come up");
         return;
     }
@@ -75,6 +82,20 @@ fn engine_over_ib_with_itself_and_with_kernel_rds_rdma() {
         assert_eq!(node_lines(&stdout, node, "A RESULT ok").len(), 1, "node{node} phase A");
     }
 
+    // Phase C: ours with ours over IPv6 (RDMA CM port 16385, 56-byte
+    // private data).
+    for node in [1, 2] {
+        let b = node_lines(&stdout, node, "C BOUND ");
+        assert_eq!(b.len(), 1, "node{node} bound over IPv6: {b:?}");
+        assert_eq!(field(b[0], "transport"), Some("0"), "IB: {}", b[0]);
+    }
+    check_rx(&node_lines(&stdout, 1, "C RX "), "[fd99::2]:5100", "phase C, node1");
+    check_rx(&node_lines(&stdout, 2, "C RX "), "[fd99::1]:4100", "phase C, node2");
+    for node in [1, 2] {
+        assert_eq!(node_lines(&stdout, node, "C ACKED ").len(), 1, "node{node}: all acked over IPv6");
+        assert_eq!(node_lines(&stdout, node, "C RESULT ok").len(), 1, "node{node} phase C");
+    }
+
     // Phase B: ours with the kernel's rds_rdma.
     let krx = node_lines(&stdout, 1, "B KRX ");
     check_rx(&krx, "10.99.0.2:5001", "phase B, kernel");
@@ -82,6 +103,13 @@ fn engine_over_ib_with_itself_and_with_kernel_rds_rdma() {
     assert_eq!(node_lines(&stdout, 2, "B ACKED ").len(), 1, "the kernel acked all");
     assert_eq!(node_lines(&stdout, 2, "B RESULT ok").len(), 1, "phase B, ours");
     assert_eq!(node_lines(&stdout, 1, "B KRESULT ok").len(), 2, "phase B, kernel recv and send");
+
+    // Phase D: ours with the kernel's rds_rdma over IPv6.
+    check_rx(&node_lines(&stdout, 1, "D KRX "), "[fd99::2]:5101", "phase D, kernel");
+    check_rx(&node_lines(&stdout, 2, "D RX "), "[fd99::1]:4100", "phase D, ours");
+    assert_eq!(node_lines(&stdout, 2, "D ACKED ").len(), 1, "the kernel acked all over IPv6");
+    assert_eq!(node_lines(&stdout, 2, "D RESULT ok").len(), 1, "phase D, ours");
+    assert_eq!(node_lines(&stdout, 1, "D KRESULT ok").len(), 2, "phase D, kernel recv and send");
 
     // Credit flow control (on by default): our engines grant each other
     // credits and spend them; the kernel advertises 0, so with it ours is

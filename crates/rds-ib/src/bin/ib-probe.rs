@@ -18,7 +18,7 @@
 //! Output: one line per event (`CONNECTED`, `PONG`, `SENT`, `ACKED`, `RX`,
 //! `OTHER`), then `RESULT ok` or `RESULT FAIL ...`; exit status 0 only for ok.
 
-use std::net::Ipv4Addr;
+use std::net::IpAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -64,8 +64,8 @@ fn devices() -> Result<(), String> {
 }
 
 fn active(a: &[String]) -> Result<(), String> {
-    let local: Ipv4Addr = parse(&a[0], "address")?;
-    let peer: Ipv4Addr = parse(&a[1], "address")?;
+    let local: IpAddr = parse(&a[0], "address")?;
+    let peer: IpAddr = parse(&a[1], "address")?;
     let sport: u16 = parse(&a[2], "port")?;
     let dport: u16 = parse(&a[3], "port")?;
     let sizes: Vec<usize> = a[4..].iter().map(|s| parse(s, "size")).collect::<Result<_, _>>()?;
@@ -123,7 +123,7 @@ fn active(a: &[String]) -> Result<(), String> {
 }
 
 fn passive(a: &[String]) -> Result<(), String> {
-    let local: Ipv4Addr = parse(&a[0], "address")?;
+    let local: IpAddr = parse(&a[0], "address")?;
     let port: u16 = parse(&a[1], "port")?;
     let sizes: Vec<usize> = a[2..].iter().map(|s| parse(s, "size")).collect::<Result<_, _>>()?;
     let verbs = Verbs::new();

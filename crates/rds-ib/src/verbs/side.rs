@@ -378,8 +378,8 @@ impl Conn {
             credits: 0,
             tos: 0,
             ack_seq: 0,
-            local: IpAddr::V4(self.local),
-            peer: IpAddr::V4(self.peer),
+            local: self.local,
+            peer: self.peer,
         }
     }
 
@@ -413,8 +413,8 @@ impl Conn {
         debug_port("connect", local, peer, &pi);
         let psn = random_psn()?;
         let mut conn = Conn::build_side(verbs, &pi, sock)?;
-        conn.local = local;
-        conn.peer = peer;
+        conn.local = IpAddr::V4(local);
+        conn.peer = IpAddr::V4(peer);
         let mine = conn.our_params(&pi, psn, PROTOCOL_4_1);
         let s = conn.side_sock()?;
         write_frame(s, &hs.params(&mine)?, deadline)?;
@@ -689,8 +689,8 @@ impl SideListener {
         debug_port("accept", local, from, &pi);
         let psn = random_psn()?;
         let mut conn = Conn::build_side(&self.verbs, &pi, sock)?;
-        conn.local = local;
-        conn.peer = from;
+        conn.local = IpAddr::V4(local);
+        conn.peer = IpAddr::V4(from);
         conn.peer_proposed = theirs.rds_version;
         let mine = conn.our_params(&pi, psn, theirs.rds_version);
         conn.modify_rtr_rts(&pi, &theirs, psn)?;

@@ -92,8 +92,12 @@ fn main() -> ExitCode {
 }
 
 fn run(a: &[String]) -> Result<(), String> {
-    let local: SocketAddr = format!("{}:{}", a[1], a[2]).parse().map_err(|e| format!("local: {e}"))?;
-    let peer: SocketAddr = format!("{}:{}", a[3], a[4]).parse().map_err(|e| format!("peer: {e}"))?;
+    let sa = |ip: &str, port: &str| -> Result<SocketAddr, String> {
+        let ip: std::net::IpAddr = ip.parse().map_err(|e| format!("{ip}: {e}"))?;
+        Ok(SocketAddr::new(ip, port.parse().map_err(|e| format!("{port}: {e}"))?))
+    };
+    let local = sa(&a[1], &a[2]).map_err(|e| format!("local: {e}"))?;
+    let peer = sa(&a[3], &a[4]).map_err(|e| format!("peer: {e}"))?;
     if a[0].starts_with("stream-") {
         return stream(a, local, peer);
     }

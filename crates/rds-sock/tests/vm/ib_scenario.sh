@@ -1,33 +1,50 @@
 #!/bin/sh
 # RDS-IB through our engine, in two vmrig guests (vmrig run -n 2).
-# Env: PEER_BIN = rds-ib-peer, KSIDE = kernel_side.py of rds-ib, SIZES.
+# Env: PEER_BIN = rds-ib-peer, KSIDE = kernel_side.py of rds-ib, KPEER =
+# rds-kernel-peer (kernel sockets bound to IPv6: no ctypes in the guests'
+# Python), SIZES.
 # Phase A: our engine (node1, recv then send, port 4000) with our engine
 #   (node2, send then recv, port 5000) over rxe; no rds_rdma anywhere.
+# Phase C: the same over IPv6 (the rig's fd99::1 and fd99::2; RDMA CM
+#   port 16385, 56-byte private data), ports 4100 and 5100.
 # Phase B: node1 loads the kernel's rds_rdma: its sockets (port 4000)
 #   receive SIZES from our engine on node2 (port 5001), then send them back.
+# Phase D: the same over IPv6 (kernel port 4100, ours 5101).
 set -e
 SIZES=${SIZES:-"0 1 4096 65536 1048576"}
 modprobe rdma_rxe
 modprobe rdma_ucm
 modprobe ib_uverbs
+SELF6=fd99::$VMRIG_NODE
+PEER6=fd99::$((3 - VMRIG_NODE))
 rdma link add rxe0 type rxe netdev eth0
 barrier rxe 60
 if [ "$VMRIG_NODE" = 1 ]; then
     A_BIN="$PEER_BIN"
     BARRIER=a-bound "$A_BIN" recv-send "$VMRIG_SELF" 4000 "$VMRIG_PEER" 5000 $SIZES | sed 's/^/A /' || st=$?
     barrier a-done 120
+    BARRIER=c-bound "$A_BIN" recv-send "$SELF6" 4100 "$PEER6" 5100 $SIZES | sed 's/^/C /' || st=$?
+    barrier c-done 120
     modprobe rds_rdma
     barrier b-kernel 60
     python3 "$KSIDE" recv "$VMRIG_SELF" 4000 "$VMRIG_PEER" 5001 $SIZES | sed 's/^/B /' || st=$?
     python3 "$KSIDE" send "$VMRIG_SELF" 4000 "$VMRIG_PEER" 5001 $SIZES | sed 's/^/B /' || st=$?
     barrier b-done 120
+    BARRIER=bound6 "$KPEER" recv "$SELF6" 4100 "$PEER6" 5101 $SIZES | sed 's/^/D /' || st=$?
+    "$KPEER" send "$SELF6" 4100 "$PEER6" 5101 $SIZES | sed 's/^/D /' || st=$?
+    barrier d-done 120
     exit ${st:-0}
 else
     BARRIER=a-bound "$PEER_BIN" send-recv "$VMRIG_SELF" 5000 "$VMRIG_PEER" 4000 $SIZES | sed 's/^/A /' || st=$?
     barrier a-done 120
+    BARRIER=c-bound "$PEER_BIN" send-recv "$SELF6" 5100 "$PEER6" 4100 $SIZES | sed 's/^/C /' || st=$?
+    barrier c-done 120
     barrier b-kernel 60
     # kernel_side.py recv waits at barrier "bound" for our socket.
     BARRIER=bound "$PEER_BIN" send-recv "$VMRIG_SELF" 5001 "$VMRIG_PEER" 4000 $SIZES | sed 's/^/B /' || st=$?
     barrier b-done 120
+    # rds-kernel-peer recv waits at barrier "bound6" for our socket.
+    BARRIER=bound6 "$PEER_BIN" send-recv "$SELF6" 5101 "$PEER6" 4100 $SIZES | sed 's/^/D /' || st=$?
+    barrier d-done 120
     exit ${st:-0}
 fi
