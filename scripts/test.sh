@@ -24,7 +24,7 @@ echo "== rds-sock with IB (engine to engine and to the kernel's rds_rdma over rx
 cargo test --release -p rds-sock --features ib --test ib_vm
 echo "== rds-sock with IB, verbs-only setup (PSK-authenticated side channel, a wrong key refused) in the VM rig"
 cargo test --release -p rds-sock --features ib --test ib_vm_psk
-echo "== rds-sock with IB: the side channel killed mid-stream, nothing lost or duplicated (VM rig)"
+echo "== rds-sock with IB: connections broken mid-stream (verbs-only: side channel killed; RDMA CM: RoCE v2 dropped, ours and the kernel's rds_rdma), nothing lost or duplicated (VM rig)"
 cargo test --release -p rds-sock --features ib --test ib_vm_disconnect
 echo "== rds-sock with IB: RDMA READ / WRITE through the socket API, ours and the kernel's rds_rdma (VM rig)"
 cargo test --release -p rds-sock --features ib --test ib_vm_rdma
