@@ -91,11 +91,14 @@
 //! IB maximum 7 as "forever"), so a peer that went silent ends the
 //! connection (IBV_WC_RETRY_EXC_ERR, then the CM disconnect or the side
 //! channel's close); the core resends what was not acked and the receiver
-//! drops what it already had. VM test `cargo test --release -p rds-sock
-//! --features ib --test ib_vm_disconnect`: a stream broken mid-way, verbs-
-//! only (side channel killed) and RDMA CM (incoming RoCE v2 dropped for
-//! seconds; ours with ours and with the 6.1 kernel's rds_rdma both ways),
-//! every datagram exactly once.
+//! drops what it already had; over RDMA CM the larger address holds back
+//! its connect request a moment, so that both sides reconnecting at once
+//! do not make the kernel drop the new connection again and again (its
+//! stale-connection rule; see [`transport`]). VM test `cargo test
+//! --release -p rds-sock --features ib --test ib_vm_disconnect`: a stream
+//! broken mid-way, verbs-only (side channel killed) and RDMA CM (incoming
+//! RoCE v2 dropped for seconds; ours with ours and with the 6.1 kernel's
+//! rds_rdma both ways), every datagram exactly once.
 //!
 //! RDMA operations (RDMA CM mode): [`verbs::mr`] registers user memory
 //! on the shared PD for `RDS_GET_MR` / `RDMA_MAP` (cookie `rkey | in-page
@@ -120,12 +123,6 @@
 //!   credits; RDMA CM connections offer it by default);
 //! * verbs-only over InfiniBand link layers (the port is found by the IPv4
 //!   address in its GID table: RoCE only);
-//! * a calm reconnect against the kernel after a connection loss: both
-//!   sides connect at once, and a connect request of ours that reaches
-//!   the kernel after its own connection to us came up makes it drop that
-//!   one (its stale-connection rule), so several connections come and go
-//!   before one holds (4 to 28 in the VM test's kernel-to-ours phase;
-//!   nothing lost); the larger address does not hold back its reconnect;
 //! * RDMA in the verbs-only setup mode (GET_MR is EOPNOTSUPP there, and
 //!   its QPs grant no remote access), atomics (`RDS_CMSG_ATOMIC_*`), more
 //!   than [`verbs::MAX_RDMA_SGES`] local buffers per op (the kernel takes

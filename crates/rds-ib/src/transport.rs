@@ -24,7 +24,12 @@
 //! request from a larger address while its own connect to that address is
 //! under way (reject value [`crate::verbs::REJ_RETRY`]); the kernel rejects
 //! the incoming one while connecting, and the random reconnect backoff of
-//! both sides sorts it out.
+//! both sides sorts it out. Over RDMA CM the larger address waits 20..270
+//! ms before its request goes out and sends none if the peer's connection
+//! took the path meanwhile (superseded connects count as failed): a kernel
+//! whose new connection to us is up drops it when a request of ours
+//! arrives, which reconnects at once on both sides repeat (up to 28 times
+//! in a row in the forced-disconnect VM test before; 1 to 3 with it).
 //!
 //! A connection ends on a CM event (DISCONNECTED, DEVICE_REMOVAL, ...), a
 //! failed completion, a protocol error or a shutdown asked by the core: the
@@ -310,6 +315,11 @@ impl RdsTransport for IbTransport {
         let shared = self.shared.clone();
         let mode = self.cfg.mode.clone();
         let spawned = std::thread::Builder::new().name("rds-ib-connect".into()).spawn(move || {
+            if matches!(mode, SetupMode::Cm) && l > f && !hold_back(&shared, path) {
+                lock(&shared.connecting_pairs).remove(&(l, f));
+                shared.push(Cmd::Connected(path, Err(io::Error::from_raw_os_error(libc::ECANCELED))));
+                return;
+            }
             let r = match &mode {
                 SetupMode::Cm => Conn::connect(&verbs, l, f, CONNECT_TIMEOUT),
                 SetupMode::VerbsOnly { key, port } => match (l, f) {
@@ -388,6 +398,19 @@ impl Drop for Shared {
         // SAFETY: the last user of the eventfd is gone; it is ours.
         unsafe { libc::close(self.wake_fd) };
     }
+}
+
+/// The larger address's connect (RDMA CM) first waits 20..270 ms: after a
+/// connection loss both sides reconnect at once, and a connect request of
+/// ours that reaches a kernel whose own new connection to us is up makes
+/// it drop that connection (its stale-connection rule), over and over
+/// (up to 28 cycles seen in ib_vm_disconnect). Meanwhile the smaller
+/// side's request usually arrives and takes the path: then `false`, and
+/// no request goes out.
+fn hold_back(shared: &Shared, path: PathInfo) -> bool {
+    let jitter = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
+    std::thread::sleep(Duration::from_millis(20 + u64::from(jitter % 250)));
+    lock(&shared.connecting).get(&path.id) == Some(&path.inst)
 }
 
 /// The listener of either setup mode.
