@@ -60,6 +60,9 @@ use std::time::Instant;
 
 const N: usize = 3000;
 const GAP_US: u64 = 3000;
+/// The RDMA CM test's pacing: 600 datagrams take at least 4.8 s, the cut
+/// starts 1..2 s in.
+const GAP_US_CM: u64 = 8000;
 const KILLS: usize = 3;
 /// Datagrams per phase of the RDMA CM test, and how long incoming RoCE v2
 /// is dropped.
@@ -194,7 +197,7 @@ fn ib_side_channel_killed_mid_stream_nothing_lost_or_duplicated() {
 
 #[test]
 fn ib_cm_roce_cut_mid_stream_nothing_lost_or_duplicated() {
-    let env = [("MODE", "cm".to_string()), ("N", NC.to_string()), ("GAP_US", GAP_US.to_string()), ("CUT_S", CUT_S.to_string())];
+    let env = [("MODE", "cm".to_string()), ("N", NC.to_string()), ("GAP_US", GAP_US_CM.to_string()), ("CUT_S", CUT_S.to_string())];
     let Some((stdout, out)) = boot("rds-sock IB (RDMA CM) forced-disconnect test", &env, 300) else { return };
     let one = |node: u8, prefix: &str| -> String {
         let l = node_lines(&stdout, node, prefix);

@@ -38,17 +38,24 @@ modprobe ib_uverbs
 rdma link add rxe0 type rxe netdev eth0
 if [ "$MODE" = cm ]; then
     modprobe rdma_ucm
+    # The filter's modules now, so that adding it later takes effect at once.
+    modprobe sch_ingress
+    modprobe cls_flower
+    modprobe act_gact
+    tc qdisc add dev eth0 ingress
     barrier rxe 60
-    # cutter PHASE: after the phase's start barrier, drop incoming RoCE v2
-    # for CUT_S seconds.
+    # cutter PHASE: 1.0 .. 2.0 s after the phase's start barrier, drop
+    # incoming RoCE v2 for CUT_S seconds.
+    cs() { cut -d' ' -f1 /proc/uptime | tr -d .; } # uptime in 1/100 s
     cutter() {
         barrier "$1-bound" 60 || return 0
+        t0=$(cs)
         r=$(od -An -N2 -tu2 /dev/urandom | tr -d ' ')
         ms=$((1000 + r % 1000))
         sleep "$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))"
-        tc qdisc add dev eth0 ingress 2>/dev/null || true
         tc filter add dev eth0 ingress protocol ip prio 1 flower ip_proto udp dst_port 4791 action drop
-        echo "$1 CUT after ${ms} ms for ${CUT_S} s"
+        d=$(($(cs) - t0))
+        echo "$1 CUT at $((d / 100)).$(printf %02d $((d % 100))) s for ${CUT_S} s"
         sleep "$CUT_S"
         d=$(tc -s filter show dev eth0 ingress | sed -n 's/.*(dropped \([0-9]*\).*/\1/p' | head -1)
         tc filter del dev eth0 ingress prio 1
