@@ -554,6 +554,12 @@ impl Engine {
     /// Stops the engine: waits up to `drain` for queued messages to be
     /// acked, then closes every connection and listener. Reports what was
     /// still unsent. Sockets of this engine fail afterwards with ESHUTDOWN.
+    ///
+    /// A process is an RDS node: call this before it exits. Connections end
+    /// with a FIN, which acknowledges everything received; a process that
+    /// just exits may reset them while bytes are in flight, and its peers
+    /// then wait for acks of messages it had read (and resend them to the
+    /// next instance at this address, which drops them as stale).
     pub fn shutdown(&self, drain: Duration) -> ShutdownReport {
         let deadline = Instant::now() + drain;
         loop {

@@ -85,6 +85,11 @@ fn main() {
     for (from, d) in &flows {
         println!("{}", d.line(*from));
     }
+    // This process is the RDS node: end its connections cleanly, so that
+    // the senders' TCP sees everything we read acknowledged (an exit with
+    // bytes in flight would reset the connections and leave the senders'
+    // last messages unacked).
+    sock.engine().shutdown(Duration::from_secs(1));
 }
 
 fn usage(msg: &str) -> ! {
