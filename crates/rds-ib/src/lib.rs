@@ -117,10 +117,10 @@
 //! ## What does not exist yet
 //!
 //! * reconnect after a device goes away and comes back (the PD cache keeps the
-//!   old device context), conn_info rows, the kernel's ib_* counter names;
+//!   old device context), conn_info rows, most of the kernel's `ib_*`
+//!   counters (those of credits, acks, flushes and RDMA exist);
 //! * IPv6 in the verbs-only setup mode (RDMA CM connections speak both
-//!   families); credit flow control in the verbs-only setup mode (the side channel carries no
-//!   credits; RDMA CM connections offer it by default);
+//!   families);
 //! * verbs-only over InfiniBand link layers (the port is found by the IPv4
 //!   address in its GID table: RoCE only);
 //! * RDMA in the verbs-only setup mode (GET_MR is EOPNOTSUPP there, and

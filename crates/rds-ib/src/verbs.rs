@@ -156,7 +156,7 @@ pub struct Verbs {
     opened: Mutex<Vec<(String, *mut sys::ibv_context)>>,
     /// QPs created so far (both modes).
     qp_created: std::sync::atomic::AtomicU64,
-    /// Credit flow control offered on new RDMA CM connections.
+    /// Credit flow control offered on new connections (both setups).
     flow_control: std::sync::atomic::AtomicBool,
 }
 
@@ -176,13 +176,13 @@ impl Verbs {
         })
     }
 
-    /// Whether new RDMA CM connections offer credit flow control (on by
+    /// Whether new connections offer credit flow control (on by
     /// default; [`crate::credits`]): our private data advertises the
     /// posted receive ring, and our sends are limited by credits when the
     /// peer advertised some too. A peer that advertises 0 (every mainline
     /// kernel) turns our limiting off; then RNR retry paces the sender.
-    /// Verbs-only connections run without it (no credits on the side
-    /// channel).
+    /// Verbs-only connections negotiate it the same way in the side
+    /// channel's parameters (`credits`).
     pub fn set_flow_control(&self, on: bool) {
         self.flow_control.store(on, std::sync::atomic::Ordering::Relaxed);
     }

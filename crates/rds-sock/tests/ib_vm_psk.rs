@@ -10,7 +10,9 @@
 //!   `RDS_IB_PSK_FILE` naming the same key): 0 B, 1 B, 4 KiB, 64 KiB and
 //!   1 MiB from node2 to node1, then the same back, each checked byte by
 //!   byte, in order, all acked; each side used the RoCE v2 GID index of its
-//!   address (as the rig's `rxe-gid-index` finds it);
+//!   address (as the rig's `rxe-gid-index` finds it); credit flow control
+//!   was negotiated in the side channel's parameters and credits flowed
+//!   both ways;
 //! * phase B: node1 (a fresh engine with the key) is sent to by a rogue
 //!   side channel client (a well-formed CLIENT_PARAMS with a MAC under a
 //!   wrong key) and by an engine with the wrong key: node1 closes them,
@@ -100,6 +102,13 @@ fn engine_over_ib_verbs_only_with_psk() {
             assert_eq!(field(u, "index"), Some(gid[0].trim()), "node{node}: {u}");
             assert_eq!(field(u, "roce_v2"), Some("true"), "node{node}: {u}");
         }
+    }
+    // Credit flow control, negotiated in the side channel's parameters:
+    // both engines grant credits and get some.
+    for node in [1, 2] {
+        let (tx, rx) = (ctr(&stdout, node, "A", "ib_tx_credit_updates"), ctr(&stdout, node, "A", "ib_rx_credit_updates"));
+        println!("node{node} phase A: ib_tx_credit_updates {tx} ib_rx_credit_updates {rx} ib_tx_throttle {}", ctr(&stdout, node, "A", "ib_tx_throttle"));
+        assert!(tx > 0 && rx > 0, "node{node}: credits flow over the verbs-only connection");
     }
     assert_eq!(ctr(&stdout, 2, "A", "ib_connect_failed"), 0);
     assert!(ctr(&stdout, 1, "A", "ib_accepted") >= 1);

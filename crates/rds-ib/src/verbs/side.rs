@@ -44,6 +44,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_sys as sys;
+
+use crate::credits::FlowControl;
 use rds_core::wire::{PROTOCOL_3_1, PROTOCOL_4_1};
 
 use super::{err, errno, sockaddr_v4, Conn, Link, Verbs};
@@ -364,7 +366,9 @@ impl Conn {
         )
     }
 
-    fn our_params(&self, port: &PortInfo, psn: u32, version: u16) -> Params {
+    /// Our parameters; `credits` is our initial credit grant (0: no flow
+    /// control), taken by [`Conn::side_credit_offer`].
+    fn our_params(&self, port: &PortInfo, psn: u32, version: u16, credits: u32) -> Params {
         // SAFETY: the QP is live.
         let qpn = unsafe { (*self.qp()).qp_num };
         Params {
@@ -375,7 +379,7 @@ impl Conn {
             mtu: mtu_bytes(port.mtu),
             rds_version: version,
             path: 0,
-            credits: 0,
+            credits,
             tos: 0,
             ack_seq: 0,
             local: self.local,
@@ -383,9 +387,31 @@ impl Conn {
         }
     }
 
-    fn side_established(&mut self, p: &Params) -> io::Result<()> {
+    /// Credit flow control over the side channel, negotiated as over RDMA CM
+    /// (`rds_ib_set_flow_control`): the connecting side offers its posted
+    /// receive ring when flow control is on ([`Verbs::set_flow_control`]);
+    /// the accepting side, knowing the offer (`peer_credits`), turns it on
+    /// only for a non-zero offer and then grants its own ring. Returns the
+    /// credits for our parameters.
+    fn side_credit_offer(&mut self, verbs: &Verbs, peer_credits: Option<u32>) -> u32 {
+        let on = verbs.flow_control();
+        match peer_credits {
+            None => self.fc = FlowControl::new(on),
+            Some(c) => {
+                self.fc.credits.set_flow_control(on, c);
+            }
+        }
+        self.fc.credits.advertise(self.rx_posted as u32);
+        self.fc.credits.take_initial_advertisement()
+    }
+
+    fn side_established(&mut self, p: &Params, connecting: bool) -> io::Result<()> {
         self.version = p.rds_version;
         self.peer_credit = p.credits;
+        if connecting {
+            let on = self.fc.credits.flow_control();
+            self.fc.credits.set_flow_control(on, p.credits);
+        }
         self.fc.on_frame(p.ack_seq, 0);
         self.side_sock()?.set_nonblocking(true)?;
         self.up = true;
@@ -415,7 +441,8 @@ impl Conn {
         let mut conn = Conn::build_side(verbs, &pi, sock)?;
         conn.local = IpAddr::V4(local);
         conn.peer = IpAddr::V4(peer);
-        let mine = conn.our_params(&pi, psn, PROTOCOL_4_1);
+        let credits = conn.side_credit_offer(verbs, None);
+        let mine = conn.our_params(&pi, psn, PROTOCOL_4_1, credits);
         let s = conn.side_sock()?;
         write_frame(s, &hs.params(&mine)?, deadline)?;
         let theirs = hs.on_server_params(&read_frame(s, deadline)?)?;
@@ -429,7 +456,7 @@ impl Conn {
         let s = conn.side_sock()?;
         write_frame(s, &hs.ready()?, deadline)?;
         hs.on_ready(&read_frame(s, deadline)?)?;
-        conn.side_established(&theirs)?;
+        conn.side_established(&theirs, true)?;
         Ok(conn)
     }
 }
@@ -692,13 +719,14 @@ impl SideListener {
         conn.local = IpAddr::V4(local);
         conn.peer = IpAddr::V4(from);
         conn.peer_proposed = theirs.rds_version;
-        let mine = conn.our_params(&pi, psn, theirs.rds_version);
+        let credits = conn.side_credit_offer(&self.verbs, Some(theirs.credits));
+        let mine = conn.our_params(&pi, psn, theirs.rds_version, credits);
         conn.modify_rtr_rts(&pi, &theirs, psn)?;
         let s = conn.side_sock()?;
         write_frame(s, &hs.params(&mine)?, deadline)?;
         write_frame(s, &hs.ready()?, deadline)?;
         hs.on_ready(&read_frame(s, deadline)?)?;
-        conn.side_established(&theirs)?;
+        conn.side_established(&theirs, false)?;
         Ok(Some(conn))
     }
 }
