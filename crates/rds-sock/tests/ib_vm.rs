@@ -22,51 +22,19 @@
 
 mod common;
 
-use common::{check_rx, field, find_rig, node_lines, rig_ready, workspace_root, SIZES};
-use std::path::PathBuf;
-use std::process::Command;
-use std::time::Instant;
+use common::{boot, check_rx, ctr, field, node_lines, sizes_env, workspace_root, SIZES};
+use std::path::Path;
 
 #[test]
 fn engine_over_ib_with_itself_and_with_kernel_rds_rdma() {
-    let rig = match find_rig().and_then(|r| rig_ready().map(|()| r)) {
-        Ok(r) => r,
-        Err(why) => {
-            println!("SKIP: rds-sock over IB in the VM rig not run: {why}");
-            return;
-        }
-    };
     let root = workspace_root();
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_rds-ib-peer"));
-    let sizes: Vec<String> = SIZES.iter().map(|s| s.to_string()).collect();
-    let mut cmd = Command::new(rig.join("vmrig"));
-    cmd.current_dir(&root).args(["run", "-n", "2", "-t", "300"]);
-    if !bin.starts_with(&root) {
-        cmd.arg("-s").arg(bin.parent().unwrap());
-    }
-    cmd.arg("-e").arg(format!("PEER_BIN={}", bin.display()));
-    cmd.arg("-e").arg(format!("KSIDE={}", root.join("crates/rds-ib/tests/vm/kernel_side.py").display()));
-    cmd.arg("-e").arg(format!("KPEER={}", env!("CARGO_BIN_EXE_rds-kernel-peer")));
-    cmd.arg("-e").arg(format!("SIZES={}", sizes.join(" ")));
-    cmd.args(["--", "sh"]).arg(root.join("crates/rds-sock/tests/vm/ib_scenario.sh"));
-    let t0 = Instant::now();
-    let out = match cmd.output() {
-        Ok(o) => o,
-        Err(e) => {
-            println!("SKIP: rds-sock over IB in the VM rig not run: cannot run vmrig: {e}");
-            return;
-        }
-    };
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    println!("{stdout}\n{stderr}\nvmrig exit {:?} after {:.1} s", out.status.code(), t0.elapsed().as_secs_f64());
-    // Guests that came up print `[nodeN]` lines (on stdout or, for a
-    // scenario that failed early, stderr); only a rig that never started
-    // them is a SKIP.
-    if !format!("{stdout}{stderr}").contains("[node") {
-        println!("SKIP: rds-sock over IB in the VM rig not run: the guests did not come up");
-        return;
-    }
+    let env = [
+        ("KSIDE", root.join("crates/rds-ib/tests/vm/kernel_side.py").display().to_string()),
+        ("KPEER", env!("CARGO_BIN_EXE_rds-kernel-peer").to_string()),
+        ("SIZES", sizes_env()),
+    ];
+    let peer = Path::new(env!("CARGO_BIN_EXE_rds-ib-peer"));
+    let Some((stdout, out)) = boot("rds-sock over IB", "ib_scenario.sh", peer, &env, 300) else { return };
 
     // Phase A: ours with ours; SO_RDS_TRANSPORT reads back IB (0).
     for node in [1, 2] {
@@ -114,16 +82,11 @@ fn engine_over_ib_with_itself_and_with_kernel_rds_rdma() {
     // Credit flow control (on by default): our engines grant each other
     // credits and spend them; the kernel advertises 0, so with it ours is
     // off and nothing is granted to us.
-    let ctr = |node: u8, phase: &str, name: &str| -> u64 {
-        let l = node_lines(&stdout, node, &format!("{phase} CTR {name} "));
-        assert_eq!(l.len(), 1, "node{node} {phase} {name}: {l:?}");
-        l[0].trim().parse().unwrap()
-    };
     for node in [1, 2] {
-        let (tx, rx) = (ctr(node, "A", "ib_tx_credit_updates"), ctr(node, "A", "ib_rx_credit_updates"));
-        println!("node{node} phase A: ib_tx_credit_updates {tx} ib_rx_credit_updates {rx} ib_tx_throttle {}", ctr(node, "A", "ib_tx_throttle"));
+        let (tx, rx) = (ctr(&stdout, node, "A", "ib_tx_credit_updates"), ctr(&stdout, node, "A", "ib_rx_credit_updates"));
+        println!("node{node} phase A: ib_tx_credit_updates {tx} ib_rx_credit_updates {rx} ib_tx_throttle {}", ctr(&stdout, node, "A", "ib_tx_throttle"));
         assert!(tx > 0 && rx > 0, "node{node}: credits flow between our engines");
     }
-    assert_eq!(ctr(2, "B", "ib_rx_credit_updates"), 0, "the kernel grants no credits");
+    assert_eq!(ctr(&stdout, 2, "B", "ib_rx_credit_updates"), 0, "the kernel grants no credits");
     assert!(out.status.success(), "vmrig exit {:?}", out.status.code());
 }

@@ -52,11 +52,9 @@
 
 mod common;
 
-use common::{field, find_rig, node_lines, rig_ready, workspace_root};
-use std::path::PathBuf;
-use std::process::{Command, Output};
-use std::sync::Mutex;
-use std::time::Instant;
+use common::{field, node_lines};
+use std::path::Path;
+use std::process::Output;
 
 const N: usize = 3000;
 const GAP_US: u64 = 3000;
@@ -69,48 +67,11 @@ const KILLS: usize = 3;
 const NC: usize = 600;
 const CUT_S: u64 = 4;
 
-/// One two-guest boot at a time (the machine has 2 cores).
-static BOOT: Mutex<()> = Mutex::new(());
-
-/// Runs the scenario in `vmrig run -n 2` with `env`; `None` (after printing
-/// `SKIP: ...`) when the rig cannot start.
+/// Runs the scenario with `env`; `None` (after printing `SKIP: ...`) when
+/// the rig cannot start.
 fn boot(what: &str, env: &[(&str, String)], timeout_s: u32) -> Option<(String, Output)> {
-    let _one = BOOT.lock().unwrap_or_else(|p| p.into_inner());
-    let rig = match find_rig().and_then(|r| rig_ready().map(|()| r)) {
-        Ok(r) => r,
-        Err(why) => {
-            println!("SKIP: {what} in the VM rig not run: {why}");
-            return None;
-        }
-    };
-    let root = workspace_root();
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_rds-ib-peer"));
-    let mut cmd = Command::new(rig.join("vmrig"));
-    cmd.current_dir(&root).args(["run", "-n", "2", "-t", &timeout_s.to_string()]);
-    if !bin.starts_with(&root) {
-        cmd.arg("-s").arg(bin.parent().unwrap());
-    }
-    cmd.arg("-e").arg(format!("PEER_BIN={}", bin.display()));
-    for (k, v) in env {
-        cmd.arg("-e").arg(format!("{k}={v}"));
-    }
-    cmd.args(["--", "sh"]).arg(root.join("crates/rds-sock/tests/vm/ib_disconnect_scenario.sh"));
-    let t0 = Instant::now();
-    let out = match cmd.output() {
-        Ok(o) => o,
-        Err(e) => {
-            println!("SKIP: {what} in the VM rig not run: cannot run vmrig: {e}");
-            return None;
-        }
-    };
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    println!("{stdout}\n{stderr}\nvmrig exit {:?} after {:.1} s", out.status.code(), t0.elapsed().as_secs_f64());
-    if !stdout.contains("[node1]") && !stdout.contains("[node2]") {
-        println!("SKIP: {what} in the VM rig not run: the guests did not come up");
-        return None;
-    }
-    Some((stdout, out))
+    let peer = Path::new(env!("CARGO_BIN_EXE_rds-ib-peer"));
+    common::boot(what, "ib_disconnect_scenario.sh", peer, env, timeout_s)
 }
 
 fn num(line: &str, key: &str) -> u64 {

@@ -28,53 +28,14 @@
 
 mod common;
 
-use common::{check_rx, field, find_rig, node_lines, rig_ready, workspace_root, SIZES};
-use std::path::PathBuf;
-use std::process::Command;
-use std::time::Instant;
-
-/// The value of counter `name` printed in phase `phase` by `node`.
-fn ctr(out: &str, node: u8, phase: &str, name: &str) -> u64 {
-    let l = node_lines(out, node, &format!("{phase} CTR {name} "));
-    assert_eq!(l.len(), 1, "node{node} phase {phase}: counter {name}: {l:?}");
-    l[0].trim().parse().unwrap_or_else(|_| panic!("counter {name}: {}", l[0]))
-}
+use common::{boot, check_rx, ctr, field, node_lines, sizes_env, SIZES};
+use std::path::Path;
 
 #[test]
 fn engine_over_ib_verbs_only_with_psk() {
-    let rig = match find_rig().and_then(|r| rig_ready().map(|()| r)) {
-        Ok(r) => r,
-        Err(why) => {
-            println!("SKIP: rds-sock over IB (verbs-only) in the VM rig not run: {why}");
-            return;
-        }
-    };
-    let root = workspace_root();
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_rds-ib-peer"));
-    let sizes: Vec<String> = SIZES.iter().map(|s| s.to_string()).collect();
-    let mut cmd = Command::new(rig.join("vmrig"));
-    cmd.current_dir(&root).args(["run", "-n", "2", "-t", "300"]);
-    if !bin.starts_with(&root) {
-        cmd.arg("-s").arg(bin.parent().unwrap());
-    }
-    cmd.arg("-e").arg(format!("PEER_BIN={}", bin.display()));
-    cmd.arg("-e").arg(format!("SIZES={}", sizes.join(" ")));
-    cmd.args(["--", "sh"]).arg(root.join("crates/rds-sock/tests/vm/ib_psk_scenario.sh"));
-    let t0 = Instant::now();
-    let out = match cmd.output() {
-        Ok(o) => o,
-        Err(e) => {
-            println!("SKIP: rds-sock over IB (verbs-only) in the VM rig not run: cannot run vmrig: {e}");
-            return;
-        }
-    };
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    println!("{stdout}\n{stderr}\nvmrig exit {:?} after {:.1} s", out.status.code(), t0.elapsed().as_secs_f64());
-    if !stdout.contains("[node1]") && !stdout.contains("[node2]") {
-        println!("SKIP: rds-sock over IB (verbs-only) in the VM rig not run: the guests did not come up");
-        return;
-    }
+    let peer = Path::new(env!("CARGO_BIN_EXE_rds-ib-peer"));
+    let env = [("SIZES", sizes_env())];
+    let Some((stdout, out)) = boot("rds-sock over IB (verbs-only)", "ib_psk_scenario.sh", peer, &env, 300) else { return };
     for node in [1, 2] {
         assert_eq!(node_lines(&stdout, node, "RDMA_UCM "), vec!["absent"], "node{node}: no RDMA CM in the kernel");
     }

@@ -21,10 +21,8 @@
 
 mod common;
 
-use common::{field, find_rig, node_lines, rig_ready, workspace_root};
-use std::path::PathBuf;
-use std::process::Command;
-use std::time::Instant;
+use common::{boot, field, node_lines};
+use std::path::Path;
 
 const N: usize = 70000;
 
@@ -68,38 +66,8 @@ fn check_initiator(out: &str, node: u8, phase: &str, badkey: bool) {
 
 #[test]
 fn rdma_read_write_ours_and_kernel() {
-    let rig = match find_rig().and_then(|r| rig_ready().map(|()| r)) {
-        Ok(r) => r,
-        Err(why) => {
-            println!("SKIP: RDMA over IB in the VM rig not run: {why}");
-            return;
-        }
-    };
-    let root = workspace_root();
-    let bin = PathBuf::from(env!("CARGO_BIN_EXE_rds-rdma-peer"));
-    let mut cmd = Command::new(rig.join("vmrig"));
-    cmd.current_dir(&root).args(["run", "-n", "2", "-t", "500"]);
-    if !bin.starts_with(&root) {
-        cmd.arg("-s").arg(bin.parent().unwrap());
-    }
-    cmd.arg("-e").arg(format!("PEER_BIN={}", bin.display()));
-    cmd.arg("-e").arg(format!("N={N}"));
-    cmd.args(["--", "sh"]).arg(root.join("crates/rds-sock/tests/vm/ib_rdma_scenario.sh"));
-    let t0 = Instant::now();
-    let out = match cmd.output() {
-        Ok(o) => o,
-        Err(e) => {
-            println!("SKIP: RDMA over IB in the VM rig not run: cannot run vmrig: {e}");
-            return;
-        }
-    };
-    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    println!("{stdout}\n{stderr}\nvmrig exit {:?} after {:.1} s", out.status.code(), t0.elapsed().as_secs_f64());
-    if !stdout.contains("[node1]") && !stdout.contains("[node2]") {
-        println!("SKIP: RDMA over IB in the VM rig not run: the guests did not come up");
-        return;
-    }
+    let peer = Path::new(env!("CARGO_BIN_EXE_rds-rdma-peer"));
+    let Some((stdout, out)) = boot("RDMA over IB", "ib_rdma_scenario.sh", peer, &[("N", N.to_string())], 500) else { return };
     // A: ours with ours.
     check_target(&stdout, 1, "A", true);
     check_initiator(&stdout, 2, "A", true);
