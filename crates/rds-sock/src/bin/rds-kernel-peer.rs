@@ -19,6 +19,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::process::{Command, ExitCode};
 
+use socket2::SockAddr;
+
 const AF_RDS: libc::c_int = 21;
 const SOL_RDS: libc::c_int = 276;
 const SO_RDS_TRANSPORT: libc::c_int = 8;
@@ -40,54 +42,6 @@ fn setopt(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -
     cvt(r, "setsockopt").map(drop)
 }
 
-/// `addr` as a sockaddr_in or sockaddr_in6 in a sockaddr_storage.
-fn raw(addr: SocketAddr) -> (libc::sockaddr_storage, libc::socklen_t) {
-    // SAFETY: sockaddr_storage is plain data; all-zero is valid.
-    let mut ss: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-    let len = match addr {
-        SocketAddr::V4(a) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as libc::sa_family_t,
-                sin_port: a.port().to_be(),
-                sin_addr: libc::in_addr { s_addr: u32::from(*a.ip()).to_be() },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: sockaddr_storage is large and aligned enough for any sockaddr.
-            unsafe { *(&mut ss as *mut _ as *mut libc::sockaddr_in) = sin };
-            size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(a) => {
-            let sin6 = libc::sockaddr_in6 {
-                sin6_family: libc::AF_INET6 as libc::sa_family_t,
-                sin6_port: a.port().to_be(),
-                sin6_flowinfo: 0,
-                sin6_addr: libc::in6_addr { s6_addr: a.ip().octets() },
-                sin6_scope_id: 0,
-            };
-            // SAFETY: as above.
-            unsafe { *(&mut ss as *mut _ as *mut libc::sockaddr_in6) = sin6 };
-            size_of::<libc::sockaddr_in6>()
-        }
-    };
-    (ss, len as libc::socklen_t)
-}
-
-fn from_raw(ss: &libc::sockaddr_storage) -> Option<SocketAddr> {
-    match ss.ss_family as libc::c_int {
-        libc::AF_INET => {
-            // SAFETY: the family says it is a sockaddr_in.
-            let sin = unsafe { &*(ss as *const _ as *const libc::sockaddr_in) };
-            Some(SocketAddr::new(IpAddr::from(u32::from_be(sin.sin_addr.s_addr).to_be_bytes()), u16::from_be(sin.sin_port)))
-        }
-        libc::AF_INET6 => {
-            // SAFETY: the family says it is a sockaddr_in6.
-            let sin6 = unsafe { &*(ss as *const _ as *const libc::sockaddr_in6) };
-            Some(SocketAddr::new(IpAddr::from(sin6.sin6_addr.s6_addr), u16::from_be(sin6.sin6_port)))
-        }
-        _ => None,
-    }
-}
-
 fn run(a: &[String]) -> Result<usize, String> {
     let sa = |ip: &str, port: &str| -> Result<SocketAddr, String> {
         let ip: IpAddr = ip.parse().map_err(|e| format!("{ip}: {e}"))?;
@@ -103,9 +57,9 @@ fn run(a: &[String]) -> Result<usize, String> {
     setopt(&fd, SOL_RDS, SO_RDS_TRANSPORT, RDS_TRANS_IB)?;
     setopt(&fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 8 << 20)?;
     setopt(&fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 8 << 20)?;
-    let (ss, len) = raw(local);
-    // SAFETY: ss holds a valid socket address of length len.
-    cvt(unsafe { libc::bind(fd.as_raw_fd(), &ss as *const _ as *const libc::sockaddr, len) }, "bind")?;
+    let sa = SockAddr::from(local);
+    // SAFETY: sa holds a valid socket address of its length.
+    cvt(unsafe { libc::bind(fd.as_raw_fd(), sa.as_ptr(), sa.len()) }, "bind")?;
     println!("KBOUND {local} transport ib");
     let mut bad = 0;
     if a[0] == "recv" {
@@ -123,31 +77,27 @@ fn run(a: &[String]) -> Result<usize, String> {
         }
         let mut buf = vec![0u8; 2 << 20];
         for (k, &n) in sizes.iter().enumerate() {
-            // SAFETY: sockaddr_storage is plain data; all-zero is valid.
-            let mut from: libc::sockaddr_storage = unsafe { std::mem::zeroed() };
-            let mut flen = size_of::<libc::sockaddr_storage>() as libc::socklen_t;
-            // SAFETY: buf and from are valid for their lengths for the call.
-            let got = unsafe {
-                libc::recvfrom(fd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0, &mut from as *mut _ as *mut libc::sockaddr, &mut flen)
-            };
-            if got < 0 {
-                return Err(format!("recvfrom {k}: {}", io::Error::last_os_error()));
+            // SAFETY: buf is valid for its length; try_init hands recvfrom
+            // storage and a length for the sender's address.
+            let (got, from) = unsafe {
+                SockAddr::try_init(|ss, len| {
+                    let r = libc::recvfrom(fd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0, ss.cast(), len);
+                    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r as usize) }
+                })
             }
-            let got = got as usize;
-            let who = from_raw(&from);
+            .map_err(|e| format!("recvfrom {k}: {e}"))?;
+            let who = from.as_socket();
             let ok = buf[..got] == pattern(k, n)[..] && who == Some(peer);
             bad += usize::from(!ok);
             let who = who.map_or("?".to_string(), |w| w.to_string());
             println!("KRX {k} len {got} from {who} {}", if ok { "ok" } else { "BAD" });
         }
     } else {
-        let (to, tlen) = raw(peer);
+        let to = SockAddr::from(peer);
         for (k, &n) in sizes.iter().enumerate() {
             let m = pattern(k, n);
             // SAFETY: m and to are valid for their lengths for the call.
-            let r = unsafe {
-                libc::sendto(fd.as_raw_fd(), m.as_ptr() as *const libc::c_void, m.len(), 0, &to as *const _ as *const libc::sockaddr, tlen)
-            };
+            let r = unsafe { libc::sendto(fd.as_raw_fd(), m.as_ptr() as *const libc::c_void, m.len(), 0, to.as_ptr(), to.len()) };
             if r < 0 {
                 return Err(format!("sendto {k}: {}", io::Error::last_os_error()));
             }
