@@ -758,11 +758,7 @@ impl Conn {
         conn.local = local;
         conn.peer = peer;
         let addrs = PrivAddrs::new(local, peer).ok_or_else(|| err(libc::EAFNOSUPPORT, "RDS-IB connect"))?;
-        // Flow control: the whole posted receive ring is our initial credit.
-        let fc_on = verbs.flow_control();
-        conn.fc = FlowControl::new(fc_on);
-        conn.fc.credits.advertise(conn.rx_posted as u32);
-        let credit = conn.fc.credits.take_initial_advertisement();
+        let credit = conn.credit_offer(verbs, None);
         let dp = nego.request(addrs, 0, 0, credit).encode();
         let mut param = conn_param(&dp);
         // SAFETY: id has a QP; param and its private data live across the call.
@@ -778,7 +774,7 @@ impl Conn {
                     .map_err(|u| err(libc::EPROTO, &format!("RDS-IB version {:#06x} not supported", u.version)))?;
                 conn.version = est.version;
                 conn.peer_credit = est.peer_credit;
-                conn.fc.credits.set_flow_control(fc_on, est.peer_credit);
+                conn.credit_answer(est.peer_credit);
                 conn.fc.on_frame(est.ack_seq, 0);
                 conn.up = true;
                 Ok(Ok(conn))
@@ -817,6 +813,32 @@ impl Conn {
 
     pub fn is_up(&self) -> bool {
         self.up
+    }
+
+    /// Our initial credit grant, for the private data (RDMA CM) or the
+    /// parameters (verbs-only), negotiated as `rds_ib_set_flow_control`: the
+    /// connecting side (`peer_credits` None) offers its posted receive ring
+    /// when flow control is on ([`Verbs::set_flow_control`]) and learns the
+    /// answer in [`Conn::credit_answer`]; the accepting side, knowing the
+    /// offer, turns it on only for a non-zero one and then grants its own
+    /// ring.
+    fn credit_offer(&mut self, verbs: &Verbs, peer_credits: Option<u32>) -> u32 {
+        let on = verbs.flow_control();
+        match peer_credits {
+            None => self.fc = FlowControl::new(on),
+            Some(c) => {
+                self.fc.credits.set_flow_control(on, c);
+            }
+        }
+        self.fc.credits.advertise(self.rx_posted as u32);
+        self.fc.credits.take_initial_advertisement()
+    }
+
+    /// The connecting side: the peer's answer to our offer (0: no limits on
+    /// our sends, RNR retry paces them).
+    fn credit_answer(&mut self, peer_credits: u32) {
+        let on = self.fc.credits.flow_control();
+        self.fc.credits.set_flow_control(on, peer_credits);
     }
 
     /// Credit and ack counters (`ib_tx_credit_updates`, ...).
@@ -1564,11 +1586,7 @@ impl Listener {
             conn.version = version;
             conn.peer_credit = dp.credit;
             conn.peer_proposed = dp.version();
-            // Flow control on when both sides offer it (the requester's
-            // credits are our send credits); then our ring is our credit.
-            conn.fc.credits.set_flow_control(self.verbs.flow_control(), dp.credit);
-            conn.fc.credits.advertise(conn.rx_posted as u32);
-            let credit = conn.fc.credits.take_initial_advertisement();
+            let credit = conn.credit_offer(&self.verbs, Some(dp.credit));
             conn.fc.on_frame(dp.ack_seq, 0);
             let addrs = PrivAddrs::new(conn.local, conn.peer).ok_or_else(|| err(libc::EPROTO, "RDS-IB accept: address families differ"))?;
             let rep = ConnectPrivate::new(addrs, version, dp.tos, 0, credit).encode();

@@ -45,7 +45,6 @@ use std::time::{Duration, Instant};
 
 use rdma_sys as sys;
 
-use crate::credits::FlowControl;
 use rds_core::wire::{PROTOCOL_3_1, PROTOCOL_4_1};
 
 use super::{err, errno, sockaddr_v4, Conn, Link, Verbs};
@@ -367,7 +366,7 @@ impl Conn {
     }
 
     /// Our parameters; `credits` is our initial credit grant (0: no flow
-    /// control), taken by [`Conn::side_credit_offer`].
+    /// control), taken by `Conn::credit_offer`.
     fn our_params(&self, port: &PortInfo, psn: u32, version: u16, credits: u32) -> Params {
         // SAFETY: the QP is live.
         let qpn = unsafe { (*self.qp()).qp_num };
@@ -387,30 +386,11 @@ impl Conn {
         }
     }
 
-    /// Credit flow control over the side channel, negotiated as over RDMA CM
-    /// (`rds_ib_set_flow_control`): the connecting side offers its posted
-    /// receive ring when flow control is on ([`Verbs::set_flow_control`]);
-    /// the accepting side, knowing the offer (`peer_credits`), turns it on
-    /// only for a non-zero offer and then grants its own ring. Returns the
-    /// credits for our parameters.
-    fn side_credit_offer(&mut self, verbs: &Verbs, peer_credits: Option<u32>) -> u32 {
-        let on = verbs.flow_control();
-        match peer_credits {
-            None => self.fc = FlowControl::new(on),
-            Some(c) => {
-                self.fc.credits.set_flow_control(on, c);
-            }
-        }
-        self.fc.credits.advertise(self.rx_posted as u32);
-        self.fc.credits.take_initial_advertisement()
-    }
-
     fn side_established(&mut self, p: &Params, connecting: bool) -> io::Result<()> {
         self.version = p.rds_version;
         self.peer_credit = p.credits;
         if connecting {
-            let on = self.fc.credits.flow_control();
-            self.fc.credits.set_flow_control(on, p.credits);
+            self.credit_answer(p.credits);
         }
         self.fc.on_frame(p.ack_seq, 0);
         self.side_sock()?.set_nonblocking(true)?;
@@ -441,7 +421,7 @@ impl Conn {
         let mut conn = Conn::build_side(verbs, &pi, sock)?;
         conn.local = IpAddr::V4(local);
         conn.peer = IpAddr::V4(peer);
-        let credits = conn.side_credit_offer(verbs, None);
+        let credits = conn.credit_offer(verbs, None);
         let mine = conn.our_params(&pi, psn, PROTOCOL_4_1, credits);
         let s = conn.side_sock()?;
         write_frame(s, &hs.params(&mine)?, deadline)?;
@@ -719,7 +699,7 @@ impl SideListener {
         conn.local = IpAddr::V4(local);
         conn.peer = IpAddr::V4(from);
         conn.peer_proposed = theirs.rds_version;
-        let credits = conn.side_credit_offer(&self.verbs, Some(theirs.credits));
+        let credits = conn.credit_offer(&self.verbs, Some(theirs.credits));
         let mine = conn.our_params(&pi, psn, theirs.rds_version, credits);
         conn.modify_rtr_rts(&pi, &theirs, psn)?;
         let s = conn.side_sock()?;
