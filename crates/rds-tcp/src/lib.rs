@@ -105,6 +105,13 @@
 //! [`DownReason::Closed`] is reported: a message whose bytes our TCP acked
 //! is never dropped.
 //!
+//! Before a path above 0 is read, path 0 of the same connection is read
+//! until `EAGAIN` (or the budget: the other path then waits for a later
+//! pass, counted in `tcp_rx_lane_deferred`). A socket's messages move from
+//! path 0 to its own lane once the path-0 ones are acked, and an ack says
+//! our TCP has the bytes, not that we read them; this keeps the lane's
+//! first message behind them, whatever order readiness is reported in.
+//!
 //! ## Closing
 //!
 //! [`RdsTransport::shutdown`] stops writing, sends a FIN and keeps reading
@@ -226,6 +233,10 @@ pub(crate) struct Stats {
     pub rx_partial_discarded: AtomicU64,
     /// Connections that ended in the middle of a message being written.
     pub tx_partial: AtomicU64,
+    /// Reads of a path above 0 put off because path 0 of the same
+    /// connection still had more than the read budget (ours; see
+    /// `Reactor::path0_read`).
+    pub rx_lane_deferred: AtomicU64,
 }
 
 pub(crate) fn inc(c: &AtomicU64) {
@@ -637,6 +648,7 @@ impl RdsTransport for TcpTransport {
             ("tcp_listen_closed_stale", s.listen_closed_stale.load(Relaxed)),
             ("tcp_rx_partial_discarded", s.rx_partial_discarded.load(Relaxed)),
             ("tcp_tx_partial", s.tx_partial.load(Relaxed)),
+            ("tcp_rx_lane_deferred", s.rx_lane_deferred.load(Relaxed)),
         ]
     }
 }

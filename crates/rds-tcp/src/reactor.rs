@@ -709,7 +709,7 @@ impl Reactor {
                 // Data the peer sent right after accepting came with this
                 // (edge-triggered) event: read it now, or nothing will ever
                 // announce it again once the window is full.
-                if conn.state() == UP {
+                if conn.state() == UP && self.path0_read(conn) {
                     inc(&self.inner.stats.data_ready_calls);
                     self.read_conn(conn);
                 }
@@ -721,7 +721,7 @@ impl Reactor {
                         self.inner.xmit(conn);
                     }
                 }
-                if readable {
+                if readable && self.path0_read(conn) {
                     inc(&self.inner.stats.data_ready_calls);
                     self.read_conn(conn);
                 }
@@ -731,6 +731,32 @@ impl Reactor {
             }
             _ => {}
         }
+    }
+
+    /// Before another path of a connection is read, its path 0 is read
+    /// until `EAGAIN`. A socket moves from path 0 to its own lane once its
+    /// path-0 messages are acked, and our TCP acks what it queued, not what
+    /// we read: the peer's first message on the lane may arrive while its
+    /// last path-0 message still waits in our socket, and whatever order
+    /// readiness is reported in, the path-0 bytes must be delivered first.
+    /// Returns false when path 0 stopped at the read budget: `conn` is then
+    /// read on a later pass (after path 0 again).
+    fn path0_read(&mut self, conn: &Arc<Conn>) -> bool {
+        let id = conn.info.id;
+        if id.index == 0 {
+            return true;
+        }
+        let p0 = self.inner.paths.lock().get(&rds_core::PathId { conn: id.conn, index: 0 }).cloned();
+        let Some(p0) = p0.filter(|p| matches!(p.state(), UP | DRAINING)) else { return true };
+        let queued = self.rx_more.len();
+        self.read_conn(&p0);
+        if self.rx_more.len() > queued {
+            // Path 0 has more than the budget: it goes first again.
+            self.rx_more.push(conn.clone());
+            inc(&self.inner.stats.rx_lane_deferred);
+            return false;
+        }
+        true
     }
 
     /// Reads and delivers until `EAGAIN`, the budget, the end or an error;

@@ -49,9 +49,10 @@
 //!   order. This ordering is what makes a socket's move from path 0 to its
 //!   own lane after the handshake keep its order: the last path-0 message
 //!   was acked, so it is read no later than the first one on the lane.
-//!   (rds-tcp reads at most `read_budget` per connection per pass; a path-0
-//!   backlog above that, 4 MiB, could still let the lane overtake it. Not
-//!   modelled.)
+//!   (rds-tcp guarantees it more strongly than a pass's order: before it
+//!   reads any other path it reads path 0 of the same connection until
+//!   `EAGAIN`, and puts the other path off while path 0 holds more than
+//!   its read budget; `Reactor::path0_read`.)
 //! * **Closing.** A shutdown the core asks for (`Output::Shutdown`) sends a
 //!   FIN and keeps reading until the peer's FIN (at most 2 s); a side that
 //!   reads a FIN delivers everything before it, reports `Closed` and sends
