@@ -73,6 +73,14 @@ pub(crate) struct QueuedMsg {
     pub gated: bool,
 }
 
+impl QueuedMsg {
+    /// Our multipath probe ping (`rds_send_probe` to port 0 from
+    /// `RDS_FLAG_PROBE_PORT`).
+    pub(crate) fn is_probe(&self) -> bool {
+        self.sock.is_none() && self.hdr.sport == crate::wire::PROBE_PORT && self.hdr.dport == 0
+    }
+}
+
 /// What a transport transmits: a complete header (sequence, flags including
 /// RETRANSMITTED, extension headers) and the payload. Congestion-map updates
 /// have sequence 0 and are never acked.

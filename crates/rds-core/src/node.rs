@@ -24,7 +24,9 @@ use crate::types::{addr_cmp, ConnId, Errno, PathId, Rng, SockId, TransportKind, 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HandshakeExts {
     /// NPATHS only: what mainline kernels before 2026 put on the wire
-    /// (their `rds_message_add_extension` refuses a second header).
+    /// (their `rds_message_add_extension` refuses a second header). Between
+    /// rds-rs nodes a connection that a reconnect pairs with another path
+    /// of the peer is not recognised (as between 6.1 kernels).
     Mainline,
     /// NPATHS and GEN_NUM (as the 2026 kernels send them): lets the peer
     /// detect our restarts. SPORT_IDX is not sent: it would promise that our
@@ -38,11 +40,13 @@ pub enum HandshakeExts {
     /// the previous instance is resent, and a connection joining two
     /// different paths is dropped before use (see `Node::complete_path`).
     ///
-    /// Not the default: until we heard from a peer, a new connection carries
-    /// only our map (not even our probe), and a 6.1 kernel that sent its
-    /// map on another of its connections to our address then never speaks
-    /// on ours (seen once in the kernel conformance test: a restarted
-    /// process's only connection never carried data).
+    /// The default. Against 6.1 kernels it is harmless: they ignore a
+    /// map's header and parse the probe's GEN_NUM. The hold cannot stall a
+    /// kernel: a kernel's messages carry no GEN_NUM in maps, so only the
+    /// first connection of a fresh connection object holds for it, and our
+    /// probe, numbered first, passes that hold (`Node::probe_first`): a 6.1
+    /// kernel whose map went out on another of its connections then answers
+    /// it on this one.
     Full,
 }
 
@@ -87,7 +91,7 @@ impl Default for NodeConfig {
     fn default() -> Self {
         NodeConfig {
             npaths: crate::wire::MPATH_WORKERS as u8,
-            handshake_exts: HandshakeExts::Mainline,
+            handshake_exts: HandshakeExts::Full,
             gen_num: 1,
             ping_enable: true,
             reconnect_min: Duration::from_millis(1),

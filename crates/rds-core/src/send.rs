@@ -222,6 +222,29 @@ impl Node {
         self.send_probe(PathId { conn, index: 0 }, PROBE_PORT, 0);
     }
 
+    /// The first connection of a fresh connection object (no path of it was
+    /// ever up, so nothing queued was ever transmitted): our probe goes
+    /// first, numbered before the queued messages, and is the one message
+    /// that passes the hold (`pull`). A 6.1 kernel whose map went out on
+    /// another of its connections stays silent on this one until a message
+    /// of ours asks for an answer; an rds-rs peer with `Full` reads our map
+    /// before it (a crossed connection is dropped before the probe counts)
+    /// and sends its own map first. Renumbering is safe: none of these
+    /// sequence numbers was on a wire yet.
+    fn probe_first(&mut self, pid: PathId) {
+        let Some(path) = self.path_mut(pid) else { return };
+        let Some(at) = path.send_queue.iter().position(QueuedMsg::is_probe) else { return };
+        if at == 0 || path.send_queue.iter().any(|m| m.flags.retransmitted) {
+            return;
+        }
+        let first = path.send_queue[0].hdr.sequence;
+        let probe = path.send_queue.remove(at).unwrap();
+        path.send_queue.push_front(probe);
+        for (i, m) in path.send_queue.iter_mut().enumerate() {
+            m.hdr.sequence = first + i as u64;
+        }
+    }
+
     /// `rds_send_probe`: a zero-length control message (probe ping, pong).
     /// Probe pings and their pongs carry the handshake extension headers.
     pub(crate) fn send_probe(&mut self, pid: PathId, sport: u16, dport: u16) {
@@ -273,8 +296,15 @@ impl Node {
             let map = self.maps.entry(laddr).or_default();
             out.push(TxMessage { header, payload: Payload::copy_from(map.as_bytes()), ack_required: false, rdma: None });
         }
-        if self.path(pid).unwrap().hold {
-            return false;
+        // A held path sends only its maps, and on the first connection of a
+        // fresh connection object our leading probe (`probe_first`).
+        let held = self.path(pid).unwrap().hold;
+        if held {
+            let c = self.conn(conn);
+            let probe = !c.peer_gen_maps && !c.heard && self.path(pid).unwrap().send_queue.front().is_some_and(QueuedMsg::is_probe);
+            if !probe {
+                return false;
+            }
         }
         // On a connection the peer has not evidently taken yet
         // (`Path::confirmed`) only maps and our leading probes go out, no
@@ -286,7 +316,7 @@ impl Node {
         let mut sent = 0usize;
         let mut flushed = Vec::new();
         loop {
-            if sent >= budget && sent > 0 {
+            if (sent >= budget || held) && sent > 0 {
                 break;
             }
             let Some(front) = self.path(pid).unwrap().send_queue.front() else { break };
@@ -654,6 +684,7 @@ impl Node {
                 || c.maps_rx > c.paths[usize::from(pid.index)].maps_at_connect
         };
         let c = self.conn_mut(pid.conn);
+        let fresh = c.ups == 0;
         let hold = full && sends_map && (c.peer_gen_maps || !c.heard);
         c.ups += 1;
         let up_seq = c.ups;
@@ -676,6 +707,9 @@ impl Node {
         }
         if pid.index == 0 {
             self.maybe_probe(pid.conn);
+            if hold && fresh {
+                self.probe_first(pid);
+            }
         }
         // The next path of the fan-out (`connect_worker`).
         self.start_mprds(pid.conn);

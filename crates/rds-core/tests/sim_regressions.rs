@@ -256,9 +256,12 @@ fn a_dead_instances_late_generation_is_not_a_restart() {
 /// retransmissions on it at once; the peer saw the wrong path index in our
 /// map and dropped the connection, but only after delivering them against
 /// its path 1's receive sequence: twice. A node now holds every new
-/// connection until it has heard from the peer at all.
+/// connection until it has heard from the peer at all; only our probe, first
+/// in the queue, passes the hold (a 6.1 kernel may answer nothing else), and
+/// it travels behind our map, so a Full peer drops a crossed connection
+/// before the probe counts.
 #[test]
-fn nothing_but_maps_goes_to_a_peer_never_heard_from() {
+fn nothing_but_maps_and_our_probe_go_to_a_peer_never_heard_from() {
     let mut n = make_node(full(1), ip(2), TransportKind::Tcp);
     let s = n.socket();
     n.bind(s, sa(2, 4000)).unwrap();
@@ -267,18 +270,27 @@ fn nothing_but_maps_goes_to_a_peer_never_heard_from() {
         while n.poll_output().is_some() {}
         let mut out = Vec::new();
         n.pull(p.id, p.inst, 1 << 20, &mut out);
-        out.iter().map(|m| m.header.kind()).collect::<Vec<Kind>>()
+        // (A Full map's sequence field is its version; shown as 0.)
+        let seq = |m: &TxMessage| if m.header.kind() == Kind::CongMap { 0 } else { m.header.sequence };
+        out.iter().map(|m| (m.header.kind(), seq(m), m.header.is_retransmitted())).collect::<Vec<_>>()
     };
     let Accept::Path(p) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
-    assert_eq!(pull(&mut n, &p), [Kind::CongMap]);
+    // The probe was queued after "m" but is numbered first: nothing of this
+    // connection object was ever on a wire.
+    assert_eq!(pull(&mut n, &p), [(Kind::CongMap, 0, false), (Kind::ProbePing, 1, false)]);
     // The connection breaks before anything from the peer arrived.
     n.path_down(p.id, p.inst, DownReason::Closed, Instant::now());
     let Accept::Path(p) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
-    assert_eq!(pull(&mut n, &p), [Kind::CongMap], "still holding: nothing heard from the peer");
+    assert_eq!(
+        pull(&mut n, &p),
+        [(Kind::CongMap, 0, false), (Kind::ProbePing, 1, true)],
+        "still holding: nothing heard from the peer; the probe is resent, \"m\" is not"
+    );
     // The peer's map (with its generation and the right path) arrives.
+    // (The reset of every path restarted the handshake: a new probe is
+    // queued behind "m", as the kernel queues it.)
     n.received(p.id, p.inst, full_map(77, 0, 1, &[]));
-    let kinds = pull(&mut n, &p);
-    assert!(kinds.contains(&Kind::Data) && kinds.contains(&Kind::ProbePing), "{kinds:?}");
+    assert_eq!(pull(&mut n, &p), [(Kind::Data, 2, false), (Kind::ProbePing, 3, false)]);
 }
 
 /// rds-sim seed 5888: a message sent before the handshake (so on path 0)

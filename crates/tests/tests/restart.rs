@@ -417,16 +417,17 @@ fn paths_up(e: &Engine, c: IpAddr) -> usize {
         .sum()
 }
 
-/// Engine defaults: `HandshakeExts::Mainline`, no GEN_NUM on the wire.
+/// `HandshakeExts::Mainline`: the 6.1 wire, no GEN_NUM.
 #[test]
 fn kill_9_mid_stream_and_restart_mainline() {
-    assert_eq!(EngineConfig::default().node.handshake_exts, HandshakeExts::Mainline);
     run(addr_block(49), HandshakeExts::Mainline);
 }
 
-/// `HandshakeExts::Full`: GEN_NUM tells A and B that C restarted.
+/// `HandshakeExts::Full` (the engine default): GEN_NUM tells A and B that C
+/// restarted.
 #[test]
 fn kill_9_mid_stream_and_restart_full() {
+    assert_eq!(EngineConfig::default().node.handshake_exts, HandshakeExts::Full);
     run(addr_block(49), HandshakeExts::Full);
 }
 

@@ -83,8 +83,11 @@ pub struct Net {
 
 /// The configuration the tests start from: node `i` has generation number
 /// 100 + i and PRNG seed i.
+/// These tests pin the 6.1 kernel's wire byte for byte (`Mainline`: NPATHS
+/// only, plain map headers); the default `Full` has its own tests
+/// (`sim_regressions.rs`, `full_*`) and the simulator.
 pub fn config(i: usize) -> NodeConfig {
-    NodeConfig { gen_num: 100 + i as u32, seed: i as u64, ..NodeConfig::default() }
+    NodeConfig { gen_num: 100 + i as u32, seed: i as u64, handshake_exts: HandshakeExts::Mainline, ..NodeConfig::default() }
 }
 
 pub fn make_node(cfg: NodeConfig, addr: IpAddr, kind: TransportKind) -> Node {

@@ -24,11 +24,11 @@ pub struct Host {
     timer: Mutex<Option<JoinHandle<()>>>,
 }
 
-/// Between our own nodes, `HandshakeExts::Full` (generation and path index
-/// in the congestion maps) is what keeps every message exactly once when
-/// paths are killed: with the default `Mainline` a reconnecting path can
-/// be paired with another slot, as between 6.1 kernels (seen here once: a
-/// stalled stream after a path-0 kill).
+/// Between our own nodes, `HandshakeExts::Full` (the default: generation
+/// and path index in the congestion maps) is what keeps every message
+/// exactly once when paths are killed: with `Mainline` a reconnecting path
+/// can be paired with another slot, as between 6.1 kernels (seen here once:
+/// a stalled stream after a path-0 kill). Named here so the tests keep it.
 pub fn node_config(gen_num: u32) -> NodeConfig {
     NodeConfig { gen_num, seed: u64::from(gen_num), handshake_exts: rds_core::HandshakeExts::Full, ..NodeConfig::default() }
 }
