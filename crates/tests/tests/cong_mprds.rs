@@ -530,7 +530,7 @@ impl LegacyPeer {
 fn one_path_against_a_peer_whose_pong_has_no_npaths() {
     let ip = addr_block(44);
     let cfg = EngineConfig::default();
-    let port = cfg.tcp.port;
+    let (port, gen_num) = (cfg.tcp.port, cfg.node.gen_num);
     let peer = LegacyPeer::start(SocketAddr::new(ip(2), port));
     let e = Engine::new(cfg).unwrap();
     // Eight sockets whose ports would spread over eight lanes.
@@ -570,7 +570,8 @@ fn one_path_against_a_peer_whose_pong_has_no_npaths() {
     assert_eq!(e.tcp_connections().len(), 1);
     let probes = peer.finish();
     assert_eq!(probes.len(), 1, "one probe");
-    assert_eq!(probes[0].extensions().collect::<Vec<_>>(), vec![Ext::Npaths(8)]);
+    // HandshakeExts::Full (the default): our generation follows NPATHS.
+    assert_eq!(probes[0].extensions().collect::<Vec<_>>(), vec![Ext::Npaths(8), Ext::GenNum(gen_num)]);
     e.shutdown(Duration::ZERO);
 }
 
