@@ -221,8 +221,14 @@ fn every_table_of_a_live_rds_sink_and_of_this_process() {
     for (i, p) in paths.iter().enumerate() {
         assert_eq!((p[1], p[2]), (i.to_string().as_str(), "Up"), "{p:?}");
     }
-    // The default HandshakeExts::Mainline sends no generation (as 6.1).
-    assert!(b.iter().any(|l| l.trim() == "transport tcp tos 0 npaths 8 peer_gen 0"), "{}", b.join("\n"));
+    // The default HandshakeExts::Full sends our generation (non-zero) on the
+    // probe, so the sink knows it.
+    let gens: Vec<u64> = b
+        .iter()
+        .filter_map(|l| l.trim().strip_prefix("transport tcp tos 0 npaths 8 peer_gen "))
+        .map(|g| g.parse().unwrap())
+        .collect();
+    assert!(gens.len() == 1 && gens[0] != 0, "{}", b.join("\n"));
 
     // This process: our engine's row.
     let me = std::process::id();
