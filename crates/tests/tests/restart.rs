@@ -31,7 +31,7 @@
 //! new connection marked RETRANSMITTED). How they are kept out depends on
 //! `NodeConfig::handshake_exts`:
 //!
-//! * `Mainline` (the engine default; what a 6.1 kernel speaks): no GEN_NUM
+//! * `Mainline` (what a 6.1 kernel speaks): no GEN_NUM
 //!   goes on the wire, so A and B cannot tell that C restarted
 //!   (`peer_restart` stays 0, nothing is flushed); they resend, and the new
 //!   C drops the resent datagrams that come first on its first connection of
@@ -39,7 +39,7 @@
 //!   A 6.1 kernel peer would resend the same way (see docs/kernel-facts.md,
 //!   `rds_conn_peer_gen_update`: a flush only on a GEN_NUM change, which 6.1
 //!   never sends).
-//! * `Full`: C's first congestion map on a new connection carries its
+//! * `Full` (the engine default): C's first congestion map on a new connection carries its
 //!   GEN_NUM, A and B see the restart before they resend anything
 //!   (`peer_restart` = 1), and drop what the old instance had not acked
 //!   (`send_drop_flushed`, `RdsSocket::flushed`: exactly the number in
