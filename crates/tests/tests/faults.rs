@@ -70,7 +70,7 @@ fn all_to_all_100k_with_paths_cut_mid_message() {
 
 /// Also whole connections (all 8 paths of a node pair at once), which
 /// makes both nodes negotiate the path count again. Between our nodes
-/// (HandshakeExts::Full) a connection that joins two different paths is
+/// (HandshakeExts::Full, the default this test runs with) a connection that joins two different paths is
 /// found out by the path index the congestion maps carry and dropped
 /// before use, so nothing is lost or duplicated (against a 6.1 kernel such
 /// cuts do lose and duplicate: docs/interop.md, "resetall").
@@ -84,7 +84,7 @@ fn run(ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + 'static, whole_cuts: 
     let engines: Vec<Engine> = (0..NODES)
         .map(|_| {
             let mut cfg = EngineConfig::default();
-            cfg.node.handshake_exts = HandshakeExts::Full;
+            assert_eq!(cfg.node.handshake_exts, HandshakeExts::Full, "the default configuration is what this test proves");
             // Small TCP buffers: writes stop inside messages (EAGAIN), so
             // the byte stream a cut ends is often inside a message.
             cfg.tcp.sndbuf = Some(32 << 10);
