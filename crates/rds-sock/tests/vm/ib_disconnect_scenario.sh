@@ -15,11 +15,15 @@
 # MODE=cm: the RDMA CM setup (port 18634, what the kernel speaks), three
 # phases, each a stream of N datagrams during which the sending guest
 # drops every incoming RoCE v2 packet (UDP 4791, a tc ingress filter on
-# eth0) for CUT_S seconds, starting 1.0 .. 2.0 s (random) into the stream:
-# the sender's RC QP gets no acks, exhausts its retries
-# (IBV_WC_RETRY_EXC_ERR), its connection goes down and its DREQ (outgoing
-# traffic still passes) takes the receiver's down too; reconnects fail
-# until the filter is gone. Lines are prefixed with the phase.
+# eth0) from 1.0 .. 2.0 s (random) into the stream for at least CUT_S
+# seconds, and on until one of the RC QPs that were up (RTS) when the cut
+# began has left RTS, at most CUT_MAX_S seconds in all: the sender's RC QP
+# gets no acks, exhausts its retries (IBV_WC_RETRY_EXC_ERR), its
+# connection goes down and its DREQ (outgoing traffic still passes) takes
+# the receiver's down too; reconnects fail until the filter is gone. A
+# cut of a fixed length did not always break the connection: in a CI run
+# the sender's QP sent next to nothing during the 4 s (1 packet dropped)
+# and carried on unharmed afterwards. Lines are prefixed with the phase.
 #   A: our engine (node2, port 5000) to our engine (node1, port 4000);
 #   B: our engine (node2, port 5001) to the kernel's rds_rdma (node1, now
 #      loaded, port 4000, kernel_side.py stream-recv);
@@ -32,6 +36,7 @@ N=${N:-3000}
 GAP_US=${GAP_US:-3000}
 KILLS=${KILLS:-3}
 CUT_S=${CUT_S:-6}
+CUT_MAX_S=${CUT_MAX_S:-30}
 KSIDE=${KSIDE:-$(cd "$(dirname "$0")/../../../rds-ib/tests/vm" && pwd)/kernel_side.py}
 modprobe rdma_rxe
 modprobe ib_uverbs
@@ -45,8 +50,15 @@ if [ "$MODE" = cm ]; then
     tc qdisc add dev eth0 ingress
     barrier rxe 60
     # cutter PHASE: 1.0 .. 2.0 s after the phase's start barrier, drop
-    # incoming RoCE v2 for CUT_S seconds.
+    # incoming RoCE v2 for CUT_S seconds and on until a connection broke
+    # (at most CUT_MAX_S seconds); "CUTEND ... broke QPN" or "broke none".
     cs() { cut -d' ' -f1 /proc/uptime | tr -d .; } # uptime in 1/100 s
+    secs() { echo "$(($1 / 100)).$(printf %02d $(($1 % 100)))"; }
+    # The numbers of this guest's RC QPs in state RTS, one line.
+    rts_qps() {
+        rdma res show qp 2>/dev/null |
+            awk '/ type RC / && / state RTS / { for (i = 1; i < NF; i++) if ($i == "lqpn") printf "%s ", $(i + 1) }'
+    }
     cutter() {
         barrier "$1-bound" 60 || return 0
         t0=$(cs)
@@ -54,12 +66,23 @@ if [ "$MODE" = cm ]; then
         ms=$((1000 + r % 1000))
         sleep "$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))"
         tc filter add dev eth0 ingress protocol ip prio 1 flower ip_proto udp dst_port 4791 action drop
-        d=$(($(cs) - t0))
-        echo "$1 CUT at $((d / 100)).$(printf %02d $((d % 100))) s for ${CUT_S} s"
+        t1=$(cs)
+        up=$(rts_qps); up=${up% }
+        echo "$1 CUT at $(secs $((t1 - t0))) s for at least ${CUT_S} s, RC QPs up: ${up:-none}"
         sleep "$CUT_S"
+        broke=none
+        while [ -n "$up" ]; do
+            now=" $(rts_qps)"
+            for q in $up; do
+                case "$now" in *" $q "*) ;; *) broke=$q ;; esac
+            done
+            [ "$broke" = none ] && [ $(($(cs) - t1)) -lt $((CUT_MAX_S * 100)) ] || break
+            sleep 0.2
+        done
+        held=$(($(cs) - t1))
         d=$(tc -s filter show dev eth0 ingress | sed -n 's/.*(dropped \([0-9]*\).*/\1/p' | head -1)
         tc filter del dev eth0 ingress prio 1
-        echo "$1 CUTEND dropped ${d:-0}"
+        echo "$1 CUTEND dropped ${d:-0} held $(secs "$held") s broke $broke"
     }
     # ours / kside PHASE ARGS...: rds-ib-peer / kernel_side.py with the
     # phase's barriers, their lines prefixed with the phase, a failure
