@@ -748,9 +748,7 @@ impl Reactor {
         }
         let p0 = self.inner.paths.lock().get(&rds_core::PathId { conn: id.conn, index: 0 }).cloned();
         let Some(p0) = p0.filter(|p| matches!(p.state(), UP | DRAINING)) else { return true };
-        let queued = self.rx_more.len();
-        self.read_conn(&p0);
-        if self.rx_more.len() > queued {
+        if self.read_conn(&p0) {
             // Path 0 has more than the budget: it goes first again.
             self.rx_more.push(conn.clone());
             inc(&self.inner.stats.rx_lane_deferred);
@@ -761,8 +759,10 @@ impl Reactor {
 
     /// Reads and delivers until `EAGAIN`, the budget, the end or an error;
     /// closes the connection at the end of the stream or on an error.
-    fn read_conn(&mut self, conn: &Arc<Conn>) {
-        let Some(sink) = self.inner.sink() else { return };
+    /// Returns true when it stopped at the budget (`conn` is then queued in
+    /// `rx_more` for the next pass).
+    fn read_conn(&mut self, conn: &Arc<Conn>) -> bool {
+        let Some(sink) = self.inner.sink() else { return false };
         let (id, inst) = (conn.info.id, conn.info.inst);
         let budget = self.inner.cfg.read_budget;
         let mut batch: Vec<RxMessage> = Vec::new();
@@ -836,13 +836,17 @@ impl Reactor {
         }
         match end {
             ReadEnd::Drained => {}
-            ReadEnd::Budget => self.rx_more.push(conn.clone()),
+            ReadEnd::Budget => {
+                self.rx_more.push(conn.clone());
+                return true;
+            }
             ReadEnd::Eof | ReadEnd::Error => {
                 let why = down_reason(conn, DownReason::Closed);
                 self.close_conn(conn, why, false);
             }
             ReadEnd::Protocol => self.close_conn(conn, DownReason::ProtocolError, true),
         }
+        false
     }
 
     /// Closes a connection (reset when `rst`) and reports it down.
