@@ -572,15 +572,48 @@ def rc_size(_flow, i):
     return [64, 1000, 4096, 300, 2000][i % 5]
 
 
+def larger_side():
+    """Whether this side has the larger address (the one that accepts)."""
+    return socket.inet_aton(ARGS.self) > socket.inet_aton(ARGS.peer)
+
+
 def kill_one_kernel(_k=0):
-    conns = ss_conns()
-    if not conns:
-        return "no connection"
-    c = conns[len(conns) // 2]
-    lport = c["local"].rsplit(":", 1)[1]
-    pport = c["peer"].rsplit(":", 1)[1]
+    """Kills one of the 8 connections, but only while all 8 are up (twice,
+    0.5 s apart): a kill while another path is still reconnecting leaves
+    two slots free, and a 6.1 kernel's lowest-free-slot accept can then
+    swap two paths (what resetall does on purpose). None when it did not
+    kill."""
+    if len(established()) < 8:
+        return None
+    time.sleep(0.5)
+    conns = established()
+    if len(conns) < 8:
+        return None
+    lport, pport = conns[len(conns) // 2]
     subprocess.run(["sh", "-c", f"ss -K dst {ARGS.peer} '( sport = :{lport} and dport = :{pport} )' >/dev/null"])
-    return f"ss -K {c['local']}<->{c['peer']}"
+    return f"ss -K :{lport}<->:{pport}"
+
+
+def established():
+    """(local port, peer port) of the ESTABLISHED RDS-TCP connections to the
+    peer, sorted, read from /proc/net/tcp{,6}: no `ss` process, which takes
+    seconds to start in a guest busy with the stream."""
+    peer = socket.inet_aton(ARGS.peer)
+    conns = []
+    for name in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(name) as f:
+            next(f)
+            for line in f:
+                p = line.split()
+                if len(p) < 4 or p[3] != "01":
+                    continue
+                (laddr, lport), (raddr, rport) = p[1].split(":"), p[2].split(":")
+                lport, rport = int(lport, 16), int(rport, 16)
+                # The last 32-bit word, in host (little-endian) order: the
+                # IPv4 address, or the one in an IPv4-mapped IPv6 address.
+                if 16385 in (lport, rport) and bytes.fromhex(raddr[-8:])[::-1] == peer:
+                    conns.append((lport, rport))
+    return sorted(conns)
 
 
 def sysctl_reset(k):
@@ -635,7 +668,10 @@ def stream_scenario(name, our_ports, kernel_ports, size_of, secs, killer, allow_
             time.sleep(1.0)
             if time.time() - t0 >= secs - 0.5:
                 break
-            kills.append(f"{time.time() - t0:.1f}s {killer(k)}")
+            t = time.time() - t0
+            what = killer(k)
+            if what is not None:
+                kills.append(f"{t:.1f}s..{time.time() - t0:.1f}s {what}")
             k += 1
         stop.set()
 
@@ -656,16 +692,28 @@ def stream_scenario(name, our_ports, kernel_ports, size_of, secs, killer, allow_
            f"{checker.count} messages on 8 flows {what} ({checker.gaps()}); kernel conn_reset +{resets},"
            f" recv_drop_old_seq +{drops}" + (f"; {note}" if note else ""))
     stuck = [t for t in threads if t.is_alive()]
-    result(name, "kernel->us", not errors and not stuck,
+    # The side that kills must have killed something, or the scenario
+    # tested nothing.
+    unkilled = killer is not no_kill and not kills
+    result(name, "kernel->us", not errors and not stuck and not unkilled,
            f"kernel sent {sum(sent.values())} messages + END on 8 flows" + (f"; {'; '.join(errors)}" if errors else "")
-           + ("; a kernel sender is stuck" if stuck else ""))
+           + ("; a kernel sender is stuck" if stuck else "") + ("; the kernel side killed no connection" if unkilled else ""))
     barrier(f"{name}-done", 180)
 
 
+def no_kill(_k=0):
+    return None
+
+
 def sc_reconnect():
-    """Single TCP connections killed (ss -K) from both sides: every message
-    exactly once and in order."""
-    stream_scenario("reconnect", RC_OURS, lane_ports(9100), rc_size, RC_SECS, kill_one_kernel)
+    """Single TCP connections killed (ss -K) by the side with the larger
+    address (the kernel in one address order, ours in the other), one at a
+    time (all 8 up before each kill): every message exactly once and in
+    order. Kills from both sides at once can leave two slots free (see
+    kill_one_kernel); `ss` takes seconds in a loaded guest, so their timing
+    cannot keep them apart."""
+    stream_scenario("reconnect", RC_OURS, lane_ports(9100), rc_size, RC_SECS,
+                    kill_one_kernel if larger_side() else no_kill)
 
 
 def sc_resetall():
@@ -680,9 +728,10 @@ def sc_resetall():
 
 def sc_reconnect_mirror():
     """Baseline: the reconnect scenario with the kernel's RDS on both guests.
-    This side plays our node's part (ports RC_OURS, kills one connection
-    every second like the other side)."""
-    stream_scenario("reconnect", lane_ports(9100), RC_OURS, rc_size, RC_SECS, kill_one_kernel)
+    This side plays our node's part (ports RC_OURS); the side with the
+    larger address kills, as in sc_reconnect."""
+    stream_scenario("reconnect", lane_ports(9100), RC_OURS, rc_size, RC_SECS,
+                    kill_one_kernel if larger_side() else no_kill)
 
 
 def sc_resetall_mirror():
@@ -822,14 +871,15 @@ def sc_selftest():
     resets = [0]
 
     def resetter():
-        # Single connections: after a reset of every path a 6.1 kernel may
-        # pair paths differently (see sc_resetall); that case is measured
-        # there against the kernel-to-kernel baseline.
+        # Single connections, one at a time, killed by the side with the
+        # larger address (as in sc_reconnect): after a reset of several
+        # paths a 6.1 kernel may pair paths differently (see sc_resetall);
+        # that case is measured there against the kernel-to-kernel baseline.
         k = 0
-        while not stop_resets.wait(0.7):
-            kill_one_kernel(k)
+        while larger_side() and not stop_resets.wait(0.7):
+            if kill_one_kernel(k) is not None:
+                resets[0] += 1
             k += 1
-            resets[0] += 1
 
     rt = threading.Thread(target=resetter, daemon=True)
     rt.start()

@@ -11,8 +11,9 @@
 //! also written to `$CARGO_TARGET_TMPDIR/kernel-interop.md`) and fails on
 //! any FAIL or missing result.
 //!
-//! `reconnect` kills single TCP connections and demands every message
-//! exactly once. `resetall` resets every path at once; a 6.1 kernel gives a
+//! `reconnect` kills single TCP connections (the side with the larger
+//! address kills, one at a time, only while all 8 are up, and must kill at
+//! least one) and demands every message exactly once. `resetall` resets every path at once; a 6.1 kernel gives a
 //! reconnecting path its lowest free slot, so paths can swap sequence
 //! spaces and the kernel itself then loses and duplicates messages: there
 //! losses and duplicates are counted, not failed, and a third boot with the
