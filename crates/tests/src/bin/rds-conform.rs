@@ -858,7 +858,7 @@ fn stream_scenario(ctx: &Ctx, name: &str, ours: &[u16], kernel: &[u16], secs: f6
             let ctx = Ctx { me, peer };
             std::thread::sleep(Duration::from_millis(1500));
             // Single kills come from the side with the larger address only,
-            // one at a time (see `all_paths_up`): kills from both sides at
+            // one at a time (see `kill_one_when_all_up`): kills from both sides at
             // once could leave two of a 6.1 kernel's slots free, and `ss`
             // takes seconds in a loaded guest, so timing cannot keep them
             // apart.
