@@ -33,7 +33,7 @@ fn eight_paths_are_negotiated_and_opened_by_the_smaller_address() {
         let l = net.links[&(0, net.path(0, 1, k))];
         assert_eq!(l.peer_path.index, k);
     }
-    // The probe and the pong each carried NPATHS 8 (and nothing else: the
+    // The probe and the pong each carried NPATHS 8 (and nothing else:
     // these tests pin the mainline wire, `common::config`).
     let probe = net.sent_by(0).into_iter().find(|m| m.header.kind() == Kind::ProbePing).unwrap();
     assert_eq!(probe.header.extensions().collect::<Vec<_>>(), vec![Ext::Npaths(8)]);

@@ -607,7 +607,7 @@ def established():
                 p = line.split()
                 if len(p) < 4 or p[3] != "01":
                     continue
-                (laddr, lport), (raddr, rport) = p[1].split(":"), p[2].split(":")
+                (_, lport), (raddr, rport) = p[1].split(":"), p[2].split(":")
                 lport, rport = int(lport, 16), int(rport, 16)
                 # The last 32-bit word, in host (little-endian) order: the
                 # IPv4 address, or the one in an IPv4-mapped IPv6 address.
@@ -705,6 +705,12 @@ def no_kill(_k=0):
     return None
 
 
+def single_killer():
+    """reconnect's killer: the side with the larger address kills single
+    connections, the other none."""
+    return kill_one_kernel if larger_side() else no_kill
+
+
 def sc_reconnect():
     """Single TCP connections killed (ss -K) by the side with the larger
     address (the kernel in one address order, ours in the other), one at a
@@ -713,7 +719,7 @@ def sc_reconnect():
     kill_one_kernel); `ss` takes seconds in a loaded guest, so their timing
     cannot keep them apart."""
     stream_scenario("reconnect", RC_OURS, lane_ports(9100), rc_size, RC_SECS,
-                    kill_one_kernel if larger_side() else no_kill)
+                    single_killer())
 
 
 def sc_resetall():
@@ -731,7 +737,7 @@ def sc_reconnect_mirror():
     This side plays our node's part (ports RC_OURS); the side with the
     larger address kills, as in sc_reconnect."""
     stream_scenario("reconnect", lane_ports(9100), RC_OURS, rc_size, RC_SECS,
-                    kill_one_kernel if larger_side() else no_kill)
+                    single_killer())
 
 
 def sc_resetall_mirror():

@@ -68,12 +68,12 @@ fn all_to_all_100k_with_paths_cut_mid_message() {
     run(addr_block(46), false);
 }
 
-/// Also whole connections (all 8 paths of a node pair at once), which
-/// makes both nodes negotiate the path count again. Between our nodes
-/// (HandshakeExts::Full, the default this test runs with) a connection that joins two different paths is
-/// found out by the path index the congestion maps carry and dropped
-/// before use, so nothing is lost or duplicated (against a 6.1 kernel such
-/// cuts do lose and duplicate: docs/interop.md, "resetall").
+/// Also whole connections (all 8 paths of a node pair at once), which makes
+/// both nodes negotiate the path count again. Between our nodes
+/// (HandshakeExts::Full, the default this test runs with) a connection that
+/// joins two different paths is found out by the path index the congestion maps
+/// carry and dropped before use, so nothing is lost or duplicated (against a
+/// 6.1 kernel such cuts do lose and duplicate: docs/interop.md, "resetall").
 #[test]
 fn all_to_all_100k_with_whole_connections_cut() {
     run(addr_block(47), true);

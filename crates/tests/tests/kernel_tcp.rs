@@ -11,14 +11,14 @@
 //! also written to `$CARGO_TARGET_TMPDIR/kernel-interop.md`) and fails on
 //! any FAIL or missing result.
 //!
-//! `reconnect` kills single TCP connections (the side with the larger
-//! address kills, one at a time, only while all 8 are up, and must kill at
-//! least one) and demands every message exactly once. `resetall` resets every path at once; a 6.1 kernel gives a
-//! reconnecting path its lowest free slot, so paths can swap sequence
-//! spaces and the kernel itself then loses and duplicates messages: there
-//! losses and duplicates are counted, not failed, and a third boot with the
-//! kernel's RDS on both guests (`kernel/baseline.sh`) measures the kernel's
-//! own figures in the same run (`KERNEL_TCP_BASELINE=0` skips it).
+//! `reconnect` kills single TCP connections (the side with the larger address
+//! kills, one at a time, only while all 8 are up, and must kill at least one)
+//! and demands every message exactly once. `resetall` resets every path at
+//! once; a 6.1 kernel gives a reconnecting path its lowest free slot, so paths
+//! can swap sequence spaces and the kernel itself then loses and duplicates
+//! messages: there losses and duplicates are counted, not failed, and a third
+//! boot with the kernel's RDS on both guests (`kernel/baseline.sh`) measures
+//! the kernel's own figures in the same run (`KERNEL_TCP_BASELINE=0` skips it).
 //!
 //! When the rig cannot start (not found, never set up, qemu missing, the
 //! guests do not come up) the test prints one line starting with `SKIP:`

@@ -39,9 +39,9 @@
 //!   A 6.1 kernel peer would resend the same way (see docs/kernel-facts.md,
 //!   `rds_conn_peer_gen_update`: a flush only on a GEN_NUM change, which 6.1
 //!   never sends).
-//! * `Full` (the engine default): C's first congestion map on a new connection carries its
-//!   GEN_NUM, A and B see the restart before they resend anything
-//!   (`peer_restart` = 1), and drop what the old instance had not acked
+//! * `Full` (the engine default): C's first congestion map on a new
+//!   connection carries its GEN_NUM, A and B see the restart before they
+//!   resend anything (`peer_restart` = 1), and drop what the old instance had not acked
 //!   (`send_drop_flushed`, `RdsSocket::flushed`: exactly the number in
 //!   flight); the new C drops nothing as stale.
 //!

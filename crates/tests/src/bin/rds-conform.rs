@@ -38,6 +38,14 @@ struct Ctx {
     peer: IpAddr,
 }
 
+impl Ctx {
+    /// Whether we have the larger address: the side that kills single
+    /// connections (`kill_one_when_all_up`; conform.py's `larger_side`).
+    fn larger(&self) -> bool {
+        self.me > self.peer
+    }
+}
+
 fn result(scenario: &str, dir: &str, ok: bool, note: &str) {
     println!("RESULT {scenario} {dir} {} {note}", if ok { "PASS" } else { "FAIL" });
 }
@@ -851,18 +859,17 @@ fn stream_scenario(ctx: &Ctx, name: &str, ours: &[u16], kernel: &[u16], secs: f6
         });
     }
     let kills = Arc::new(Mutex::new(Vec::new()));
+    // Single kills come from the side with the larger address only, one at
+    // a time (see `kill_one_when_all_up`): kills from both sides at once
+    // could leave two of a 6.1 kernel's slots free, and `ss` takes seconds
+    // in a loaded guest, so timing cannot keep them apart.
+    let kills_here = kill == Kill::All || ctx.larger();
     let killer = {
         let (stop, kills, peer, me, engine) = (stop.clone(), kills.clone(), ctx.peer, ctx.me, engine.clone());
         std::thread::spawn(move || {
             let t0 = Instant::now();
             let ctx = Ctx { me, peer };
             std::thread::sleep(Duration::from_millis(1500));
-            // Single kills come from the side with the larger address only,
-            // one at a time (see `kill_one_when_all_up`): kills from both sides at
-            // once could leave two of a 6.1 kernel's slots free, and `ss`
-            // takes seconds in a loaded guest, so timing cannot keep them
-            // apart.
-            let kills_here = kill == Kill::All || me > peer;
             while kills_here && t0.elapsed().as_secs_f64() < secs - 0.5 {
                 let t = t0.elapsed().as_secs_f64();
                 let what = match kill {
@@ -914,7 +921,7 @@ fn stream_scenario(ctx: &Ctx, name: &str, ours: &[u16], kernel: &[u16], secs: f6
     let errors = errors.lock().unwrap();
     // The side that kills must have killed something, or the scenario
     // tested nothing.
-    let unkilled = (kill == Kill::All || ctx.me > ctx.peer) && kills.lock().unwrap().is_empty();
+    let unkilled = kills_here && kills.lock().unwrap().is_empty();
     result(
         name,
         "us->kernel",
@@ -1118,7 +1125,7 @@ fn sc_selftest(ctx: &Ctx) {
         // Forced reconnects: the side with the larger address kills one TCP
         // connection now and then, one at a time (as in reconnect).
         if Instant::now() >= next_kill {
-            if ctx.me > ctx.peer && kill_one_when_all_up(ctx, &engine).is_some() {
+            if ctx.larger() && kill_one_when_all_up(ctx, &engine).is_some() {
                 kills += 1;
             }
             next_kill = Instant::now() + Duration::from_millis(900);
