@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::io;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
 use crate::conn::PathInfo;
 use crate::message::RxMessage;
@@ -22,6 +22,34 @@ struct State {
     busy: HashSet<PathId>,
     /// Paths kicked while busy: go around once more.
     again: HashSet<PathId>,
+}
+
+/// Locks `m` even when a thread panicked while holding it: the state
+/// behind these locks (a sink handle, two sets of path ids) is valid after
+/// any single operation on it, so a panic elsewhere must not turn every
+/// later send into a panic too.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// Clears a path's transmit claim when [`LoopTransport::kick`] ends in any
+/// way, a panic of the sink included, so that the path is never left
+/// marked busy with nobody transmitting (every later kick would then only
+/// set `again` and nothing would ever be sent on it).
+struct Claim<'a> {
+    state: &'a Mutex<State>,
+    path: PathId,
+    held: bool,
+}
+
+impl Drop for Claim<'_> {
+    fn drop(&mut self) {
+        if self.held {
+            let mut st = lock(self.state);
+            st.busy.remove(&self.path);
+            st.again.remove(&self.path);
+        }
+    }
 }
 
 /// The loopback transport.
@@ -43,11 +71,11 @@ impl LoopTransport {
 
     /// Where received messages and acks go.
     pub fn set_sink(&self, sink: Weak<dyn TransportSink>) {
-        *self.sink.lock().unwrap() = Some(sink);
+        *lock(&self.sink) = Some(sink);
     }
 
     fn sink(&self) -> Option<Arc<dyn TransportSink>> {
-        self.sink.lock().unwrap().as_ref()?.upgrade()
+        lock(&self.sink).as_ref()?.upgrade()
     }
 }
 
@@ -81,12 +109,13 @@ impl RdsTransport for LoopTransport {
     fn kick(&self, path: PathInfo) {
         let Some(sink) = self.sink() else { return };
         {
-            let mut st = self.state.lock().unwrap();
+            let mut st = lock(&self.state);
             if !st.busy.insert(path.id) {
                 st.again.insert(path.id);
                 return;
             }
         }
+        let mut claim = Claim { state: &self.state, path: path.id, held: true };
         let mut out = Vec::new();
         let mut rx = Vec::new();
         loop {
@@ -101,13 +130,105 @@ impl RdsTransport for LoopTransport {
             if let Some(seq) = last {
                 sink.acked(path.id, path.inst, seq);
             }
-            let mut st = self.state.lock().unwrap();
+            let mut st = lock(&self.state);
             if !more && !st.again.remove(&path.id) {
                 st.busy.remove(&path.id);
+                claim.held = false;
                 break;
             }
         }
     }
 
     fn close(&self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conn::DownReason;
+    use crate::message::TxMessage;
+    use crate::node::Accept;
+    use crate::types::{ConnId, Payload, TransportKind};
+    use crate::wire::Header;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// A sink with one message per pull; its first `panics` pulls panic.
+    #[derive(Default)]
+    struct Sink {
+        panics: AtomicUsize,
+        pulls: AtomicUsize,
+        received: AtomicUsize,
+    }
+
+    impl TransportSink for Sink {
+        fn accept(&self, _: TransportKind, _: IpAddr, _: IpAddr, _: u16) -> Accept {
+            Accept::Reject
+        }
+        fn path_up(&self, _: PathId, _: u64) {}
+        fn path_down(&self, _: PathId, _: u64, _: DownReason) {}
+        fn received(&self, _: PathId, _: u64, msgs: &mut Vec<RxMessage>) {
+            self.received.fetch_add(msgs.len(), Ordering::SeqCst);
+        }
+        fn acked(&self, _: PathId, _: u64, _: u64) {}
+        fn pull(&self, _: PathId, _: u64, _: usize, out: &mut Vec<crate::message::TxMessage>) -> bool {
+            self.pulls.fetch_add(1, Ordering::SeqCst);
+            if self.panics.load(Ordering::SeqCst) > 0 {
+                self.panics.fetch_sub(1, Ordering::SeqCst);
+                panic!("sink failure");
+            }
+            let mut header = Header::data(1, 2, 1);
+            header.sequence = 1;
+            out.push(TxMessage { header, payload: Payload::copy_from(b"x"), ack_required: false, rdma: None });
+            false
+        }
+    }
+
+    fn setup(panics: usize) -> (Arc<LoopTransport>, Arc<Sink>, PathInfo) {
+        let t = LoopTransport::new();
+        let sink = Arc::new(Sink::default());
+        sink.panics.store(panics, Ordering::SeqCst);
+        let dyn_sink: Arc<dyn TransportSink> = sink.clone();
+        t.set_sink(Arc::downgrade(&dyn_sink));
+        let a: IpAddr = "127.0.0.1".parse().unwrap();
+        let info = PathInfo {
+            id: PathId { conn: ConnId(0), index: 0 },
+            inst: 1,
+            laddr: a,
+            faddr: a,
+            kind: TransportKind::Loop,
+            tos: 0,
+            npaths: 1,
+        };
+        (t, sink, info)
+    }
+
+    /// A sink that panicked in the middle of a transmit does not leave the
+    /// path claimed: the next kick transmits.
+    #[test]
+    fn a_panic_during_a_kick_does_not_wedge_the_path() {
+        let (t, sink, info) = setup(1);
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| t.kick(info)));
+        assert!(r.is_err(), "the sink panicked");
+        t.kick(info);
+        assert_eq!(sink.pulls.load(Ordering::SeqCst), 2, "the second kick pulled");
+        assert_eq!(sink.received.load(Ordering::SeqCst), 1, "and delivered its message");
+    }
+
+    /// A lock poisoned by a thread that panicked while holding it does not
+    /// make the transport panic.
+    #[test]
+    fn poisoned_locks_are_recovered() {
+        let (t, sink, info) = setup(0);
+        let t2 = t.clone();
+        let _ = std::thread::spawn(move || {
+            let _st = t2.state.lock().unwrap();
+            let _sk = t2.sink.lock().unwrap();
+            panic!("poison both locks");
+        })
+        .join();
+        assert!(t.state.is_poisoned() && t.sink.is_poisoned());
+        t.kick(info);
+        t.connect(info);
+        assert_eq!(sink.received.load(Ordering::SeqCst), 1);
+    }
 }

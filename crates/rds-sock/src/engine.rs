@@ -561,10 +561,11 @@ impl Engine {
     /// then wait for acks of messages it had read (and resend them to the
     /// next instance at this address, which drops them as stale).
     pub fn shutdown(&self, drain: Duration) -> ShutdownReport {
-        let deadline = Instant::now() + drain;
+        // A drain too long to be an instant waits until everything is acked.
+        let deadline = Instant::now().checked_add(drain);
         loop {
             let unsent = self.inner.run(|n| n.unsent());
-            if unsent.is_empty() || Instant::now() >= deadline {
+            if unsent.is_empty() || deadline.is_some_and(|d| Instant::now() >= d) {
                 break;
             }
             std::thread::sleep(Duration::from_millis(1));

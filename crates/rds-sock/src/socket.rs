@@ -188,7 +188,7 @@ impl RdsSocket {
         };
         self.check_rdma_send(flags.rdma.as_ref(), flags.rdma_dest)?;
         let opts = SendOptions { rdma: flags.rdma.clone(), rdma_dest: flags.rdma_dest, blocking };
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         loop {
             let snap = self.shared.snapshot();
             match self.run(|n| n.send(self.id, dst, &payload, &opts)) {
@@ -210,7 +210,7 @@ impl RdsSocket {
             let l = self.local.lock();
             (!l.nonblocking && !flags.dontwait, l.read_timeout)
         };
-        let deadline = timeout.map(|t| Instant::now() + t);
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         loop {
             let snap = self.shared.snapshot();
             match self.run(|n| n.recv(self.id, flags.peek)) {
@@ -282,7 +282,8 @@ impl RdsSocket {
     }
 
     /// SO_RCVTIMEO; a timed-out receive fails with ETIMEDOUT, as the kernel's
-    /// RDS does. `None` waits forever.
+    /// RDS does. `None` waits forever, and so does a timeout too long to
+    /// reach (`Duration::MAX`), as the kernel's `MAX_SCHEDULE_TIMEOUT`.
     pub fn set_read_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         if t == Some(Duration::ZERO) {
             return Err(err(Errno::EINVAL));
@@ -291,7 +292,8 @@ impl RdsSocket {
         Ok(())
     }
 
-    /// SO_SNDTIMEO; a timed-out send fails with ETIMEDOUT.
+    /// SO_SNDTIMEO; a timed-out send fails with ETIMEDOUT. `None`, or a
+    /// timeout too long to reach, waits forever.
     pub fn set_write_timeout(&self, t: Option<Duration>) -> io::Result<()> {
         if t == Some(Duration::ZERO) {
             return Err(err(Errno::EINVAL));
@@ -407,12 +409,13 @@ impl RdsSocket {
     /// Waits until every message this socket sent was acked by its peer
     /// (or dropped), at most `timeout`. Returns whether it got there.
     pub fn flush(&self, timeout: Duration) -> bool {
-        let deadline = Instant::now() + timeout;
+        // A timeout too long to be an instant never expires.
+        let deadline = Instant::now().checked_add(timeout);
         loop {
             if self.run(|n| n.pending_messages(self.id)) == 0 {
                 return true;
             }
-            if Instant::now() >= deadline {
+            if deadline.is_some_and(|d| Instant::now() >= d) {
                 return false;
             }
             std::thread::sleep(Duration::from_micros(200));

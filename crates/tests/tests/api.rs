@@ -82,3 +82,32 @@ fn shutdown_reports_what_was_never_delivered() {
     assert_eq!(a.send_to(b"x", sa(ip(9), 4001)).unwrap_err().raw_os_error(), Some(libc::ESHUTDOWN));
     assert_eq!(e.socket().unwrap_err().raw_os_error(), Some(libc::ESHUTDOWN));
 }
+
+/// Timeouts too long to be an instant (`Duration::MAX`, as a C program's
+/// huge `SO_RCVTIMEO` would map to) never expire: a blocking receive and
+/// send with them work, and so do `flush` and `Engine::shutdown`, instead
+/// of panicking on `Instant` overflow.
+#[test]
+fn timeouts_too_long_to_represent_never_expire() {
+    let ip = addr_block(43);
+    let e = engine();
+    let a = e.socket().unwrap();
+    let b = e.socket().unwrap();
+    a.bind(sa(ip(1), 4001)).unwrap();
+    b.bind(sa(ip(2), 4002)).unwrap();
+    a.set_write_timeout(Some(Duration::MAX)).unwrap();
+    b.set_read_timeout(Some(Duration::MAX)).unwrap();
+    assert_eq!(b.read_timeout().unwrap(), Some(Duration::MAX));
+    let sender = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(50));
+        a.send_to(b"late", sa(ip(2), 4002)).unwrap();
+        assert!(a.flush(Duration::MAX), "acked");
+        a
+    });
+    let mut buf = [0u8; 16];
+    let (n, from) = b.recv_from(&mut buf).expect("a blocking receive with Duration::MAX");
+    assert_eq!((&buf[..n], from), (&b"late"[..], sa(ip(1), 4001)));
+    let _a = sender.join().expect("the send with Duration::MAX did not panic");
+    let report = e.shutdown(Duration::MAX);
+    assert_eq!(report.messages(), 0);
+}
