@@ -307,3 +307,60 @@ fn a_pid_without_a_node_is_reported() {
     let (code, _, err) = run("rds-info", &["-c", "extra"], LONG);
     assert_eq!(code, 2, "{err:?}");
 }
+
+/// Root sees every user's nodes: an rds-sink running as another uid
+/// (its sockets in /tmp/rds-rs-<uid>) is listed by rds-info run as root,
+/// with its counters, and only root's rds-info does so. Needs root and
+/// `setpriv` (util-linux); prints SKIP otherwise.
+#[test]
+fn root_sees_the_nodes_of_other_users() {
+    const UID: u32 = 54_321;
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    if unsafe { libc::geteuid() } != 0 || !std::path::Path::new("/usr/bin/setpriv").exists() {
+        eprintln!("SKIP root_sees_the_nodes_of_other_users: needs root and /usr/bin/setpriv");
+        return;
+    }
+    let t = 62;
+    let sink_at = format!("{}:4000", ip(t, 2));
+    let uid = UID.to_string();
+    let mut child = std::process::Command::new("/usr/bin/setpriv")
+        .args(["--reuid", &uid, "--regid", &uid, "--clear-groups", "--", common::bin("rds-sink"), "-s", &sink_at])
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("RDS_INFO_DIR")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("setpriv rds-sink");
+    let pid = child.id();
+    let dir = std::path::PathBuf::from(format!("/tmp/rds-rs-{UID}"));
+    // The sink's info socket appears once its engine runs.
+    let until = Instant::now() + LONG;
+    let found = loop {
+        let there = std::fs::read_dir(&dir)
+            .map(|rd| rd.flatten().any(|e| e.file_name().to_string_lossy().starts_with(&format!("{pid}."))))
+            .unwrap_or(false);
+        if there || Instant::now() > until {
+            break there;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let out = if found {
+        let o = std::process::Command::new(common::bin("rds-info"))
+            .args(["-c", "--pid", &pid.to_string()])
+            .env_remove("XDG_RUNTIME_DIR")
+            .env_remove("RDS_INFO_DIR")
+            .output()
+            .expect("rds-info");
+        assert!(o.status.success(), "rds-info as root: {o:?}");
+        Some(String::from_utf8_lossy(&o.stdout).lines().map(str::to_string).collect::<Vec<_>>())
+    } else {
+        None
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    let out = out.unwrap_or_else(|| panic!("the sink running as uid {UID} made no socket in {}", dir.display()));
+    let b = block(&out, pid, 0);
+    assert!(b[0].contains(&ip(t, 2).to_string()), "the node line names its address: {}", b[0]);
+    assert!(counters(&b).iter().any(|(n, _)| n == "conn_reset"), "its counters are printed:\n{}", b.join("\n"));
+}

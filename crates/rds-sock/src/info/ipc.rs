@@ -11,7 +11,13 @@
 //!   remove sockets whose process died without doing so.
 //! * A server answers only peers whose `SO_PEERCRED` uid is ours or 0
 //!   ([`peer_allowed`]); a client likewise trusts only servers running as
-//!   us or root. The format is [`super::codec`].
+//!   us or root, or, for root, as the owner of the directory the socket
+//!   is in. The format is [`super::codec`].
+//! * Root may ask every user's nodes: [`client_dirs`] adds, for root, the
+//!   directories of every user (`/tmp/rds-rs-<uid>`,
+//!   `/run/user/<uid>/rds-rs`); [`list`] reads another user's directory
+//!   only for root and only if nobody but its owner can write to it, and
+//!   removes nothing there.
 
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
@@ -72,6 +78,44 @@ pub fn runtime_dir() -> PathBuf {
         }
     }
     PathBuf::from(format!("/tmp/rds-rs-{}", euid()))
+}
+
+/// The directories a client looks for nodes in: `$RDS_INFO_DIR` alone if
+/// set; else our [`runtime_dir`], and for root also every other user's
+/// (`/tmp/rds-rs-<uid>` and `/run/user/<uid>/rds-rs` that exist).
+pub fn client_dirs() -> Vec<PathBuf> {
+    let mine = runtime_dir();
+    let mut out = vec![mine.clone()];
+    if euid() != 0 || std::env::var_os("RDS_INFO_DIR").is_some_and(|d| !d.is_empty()) {
+        return out;
+    }
+    let numeric = |n: &std::ffi::OsStr| n.to_str().is_some_and(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()));
+    let mut others = Vec::new();
+    if let Ok(rd) = std::fs::read_dir("/tmp") {
+        for ent in rd.flatten() {
+            let name = ent.file_name();
+            if name.to_str().and_then(|n| n.strip_prefix("rds-rs-")).is_some_and(|u| numeric(u.as_ref())) {
+                others.push(ent.path());
+            }
+        }
+    }
+    if let Ok(rd) = std::fs::read_dir("/run/user") {
+        for ent in rd.flatten() {
+            if numeric(&ent.file_name()) {
+                let d = ent.path().join("rds-rs");
+                if d.is_dir() {
+                    others.push(d);
+                }
+            }
+        }
+    }
+    others.sort();
+    for d in others {
+        if !out.contains(&d) {
+            out.push(d);
+        }
+    }
+    out
 }
 
 /// Creates `dir` (mode 0700) if needed and checks it is ours.
@@ -260,6 +304,9 @@ pub struct NodeEntry {
     pub pid: u32,
     pub engine: u32,
     pub path: PathBuf,
+    /// The uid owning the directory the socket is in: the user the node
+    /// must run as (or root) for [`query_entry`] to trust its answer.
+    pub owner: u32,
 }
 
 /// Why a node could not be asked.
@@ -293,24 +340,45 @@ impl std::error::Error for QueryError {}
 /// The info sockets in `dir`, by pid and engine number. Leftovers of
 /// processes that died (sockets and temporary names) are removed on the
 /// way: no live process can be serving them.
+///
+/// Another user's directory is read only by root, only if it is a real
+/// directory that nobody but its owner can write to (else anyone could
+/// plant a socket in it), and nothing is removed from it.
 pub fn list(dir: &Path) -> io::Result<Vec<NodeEntry>> {
     let rd = match std::fs::read_dir(dir) {
         Ok(rd) => rd,
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
-    check_dir(dir)?;
+    let md = std::fs::symlink_metadata(dir)?;
+    let owner = md.uid();
+    let ours = owner == euid();
+    if ours {
+        check_dir(dir)?;
+    } else if euid() != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{} belongs to uid {owner}, not to us", dir.display()),
+        ));
+    } else if !md.file_type().is_dir() || md.mode() & 0o022 != 0 {
+        return Err(io::Error::new(
+            io::ErrorKind::PermissionDenied,
+            format!("{} is not a directory only its owner (uid {owner}) can write to", dir.display()),
+        ));
+    }
     let mut out = Vec::new();
     for ent in rd.flatten() {
         let name = ent.file_name();
         let Some(name) = name.to_str() else { continue };
         if let Some((pid, engine)) = parse_name(name) {
             if pid_dead(pid) {
-                let _ = std::fs::remove_file(ent.path());
+                if ours {
+                    let _ = std::fs::remove_file(ent.path());
+                }
                 continue;
             }
-            out.push(NodeEntry { pid, engine, path: ent.path() });
-        } else if let Some(tmp) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")) {
+            out.push(NodeEntry { pid, engine, path: ent.path(), owner });
+        } else if let Some(tmp) = name.strip_prefix('.').and_then(|n| n.strip_suffix(".tmp")).filter(|_| ours) {
             if tmp.split_once('.').and_then(|(p, _)| p.parse().ok()).is_some_and(pid_dead) {
                 let _ = std::fs::remove_file(ent.path());
             }
@@ -320,8 +388,19 @@ pub fn list(dir: &Path) -> io::Result<Vec<NodeEntry>> {
     Ok(out)
 }
 
-/// Asks one node for the `sections` of its snapshot.
+/// Asks one node for the `sections` of its snapshot; trusts only a node
+/// running as us or root.
 pub fn query(path: &Path, sections: u32) -> Result<Snapshot, QueryError> {
+    query_as(path, sections, euid())
+}
+
+/// Asks a node [`list`] found; for root, a node running as the owner of
+/// its directory is trusted too.
+pub fn query_entry(entry: &NodeEntry, sections: u32) -> Result<Snapshot, QueryError> {
+    query_as(&entry.path, sections, if euid() == 0 { entry.owner } else { euid() })
+}
+
+fn query_as(path: &Path, sections: u32, owner: u32) -> Result<Snapshot, QueryError> {
     let ino = std::fs::symlink_metadata(path).map(|m| m.ino()).ok();
     let mut s = match UnixStream::connect(path) {
         Ok(s) => s,
@@ -341,7 +420,8 @@ pub fn query(path: &Path, sections: u32) -> Result<Snapshot, QueryError> {
         io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => QueryError::Gone,
         _ => QueryError::Io(e),
     };
-    if !peer_allowed(peer_uid(&s).map_err(io)?, euid()) {
+    let server = peer_uid(&s).map_err(io)?;
+    if !peer_allowed(server, euid()) && server != owner {
         return Err(QueryError::Denied);
     }
     s.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
@@ -366,7 +446,7 @@ pub fn query_all(dir: &Path, sections: u32) -> io::Result<Vec<(NodeEntry, Result
     Ok(list(dir)?
         .into_iter()
         .map(|e| {
-            let r = query(&e.path, sections);
+            let r = query_entry(&e, sections);
             (e, r)
         })
         .filter(|(_, r)| !matches!(r, Err(QueryError::Gone)))

@@ -14,7 +14,7 @@ const HELP: &str = "\
 usage: rds-info [-cknrstIT] [-v] [--pid PID]
 
 Prints the state of every RDS node (engine) of this user running on this
-host: a line naming the node (process id, engine number, command,
+host (run as root: of every user): a line naming the node (process id, engine number, command,
 addresses), then the tables of the original rds-info.
 
 The following options limit output to the given sources:
@@ -36,7 +36,8 @@ If no options are given then all sources are used.
 
 Nodes answer on Unix-domain sockets in $RDS_INFO_DIR, else
 $XDG_RUNTIME_DIR/rds-rs, else /tmp/rds-rs-<uid>; only processes of the same
-user (or root) may ask. Connection flags: s sending, c connecting,
+user (or root) may ask. Root also reads every user's /tmp/rds-rs-<uid> and
+/run/user/<uid>/rds-rs (unless $RDS_INFO_DIR is set). Connection flags: s sending, c connecting,
 C connected.
 ";
 
@@ -78,17 +79,24 @@ fn main() {
         }
     }
 
-    let dir = ipc::runtime_dir();
-    let nodes = match ipc::list(&dir) {
-        Ok(n) => n,
-        Err(e) => {
-            eprintln!("rds-info: {}: {}", dir.display(), rds_tools::errstr(&e));
-            std::process::exit(1);
+    let dirs = ipc::client_dirs();
+    let mut nodes = Vec::new();
+    for (i, dir) in dirs.iter().enumerate() {
+        match ipc::list(dir) {
+            Ok(n) => nodes.extend(n),
+            // Our own directory must be readable; another user's (root
+            // looks at everyone's) that is not is named and skipped.
+            Err(e) => {
+                eprintln!("rds-info: {}: {}", dir.display(), rds_tools::errstr(&e));
+                if i == 0 {
+                    std::process::exit(1);
+                }
+            }
         }
-    };
+    }
     let mut shown = 0;
     for entry in nodes.into_iter().filter(|e| pid.is_none_or(|p| p == e.pid)) {
-        match ipc::query(&entry.path, want) {
+        match ipc::query_entry(&entry, want) {
             Ok(snap) => {
                 if shown > 0 {
                     println!();
@@ -102,9 +110,12 @@ fn main() {
         }
     }
     if shown == 0 {
+        let dirs: Vec<String> = dirs.iter().map(|d| d.display().to_string()).collect();
+        let dirs = dirs.join(", ");
         match pid {
-            Some(p) => eprintln!("rds-info: no RDS node of process {p} found (in {})", dir.display()),
-            None => eprintln!("rds-info: no RDS node of this user is running on this host (in {})", dir.display()),
+            Some(p) => eprintln!("rds-info: no RDS node of process {p} found (in {dirs})"),
+            None if ipc::euid() == 0 => eprintln!("rds-info: no RDS node is running on this host (in {dirs})"),
+            None => eprintln!("rds-info: no RDS node of this user is running on this host (in {dirs})"),
         }
     }
 }
