@@ -82,8 +82,9 @@
 //!   once), so a peer that connects and stalls does not hold up another
 //!   peer's setup. Only our own nodes speak it. rds-sock's engine
 //!   picks it when `RDS_IB_PSK_FILE` names a key file (at least 16 bytes,
-//!   surrounding whitespace trimmed; a bad file leaves the engine without
-//!   IB) and takes the port from `RDS_IB_SIDE_PORT`. VM test:
+//!   surrounding whitespace trimmed, accessible to its owner only: a file
+//!   its group or others may access is refused as ssh refuses such a
+//!   private key; a bad file leaves the engine without IB) and takes the port from `RDS_IB_SIDE_PORT`. VM test:
 //!   `cargo test --release -p rds-sock --features ib --test ib_vm_psk`.
 //!
 //! Connection loss: RC QPs retry a lost packet [`verbs::RETRY_COUNT`]

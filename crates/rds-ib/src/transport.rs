@@ -78,7 +78,8 @@ pub struct IbConfig {
 
 /// The environment variable naming the pre-shared key file: when set, the
 /// transport runs verbs-only (the file's bytes, surrounding whitespace
-/// trimmed, at least 16).
+/// trimmed, at least 16; a file its group or others may access is
+/// refused, see [`Key::from_file`]).
 pub const ENV_PSK_FILE: &str = "RDS_IB_PSK_FILE";
 /// The environment variable with the verbs-only side channel's TCP port
 /// (default [`DEFAULT_PORT`], 18635).
@@ -86,15 +87,14 @@ pub const ENV_SIDE_PORT: &str = "RDS_IB_SIDE_PORT";
 
 impl IbConfig {
     /// From the environment: [`SetupMode::VerbsOnly`] when
-    /// `RDS_IB_PSK_FILE` is set (an unreadable or short key file is an
-    /// error, never a fallback to the unauthenticated CM mode), with the
+    /// `RDS_IB_PSK_FILE` is set (an unreadable, short, or group- or
+    /// other-accessible key file is an error, never a fallback to the
+    /// unauthenticated CM mode), with the
     /// port from `RDS_IB_SIDE_PORT` (default 18635); otherwise
     /// [`SetupMode::Cm`].
     pub fn from_env() -> io::Result<IbConfig> {
         let Some(path) = std::env::var_os(ENV_PSK_FILE) else { return Ok(IbConfig::default()) };
-        let bytes = std::fs::read(&path)
-            .map_err(|e| io::Error::new(e.kind(), format!("{ENV_PSK_FILE}={}: {e}", path.to_string_lossy())))?;
-        let key = Key::from_file_contents(&bytes).map_err(io::Error::from)?;
+        let key = Key::from_file(std::path::Path::new(&path)).map_err(|e| io::Error::new(e.kind(), format!("{ENV_PSK_FILE}={e}")))?;
         let port = match std::env::var(ENV_SIDE_PORT) {
             Ok(v) => v.trim().parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
                 io::Error::new(io::ErrorKind::InvalidInput, format!("{ENV_SIDE_PORT}={v}: not a port"))

@@ -14,8 +14,9 @@ SIZES=${SIZES:-"0 1 4096 65536 1048576"}
 modprobe rdma_rxe
 modprobe ib_uverbs
 rdma link add rxe0 type rxe netdev eth0
-printf 'rds-ib verbs-only test key 0001\n' > /tmp/psk
-printf 'not the key of this test at all 02\n' > /tmp/badkey
+# Key files must be private to their owner (mode 600): umask 077.
+(umask 077; printf 'rds-ib verbs-only test key 0001\n' > /tmp/psk)
+(umask 077; printf 'not the key of this test at all 02\n' > /tmp/badkey)
 if lsmod | grep -q '^rdma_ucm'; then echo "RDMA_UCM loaded"; else echo "RDMA_UCM absent"; fi
 echo "GID $(rxe-gid-index rxe0 "$VMRIG_SELF")"
 barrier rxe 60
