@@ -84,7 +84,11 @@
 //!   picks it when `RDS_IB_PSK_FILE` names a key file (at least 16 bytes,
 //!   surrounding whitespace trimmed, accessible to its owner only: a file
 //!   its group or others may access is refused as ssh refuses such a
-//!   private key; a bad file leaves the engine without IB) and takes the port from `RDS_IB_SIDE_PORT`. VM test:
+//!   private key; a bad file leaves the engine without IB) and takes the
+//!   port from `RDS_IB_SIDE_PORT`. An address IB serves in this setup is
+//!   not served by RDS-TCP (which carries no key) unless the engine is
+//!   told so (`RDS_IB_PSK_TCP=1`, `EngineConfig::ib_psk_tcp`), and a
+//!   socket receives only over its own transport. VM test:
 //!   `cargo test --release -p rds-sock --features ib --test ib_vm_psk`.
 //!
 //! Connection loss: RC QPs retry a lost packet [`verbs::RETRY_COUNT`]

@@ -230,6 +230,11 @@ impl IbTransport {
         }))
     }
 
+    /// Whether this transport runs the verbs-only setup (pre-shared key).
+    pub fn is_verbs_only(&self) -> bool {
+        matches!(self.cfg.mode, SetupMode::VerbsOnly { .. })
+    }
+
     /// Where events go (the engine).
     pub fn set_sink(&self, sink: Weak<dyn TransportSink>) {
         *self.shared.sink.write().unwrap_or_else(|p| p.into_inner()) = Some(sink);
