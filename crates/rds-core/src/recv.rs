@@ -27,7 +27,8 @@ pub enum RecvOutcome {
     /// instance of this node (it came first on the first connection this
     /// instance had on the path; `recv_drop_stale`).
     Stale,
-    /// Dropped: no socket bound to the destination port.
+    /// Dropped: no socket bound to the destination port, or the one bound
+    /// there uses another transport than the connection's.
     NoSocket,
     /// Dropped: the socket's receive queue is far over its limit (the peer
     /// ignores congestion).
@@ -153,6 +154,18 @@ impl Node {
             self.counters.recv_drop_no_sock += 1;
             return RecvOutcome::NoSocket;
         };
+        // A socket receives only over its own transport (the one bind or
+        // SO_RDS_TRANSPORT chose), or from this node itself (loopback).
+        // Stricter than the kernel, whose rds_find_bound matches (address,
+        // port) whatever the connection's transport: otherwise anyone
+        // reaching our RDS-TCP port would reach sockets bound to IB, and
+        // the verbs-only setup's key would protect nothing. Counted as
+        // the kernel counts its own no-such-socket drops.
+        let kind = self.conn(conn).kind;
+        if kind != crate::types::TransportKind::Loop && self.sock(s).and_then(|k| k.transport) != Some(kind) {
+            self.counters.recv_drop_no_sock += 1;
+            return RecvOutcome::NoSocket;
+        }
         let hard = u64::from(self.cfg.rcv_hard_factor.max(1));
         let sock = self.sock_mut(s).unwrap();
         let cap = sock.rcvbuf_limit().saturating_mul(hard).max(RCV_HARD_FLOOR);

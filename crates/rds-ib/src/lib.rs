@@ -76,14 +76,22 @@
 //!   `ib_side_bad_handshake`; `ib_qp_created` counts QPs); then QPN, PSN
 //!   (random), GID (the RoCE v2 GID of the node's IPv4 address) and MTU are
 //!   exchanged and each side moves its QP INIT -> RTR -> RTS itself
-//!   (`verbs/side.rs`). The listener serves up to 16 unauthenticated
-//!   handshakes at once, each on its own thread with one 5 s deadline for
-//!   all of HELLO .. CLIENT_PARAMS (connections beyond that are closed at
-//!   once), so a peer that connects and stalls does not hold up another
-//!   peer's setup. Only our own nodes speak it. rds-sock's engine
+//!   (`verbs/side.rs`). Every accepted connection runs on a thread of its
+//!   own; the listener's thread only accepts, counts and asks the core, so
+//!   no peer (slow in the handshake or in the QP setup after it) holds it
+//!   up. At most 64 unauthenticated handshakes run at once and at most 2
+//!   from one source address, each with one 5 s deadline for all of
+//!   HELLO .. CLIENT_PARAMS (connections beyond either bound are closed at
+//!   once), so a source that opens idle connections over and over keeps
+//!   no other peer out. Only our own nodes speak it. rds-sock's engine
 //!   picks it when `RDS_IB_PSK_FILE` names a key file (at least 16 bytes,
-//!   surrounding whitespace trimmed; a bad file leaves the engine without
-//!   IB) and takes the port from `RDS_IB_SIDE_PORT`. VM test:
+//!   surrounding whitespace trimmed, accessible to its owner only: a file
+//!   its group or others may access is refused as ssh refuses such a
+//!   private key; a bad file leaves the engine without IB) and takes the
+//!   port from `RDS_IB_SIDE_PORT`. An address IB serves in this setup is
+//!   not served by RDS-TCP (which carries no key) unless the engine is
+//!   told so (`RDS_IB_PSK_TCP=1`, `EngineConfig::ib_psk_tcp`), and a
+//!   socket receives only over its own transport. VM test:
 //!   `cargo test --release -p rds-sock --features ib --test ib_vm_psk`.
 //!
 //! Connection loss: RC QPs retry a lost packet [`verbs::RETRY_COUNT`]

@@ -16,7 +16,11 @@
 //!   hands the established connection to the event thread;
 //! * one listener thread per served address (RDMA CM port 18634 for IPv4,
 //!   16385 for IPv6), which
-//!   asks the core ([`TransportSink::accept`]) before accepting.
+//!   asks the core ([`TransportSink::accept`]) before accepting; in the
+//!   verbs-only setup (side channel port 18635) it only accepts, counts
+//!   and asks the core, while each connection's handshake and QP setup
+//!   runs on a thread of its own ([`SideListener`]), whose outcome comes
+//!   back to the listener thread with the path the core gave it.
 //!
 //! Both sides of an IB connection connect when they have something to send
 //! (the kernel's rds_rdma has no direction rule). When connect requests
@@ -54,7 +58,7 @@ use rds_core::{
 
 use crate::frag::OutMessage;
 use crate::sidechannel::{Key, DEFAULT_PORT};
-use crate::verbs::{device_names, Conn, Listener, Received, SideListener, Verbs};
+use crate::verbs::{device_names, Conn, Listener, Received, SideEvent, SideListener, Verbs};
 
 /// How connections are set up.
 #[derive(Clone, Debug, Default)]
@@ -78,7 +82,8 @@ pub struct IbConfig {
 
 /// The environment variable naming the pre-shared key file: when set, the
 /// transport runs verbs-only (the file's bytes, surrounding whitespace
-/// trimmed, at least 16).
+/// trimmed, at least 16; a file its group or others may access is
+/// refused, see [`Key::from_file`]).
 pub const ENV_PSK_FILE: &str = "RDS_IB_PSK_FILE";
 /// The environment variable with the verbs-only side channel's TCP port
 /// (default [`DEFAULT_PORT`], 18635).
@@ -86,15 +91,14 @@ pub const ENV_SIDE_PORT: &str = "RDS_IB_SIDE_PORT";
 
 impl IbConfig {
     /// From the environment: [`SetupMode::VerbsOnly`] when
-    /// `RDS_IB_PSK_FILE` is set (an unreadable or short key file is an
-    /// error, never a fallback to the unauthenticated CM mode), with the
+    /// `RDS_IB_PSK_FILE` is set (an unreadable, short, or group- or
+    /// other-accessible key file is an error, never a fallback to the
+    /// unauthenticated CM mode), with the
     /// port from `RDS_IB_SIDE_PORT` (default 18635); otherwise
     /// [`SetupMode::Cm`].
     pub fn from_env() -> io::Result<IbConfig> {
         let Some(path) = std::env::var_os(ENV_PSK_FILE) else { return Ok(IbConfig::default()) };
-        let bytes = std::fs::read(&path)
-            .map_err(|e| io::Error::new(e.kind(), format!("{ENV_PSK_FILE}={}: {e}", path.to_string_lossy())))?;
-        let key = Key::from_file_contents(&bytes).map_err(io::Error::from)?;
+        let key = Key::from_file(std::path::Path::new(&path)).map_err(|e| io::Error::new(e.kind(), format!("{ENV_PSK_FILE}={e}")))?;
         let port = match std::env::var(ENV_SIDE_PORT) {
             Ok(v) => v.trim().parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
                 io::Error::new(io::ErrorKind::InvalidInput, format!("{ENV_SIDE_PORT}={v}: not a port"))
@@ -228,6 +232,11 @@ impl IbTransport {
             listeners: Mutex::new(HashMap::new()),
             thread: Mutex::new(Some(h)),
         }))
+    }
+
+    /// Whether this transport runs the verbs-only setup (pre-shared key).
+    pub fn is_verbs_only(&self) -> bool {
+        matches!(self.cfg.mode, SetupMode::VerbsOnly { .. })
     }
 
     /// Where events go (the engine).
@@ -416,65 +425,51 @@ fn hold_back(shared: &Shared, path: PathInfo) -> bool {
 /// The listener of either setup mode.
 enum AnyListener {
     Cm(Listener),
-    Side(SideListener),
-}
-
-impl AnyListener {
-    fn accept_with(
-        &mut self,
-        deadline: Instant,
-        admit: &mut dyn FnMut(IpAddr, IpAddr) -> bool,
-    ) -> io::Result<Option<Conn>> {
-        match self {
-            AnyListener::Cm(l) => l.accept_with(deadline, admit),
-            AnyListener::Side(l) => l.accept_with(deadline, &mut |a, b| admit(IpAddr::V4(a), IpAddr::V4(b))),
-        }
-    }
-
-    /// Side channel refusals since the last call: (auth failed, bad handshake).
-    fn take_side_counts(&mut self, seen: &mut (u64, u64)) -> (u64, u64) {
-        match self {
-            AnyListener::Cm(_) => (0, 0),
-            AnyListener::Side(l) => {
-                let d = (l.auth_failed - seen.0, l.bad_handshake - seen.1);
-                *seen = (l.auth_failed, l.bad_handshake);
-                d
-            }
-        }
-    }
+    Side(SideListener<PathInfo>),
 }
 
 fn listen_loop(l: &mut AnyListener, stop: &AtomicBool, shared: &Arc<Shared>) {
-    let mut seen = (0, 0);
+    match l {
+        AnyListener::Cm(l) => cm_listen_loop(l, stop, shared),
+        AnyListener::Side(l) => side_listen_loop(l, stop, shared),
+    }
+}
+
+/// The admission check of an accepting listener: the core's path, or
+/// `None` (counted in `refused`).
+fn admit(shared: &Shared, local: IpAddr, peer: IpAddr, refused: &mut u64) -> Option<PathInfo> {
+    // Crossed connects: the smaller address's own connect wins.
+    if rds_core::addr_cmp(&local, &peer).is_lt() && lock(&shared.connecting_pairs).contains(&(local, peer)) {
+        *refused += 1;
+        return None;
+    }
+    let sink = shared.sink()?;
+    match sink.accept(TransportKind::Ib, local, peer, 0) {
+        Accept::Path(info) => Some(info),
+        _ => {
+            *refused += 1;
+            None
+        }
+    }
+}
+
+/// A path the core gave a connection that did not come up.
+fn taken_but_failed(shared: &Shared, info: PathInfo) {
+    if let Some(sink) = shared.sink() {
+        sink.path_down(info.id, info.inst, DownReason::ConnectFailed);
+    }
+}
+
+fn cm_listen_loop(l: &mut Listener, stop: &AtomicBool, shared: &Arc<Shared>) {
     while !stop.load(Ordering::Acquire) {
         let mut taken: Option<PathInfo> = None;
-        let mut refused = false;
+        let mut refused = 0;
         let deadline = Instant::now() + Duration::from_millis(200);
         let res = l.accept_with(deadline, &mut |local, peer| {
-            // Crossed connects: the smaller address's own connect wins.
-            if rds_core::addr_cmp(&local, &peer).is_lt() && lock(&shared.connecting_pairs).contains(&(local, peer)) {
-                refused = true;
-                return false;
-            }
-            let Some(sink) = shared.sink() else { return false };
-            match sink.accept(TransportKind::Ib, local, peer, 0) {
-                Accept::Path(info) => {
-                    taken = Some(info);
-                    true
-                }
-                _ => {
-                    refused = true;
-                    false
-                }
-            }
+            taken = admit(shared, local, peer, &mut refused);
+            taken.is_some()
         });
-        let (auth, bad) = l.take_side_counts(&mut seen);
-        {
-            let mut c = lock(&shared.counters);
-            c.refused += u64::from(refused);
-            c.side_auth_failed += auth;
-            c.side_bad_handshake += bad;
-        }
+        lock(&shared.counters).refused += refused;
         match (res, taken) {
             (Ok(Some(conn)), Some(info)) => {
                 lock(&shared.counters).accepted += 1;
@@ -482,14 +477,37 @@ fn listen_loop(l: &mut AnyListener, stop: &AtomicBool, shared: &Arc<Shared>) {
             }
             (Ok(None), None) => {}
             (Ok(Some(_)), None) => {}
-            (res, Some(info)) => {
-                // Taken by the core but the handshake did not finish.
-                let _ = res;
-                if let Some(sink) = shared.sink() {
-                    sink.path_down(info.id, info.inst, DownReason::ConnectFailed);
-                }
-            }
+            // Taken by the core but the handshake did not finish.
+            (_, Some(info)) => taken_but_failed(shared, info),
             (Err(_), None) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// The verbs-only listener: it only accepts, counts and admits; every
+/// connection's handshake and setup runs on a thread of its own, whose
+/// outcome comes back here with the path the core gave it.
+fn side_listen_loop(l: &mut SideListener<PathInfo>, stop: &AtomicBool, shared: &Arc<Shared>) {
+    let mut seen = (0, 0);
+    while !stop.load(Ordering::Acquire) {
+        let mut refused = 0;
+        let deadline = Instant::now() + Duration::from_millis(200);
+        let res = l.accept_with(deadline, &mut |local, peer| admit(shared, IpAddr::V4(local), IpAddr::V4(peer), &mut refused));
+        {
+            let mut c = lock(&shared.counters);
+            c.refused += refused;
+            c.side_auth_failed += l.auth_failed - seen.0;
+            c.side_bad_handshake += l.bad_handshake - seen.1;
+            seen = (l.auth_failed, l.bad_handshake);
+        }
+        match res {
+            Ok(Some(SideEvent::Up(conn, info))) => {
+                lock(&shared.counters).accepted += 1;
+                shared.push(Cmd::Accepted(info, *conn));
+            }
+            Ok(Some(SideEvent::Failed(_, info))) => taken_but_failed(shared, info),
+            Ok(None) => {}
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
     }
 }

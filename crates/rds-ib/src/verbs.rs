@@ -55,7 +55,7 @@ use rds_core::wire::{self, Header, HEADER_LEN, PROTOCOL_3_1};
 use crate::credits::FlowControl;
 use crate::frag::{ack_only_header, OutFrame, OutMessage, Reassembler, RecvError, RxKind, SignalState, FRAG_SIZE};
 mod side;
-pub use side::{PortInfo, SideListener};
+pub use side::{PortInfo, SideEvent, SideListener};
 pub mod mr;
 mod rdma;
 pub use rdma::MAX_RDMA_SGES;

@@ -37,12 +37,27 @@ pub struct EngineConfig {
     /// socket in this directory, see [`crate::info::ipc`]); `None` serves
     /// none. Default: [`ipc::runtime_dir`].
     pub info_dir: Option<PathBuf>,
+    /// In the verbs-only IB setup (a pre-shared key, `RDS_IB_PSK_FILE`;
+    /// feature `ib`): also serve RDS-TCP on the addresses IB serves.
+    /// Default `false`: there an address IB serves is served by IB alone,
+    /// so nobody without the key reaches the node through it (port 16385
+    /// refuses connections; sockets cannot bind it with SO_RDS_TRANSPORT
+    /// = TCP, ENOPROTOOPT). With `true` both serve it and each socket
+    /// receives only over its own transport. From `RDS_IB_PSK_TCP=1`.
+    /// Ignored in the RDMA CM setup (TCP is always served there, as the
+    /// kernel's rds_tcp listens on every address).
+    pub ib_psk_tcp: bool,
 }
+
+/// The environment variable of [`EngineConfig::ib_psk_tcp`] (`1`: serve
+/// RDS-TCP on the verbs-only setup's IB addresses too).
+pub const ENV_IB_PSK_TCP: &str = "RDS_IB_PSK_TCP";
 
 impl Default for EngineConfig {
     /// Kernel defaults; buffer limits read from this host's
     /// `net.core.{w,r}mem_{default,max}`; a random generation number; the TCP
-    /// port from `RDS_TCP_PORT` if set.
+    /// port from `RDS_TCP_PORT` if set; [`EngineConfig::ib_psk_tcp`] from
+    /// `RDS_IB_PSK_TCP`.
     fn default() -> Self {
         let mut node = NodeConfig::default();
         let read = |name: &str, dflt: u32| {
@@ -64,7 +79,8 @@ impl Default for EngineConfig {
         if let Some(p) = std::env::var("RDS_TCP_PORT").ok().and_then(|v| v.parse().ok()) {
             tcp.port = p;
         }
-        EngineConfig { node, tcp, info_dir: Some(ipc::runtime_dir()) }
+        let ib_psk_tcp = std::env::var(ENV_IB_PSK_TCP).is_ok_and(|v| v.trim() == "1");
+        EngineConfig { node, tcp, info_dir: Some(ipc::runtime_dir()), ib_psk_tcp }
     }
 }
 
@@ -162,6 +178,9 @@ pub(crate) struct Inner {
     /// RDS over IB / RoCE (feature `ib`, when the host has an RDMA device).
     #[cfg(feature = "ib")]
     ib: Option<Arc<rds_ib::IbTransport>>,
+    /// [`EngineConfig::ib_psk_tcp`].
+    #[cfg_attr(not(feature = "ib"), allow(dead_code))]
+    ib_psk_tcp: bool,
     serve_lock: Mutex<()>,
     timer: Mutex<Option<JoinHandle<()>>>,
     /// The engine's number in this process (names its info socket).
@@ -359,6 +378,7 @@ impl Engine {
             lo,
             #[cfg(feature = "ib")]
             ib,
+            ib_psk_tcp: cfg.ib_psk_tcp,
             serve_lock: Mutex::new(()),
             timer: Mutex::new(None),
             number: ENGINES.fetch_add(1, Ordering::Relaxed),
@@ -420,12 +440,32 @@ impl Engine {
     /// Makes this node serve `ip` (over TCP: listen on `ip`:16385).
     /// EADDRNOTAVAIL when the host does not have the address, EADDRINUSE
     /// when another process serves it.
+    ///
+    /// In the verbs-only IB setup an address of an RDMA device is served by
+    /// IB alone (its side channel), not TCP, unless
+    /// [`EngineConfig::ib_psk_tcp`] asks for both: RDS-TCP carries no key.
     pub fn serve(&self, ip: IpAddr) -> io::Result<()> {
         let _g = self.inner.serve_lock.lock();
         if self.inner.run(|n| n.is_local(&ip)) {
             return Ok(());
         }
         self.inner.tcp.laddr_check(ip).map_err(|_| io::Error::from(Errno::EADDRNOTAVAIL))?;
+        #[cfg(feature = "ib")]
+        if let Some(ib) = &self.inner.ib {
+            if ib.is_verbs_only() && !self.inner.ib_psk_tcp && ib.laddr_check(ip).is_ok() {
+                match ib.start_local(ip) {
+                    Ok(()) => {
+                        self.inner.run(|n| n.add_local(ip, TransportKind::Ib));
+                        return Ok(());
+                    }
+                    // Not served by IB after all: TCP as any other address.
+                    Err(e) => if std::env::var_os("RDS_IB_DEBUG").is_some() { eprintln!("rds-ib: {ip}: {e}") },
+                }
+                self.inner.tcp.start_local(ip)?;
+                self.inner.run(|n| n.add_local(ip, TransportKind::Tcp));
+                return Ok(());
+            }
+        }
         self.inner.tcp.start_local(ip)?;
         // IB too where an RDMA device serves the address: sockets bound to
         // it then use IB unless SO_RDS_TRANSPORT chose TCP (as the kernel

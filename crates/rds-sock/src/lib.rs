@@ -25,7 +25,11 @@
 //! engine). Only one process can serve an address: a second one gets
 //! EADDRINUSE. Datagrams between addresses served by the same engine never
 //! touch TCP (the kernel's loopback transport); anything else goes over TCP,
-//! one connection per path, up to 8 paths per peer (mprds).
+//! one connection per path, up to 8 paths per peer (mprds), or over IB
+//! (feature `ib`) for sockets bound to an address of an RDMA device. A
+//! socket receives only over its own transport. In the verbs-only IB setup
+//! (`RDS_IB_PSK_FILE`) such an address is served by IB alone unless
+//! `RDS_IB_PSK_TCP=1` ([`EngineConfig::ib_psk_tcp`]) adds RDS-TCP.
 //!
 //! Most programs use [`RdsSocket::new`], which starts the process-wide
 //! [`Engine::global`] on first use. [`Engine::new`] starts further
@@ -61,7 +65,7 @@ pub mod info;
 mod readiness;
 mod socket;
 
-pub use engine::{Engine, EngineConfig, ShutdownReport};
+pub use engine::{Engine, EngineConfig, ShutdownReport, ENV_IB_PSK_TCP};
 pub use rds_core::{Errno, HandshakeExts, NodeConfig, Payload, Readiness, TransportKind};
 pub use rds_tcp::TcpConfig;
 pub use socket::{RdsSocket, RecvFlags, RecvMeta, SendFlags};

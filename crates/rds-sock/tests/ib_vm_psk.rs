@@ -19,7 +19,19 @@
 //!   counts them (`ib_side_auth_failed`, `ib_side_bad_handshake`), creates
 //!   no QP (`ib_qp_created` 0) and receives nothing; the wrong-key engine
 //!   creates no QP either (it refuses node1's proof first) and none of its
-//!   messages is acked.
+//!   messages is acked;
+//! * phase C (item 2 of the hardening issue: the key cannot be bypassed
+//!   over TCP): node1 (the key, no `RDS_IB_PSK_TCP`) serves its address
+//!   by IB alone: a raw TCP connection to its port 16385 is refused, an
+//!   engine sending from a TCP socket gets nothing acked, and node1's IB
+//!   socket receives exactly the keyed engine's messages, in order, and
+//!   nothing else;
+//! * phase D: node1 with `RDS_IB_PSK_TCP=1` serves TCP too: the TCP
+//!   socket's messages reach the node (acked by TCP) but not the IB socket
+//!   (each counted in `recv_drop_no_sock`); the keyed engine's arrive, and
+//!   only they;
+//! * phase K: a key file of mode 0644 is refused with an error naming the
+//!   file and the mode, and the engine runs without IB.
 //!
 //! Run: `cargo test --release -p rds-sock --features ib --test ib_vm_psk`.
 //! When the rig cannot start the test prints one line starting with
@@ -35,7 +47,7 @@ use std::path::Path;
 fn engine_over_ib_verbs_only_with_psk() {
     let peer = Path::new(env!("CARGO_BIN_EXE_rds-ib-peer"));
     let env = [("SIZES", sizes_env())];
-    let Some((stdout, out)) = boot("rds-sock over IB (verbs-only)", "ib_psk_scenario.sh", peer, &env, 300) else { return };
+    let Some((stdout, out)) = boot("rds-sock over IB (verbs-only)", "ib_psk_scenario.sh", peer, &env, 420) else { return };
     for node in [1, 2] {
         assert_eq!(node_lines(&stdout, node, "RDMA_UCM "), vec!["absent"], "node{node}: no RDMA CM in the kernel");
     }
@@ -90,5 +102,34 @@ fn engine_over_ib_verbs_only_with_psk() {
     assert!(ctr(&stdout, 1, "B", "ib_side_auth_failed") >= 1, "the rogue's bad MAC was counted");
     assert!(ctr(&stdout, 1, "B", "ib_side_bad_handshake") >= 1, "the wrong-key engine's handshakes were counted");
     assert_eq!(node_lines(&stdout, 1, "B RESULT ok").len(), 1);
+
+    // Phase C: no RDS-TCP on node1's IB address.
+    assert_eq!(node_lines(&stdout, 2, "CP TCPCONNECT "), vec!["refused"], "raw TCP to node1:16385");
+    assert!(node_lines(&stdout, 2, "CP TCPFRAME").is_empty());
+    assert_eq!(node_lines(&stdout, 2, "CT TX ").len(), SIZES.len(), "the TCP socket queued its messages");
+    assert_eq!(node_lines(&stdout, 2, "CT UNACKED").len(), 1, "none of the TCP socket's messages acked");
+    assert!(node_lines(&stdout, 2, "CT ACKED").is_empty());
+    assert_eq!(node_lines(&stdout, 2, "CI ACKED "), vec![SIZES.len().to_string().as_str()], "the keyed engine's messages acked");
+    check_rx(&node_lines(&stdout, 1, "C RX "), "10.99.0.2:5003", "phase C, node1 (only the keyed engine's messages)");
+    assert_eq!(node_lines(&stdout, 1, "C NONE").len(), 1, "node1 received something after the keyed messages");
+    assert_eq!(ctr(&stdout, 1, "C", "recv_drop_no_sock"), 0, "nothing reached node1 over TCP");
+    assert_eq!(node_lines(&stdout, 1, "C RESULT ok").len(), 1);
+
+    // Phase D: TCP served too (RDS_IB_PSK_TCP=1): it reaches the node, not the IB socket.
+    assert_eq!(node_lines(&stdout, 2, "DT TX ").len(), SIZES.len());
+    assert_eq!(node_lines(&stdout, 2, "DT ACKED "), vec![SIZES.len().to_string().as_str()], "TCP reached node1 (acked)");
+    assert_eq!(node_lines(&stdout, 2, "DI ACKED "), vec![SIZES.len().to_string().as_str()]);
+    check_rx(&node_lines(&stdout, 1, "D RX "), "10.99.0.2:5005", "phase D, node1 (only the keyed engine's messages)");
+    assert_eq!(node_lines(&stdout, 1, "D NONE").len(), 1);
+    assert_eq!(ctr(&stdout, 1, "D", "recv_drop_no_sock"), SIZES.len() as u64, "each TCP message dropped at the IB socket");
+    assert_eq!(node_lines(&stdout, 1, "D RESULT ok").len(), 1);
+
+    // Phase K: a key file its group and others may read.
+    let k = node_lines(&stdout, 1, "K ");
+    assert!(
+        k.iter().any(|l| l.contains("RDS_IB_PSK_FILE=/tmp/psk644") && l.contains("mode 0644")),
+        "no error naming the file and its mode: {k:?}"
+    );
+    assert!(k.iter().any(|l| l.starts_with("RESULT FAIL SO_RDS_TRANSPORT=IB")), "the engine ran IB with that key: {k:?}");
     assert!(out.status.success(), "vmrig exit {:?}", out.status.code());
 }

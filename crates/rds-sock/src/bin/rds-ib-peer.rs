@@ -16,9 +16,20 @@
 //! rds-ib-peer recv-none LOCAL LPORT PEER PPORT
 //!     binds as above and expects nothing for WAIT_S seconds (default 20):
 //!     `NONE` (ok) or `RX ...` lines (FAIL).
+//! rds-ib-peer recv-then-none LOCAL LPORT PEER PPORT SIZE...
+//!     receives as recv-send does, then expects nothing more for WAIT_S
+//!     seconds: `NONE` (ok) or `RX ...` (FAIL).
 //! rds-ib-peer send-unacked LOCAL LPORT PEER PPORT SIZE...
 //!     sends as above and waits FLUSH_S seconds (default 15) for the acks:
 //!     `ACKED n` or `UNACKED`, ok either way.
+//! rds-ib-peer tcp-send LOCAL LPORT PEER PPORT SIZE...
+//!     send-unacked from a socket with SO_RDS_TRANSPORT = TCP (with the
+//!     verbs-only setup, LOCAL needs RDS_IB_PSK_TCP=1 to be served by TCP).
+//! rds-ib-peer tcp-probe LOCAL LPORT PEER PPORT
+//!     a raw TCP connection to PEER:16385 (RDS_TCP_PORT): `TCPCONNECT
+//!     refused`, or `TCPCONNECT connected` and then one hand-made RDS data
+//!     frame (48-byte header, 5 bytes "probe") from LPORT to PPORT,
+//!     `TCPFRAME sent`.
 //! rds-ib-peer rogue LOCAL LPORT PEER PPORT
 //!     a verbs-only side channel client without the key: HELLO, then a
 //!     well-formed CLIENT_PARAMS whose MAC is made with the key file
@@ -71,14 +82,27 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     if args.len() < 5 || !matches!(
             args[0].as_str(),
-            "send-recv" | "recv-send" | "recv-none" | "send-unacked" | "rogue" | "stream-send" | "stream-recv"
+            "send-recv"
+                | "recv-send"
+                | "recv-none"
+                | "recv-then-none"
+                | "send-unacked"
+                | "tcp-send"
+                | "tcp-probe"
+                | "rogue"
+                | "stream-send"
+                | "stream-recv"
         ) {
         eprintln!(
-            "usage: rds-ib-peer send-recv|recv-send|recv-none|send-unacked|rogue|stream-send|stream-recv LOCAL LPORT PEER PPORT SIZE..."
+            "usage: rds-ib-peer send-recv|recv-send|recv-none|recv-then-none|send-unacked|tcp-send|tcp-probe|rogue|stream-send|stream-recv LOCAL LPORT PEER PPORT SIZE..."
         );
         return ExitCode::from(2);
     }
-    let res = if args[0] == "rogue" { rogue(&args) } else { run(&args) };
+    let res = match args[0].as_str() {
+        "rogue" => rogue(&args),
+        "tcp-probe" => tcp_probe(&args),
+        _ => run(&args),
+    };
     match res {
         Ok(()) => {
             println!("RESULT ok");
@@ -107,7 +131,11 @@ fn run(a: &[String]) -> Result<(), String> {
     let env_secs = |name: &str, dflt: u64| Duration::from_secs(std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(dflt));
     let engine = Engine::global().map_err(|e| format!("engine: {e}"))?;
     let s = engine.socket().map_err(|e| format!("socket: {e}"))?;
-    s.set_transport(TransportKind::Ib).map_err(|e| format!("SO_RDS_TRANSPORT=IB: {e}"))?;
+    if a[0] == "tcp-send" {
+        s.set_transport(TransportKind::Tcp).map_err(|e| format!("SO_RDS_TRANSPORT=TCP: {e}"))?;
+    } else {
+        s.set_transport(TransportKind::Ib).map_err(|e| format!("SO_RDS_TRANSPORT=IB: {e}"))?;
+    }
     s.set_send_buffer_size_force(8 << 20).map_err(|e| e.to_string())?;
     s.set_recv_buffer_size_force(8 << 20).map_err(|e| e.to_string())?;
     s.bind(local).map_err(|e| format!("bind {local}: {e}"))?;
@@ -186,10 +214,11 @@ fn run(a: &[String]) -> Result<(), String> {
         "send-recv" => send(&s).and_then(|()| recv(&s)),
         "recv-send" => recv(&s).and_then(|()| send(&s)),
         "recv-none" => recv_none(&s),
+        "recv-then-none" => recv(&s).and_then(|()| recv_none(&s)),
         _ => send_unacked(&s),
     };
     for (name, v) in engine.counters() {
-        if name.starts_with("ib_") || name.contains("conn_reset") || name.contains("retrans") {
+        if name.starts_with("ib_") || name.starts_with("recv_drop") || name.contains("conn_reset") || name.contains("retrans") {
             println!("CTR {name} {v}");
         }
     }
@@ -335,6 +364,34 @@ fn stream(a: &[String], local: SocketAddr, peer: SocketAddr) -> Result<(), Strin
     let rep = engine.shutdown(Duration::from_secs(5));
     println!("UNSENT {}", rep.messages());
     res
+}
+
+/// A raw TCP connection to the peer's RDS-TCP port (see the module docs).
+fn tcp_probe(a: &[String]) -> Result<(), String> {
+    use std::io::Write;
+    use std::net::{IpAddr, TcpStream};
+    let peer: IpAddr = a[3].parse().map_err(|e| format!("peer: {e}"))?;
+    let lport: u16 = a[2].parse().map_err(|e| format!("{}: {e}", a[2]))?;
+    let pport: u16 = a[4].parse().map_err(|e| format!("{}: {e}", a[4]))?;
+    let port = std::env::var("RDS_TCP_PORT").ok().and_then(|v| v.parse().ok()).unwrap_or(rds_core::wire::RDS_TCP_PORT);
+    match TcpStream::connect_timeout(&(peer, port).into(), Duration::from_secs(10)) {
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionRefused => {
+            println!("TCPCONNECT refused");
+            Ok(())
+        }
+        Err(e) => Err(format!("connect {peer}:{port}: {e}")),
+        Ok(mut s) => {
+            println!("TCPCONNECT connected");
+            let mut h = rds_core::wire::Header::data(lport, pport, 5);
+            h.sequence = 1;
+            let mut frame = h.to_bytes().to_vec();
+            frame.extend_from_slice(b"probe");
+            s.write_all(&frame).map_err(|e| format!("frame: {e}"))?;
+            println!("TCPFRAME sent");
+            std::thread::sleep(Duration::from_secs(2));
+            Ok(())
+        }
+    }
 }
 
 /// A side channel client without the right key (see the module docs).

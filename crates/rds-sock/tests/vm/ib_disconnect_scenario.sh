@@ -124,7 +124,8 @@ if [ "$MODE" = cm ]; then
     fi
     exit 0
 fi
-printf 'rds-ib verbs-only test key 0001\n' > /tmp/psk
+# Key files must be private to their owner (mode 600): umask 077.
+(umask 077; printf 'rds-ib verbs-only test key 0001\n' > /tmp/psk)
 if lsmod | grep -q '^rdma_ucm'; then echo "RDMA_UCM loaded"; else echo "RDMA_UCM absent"; fi
 barrier rxe 60
 F='( sport = :18635 or dport = :18635 )'
