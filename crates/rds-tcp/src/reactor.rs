@@ -31,10 +31,11 @@ const RBUF: usize = 256 << 10;
 /// Payload bytes still missing above which reads go straight into the
 /// message's buffer.
 const DIRECT_MIN: usize = 16 << 10;
-/// Bytes offered per direct read (a whole maximal payload: one `read`
-/// takes all that is queued). `FrameDecoder::direct_buf` zero-fills what it
-/// offers, so a payload that trickles in is cleared more than once (a cost
-/// the decoder could avoid by remembering how much it already zeroed).
+/// Bytes offered per direct read at most (a whole maximal payload: one
+/// `read` takes all that is queued). The decoder offers less until that
+/// much arrived: its window grows with the bytes received
+/// (`FrameDecoder::read_direct`), so a hostile `h_len` costs what the peer
+/// really sent.
 const DIRECT_MAX: usize = 1 << 20;
 /// Messages handed to the sink per call at most.
 const BATCH_MSGS: usize = 1024;
@@ -776,28 +777,20 @@ impl Reactor {
                 let mut rx = conn.rx.lock();
                 let dec = &mut rx.decoder;
                 if dec.payload_remaining() >= DIRECT_MIN {
-                    let buf = dec.direct_buf(DIRECT_MAX).unwrap_or_default();
-                    let offered = buf.len();
-                    match (&conn.stream).read(buf) {
-                        Ok(0) => {
-                            dec.commit_direct(0, offered);
-                            Err(ReadEnd::Eof)
-                        }
-                        Ok(n) => {
-                            if let Some(f) = dec.commit_direct(n, offered) {
+                    match dec.read_direct(DIRECT_MAX, |buf| (&conn.stream).read(buf)) {
+                        Ok((0, _)) => Err(ReadEnd::Eof),
+                        Ok((n, f)) => {
+                            if let Some(f) = f {
                                 batch_bytes += f.payload.len();
                                 batch.push(rx_msg(f, rx_time_ns()));
                             }
                             Ok(n)
                         }
-                        Err(e) => {
-                            dec.commit_direct(0, offered);
-                            match e.kind() {
-                                io::ErrorKind::WouldBlock => Err(ReadEnd::Drained),
-                                io::ErrorKind::Interrupted => Ok(0),
-                                _ => Err(ReadEnd::Error),
-                            }
-                        }
+                        Err(e) => match e.kind() {
+                            io::ErrorKind::WouldBlock => Err(ReadEnd::Drained),
+                            io::ErrorKind::Interrupted => Ok(0),
+                            _ => Err(ReadEnd::Error),
+                        },
                     }
                 } else {
                     match (&conn.stream).read(&mut self.rbuf) {
