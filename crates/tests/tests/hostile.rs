@@ -990,3 +990,81 @@ fn flood_of_tiny_messages_is_held_back_not_dropped() {
     bed.valid_again(8);
     bed.finish();
 }
+
+/// A flood held back by a paused path, then the flooding peer resets its
+/// connection: the node still notices (the reset comes as an error event,
+/// which reads even a paused path to its end), delivers everything its TCP
+/// had taken, once and in order, and reports the connection down.
+#[test]
+fn a_paused_path_still_sees_the_peers_reset() {
+    let _g = serial();
+    let bed = Bed::new("reset while paused");
+    const MSG: usize = 64 << 10;
+    const COUNT: u64 = 5120;
+    let before = bed.counts();
+    // No reader: what the node sends stays unread, so our close resets.
+    let s = connect_from(bed.hostile, sa(bed.node_ip, RDS_TCP_PORT)).unwrap();
+    s.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let written = Arc::new(AtomicU64::new(0));
+    let writer = {
+        let (stop, written) = (stop.clone(), written.clone());
+        std::thread::spawn(move || {
+            let mut s = s;
+            let until = Instant::now() + Duration::from_secs(120);
+            let mut k = 0;
+            let mut pending: Vec<u8> = Vec::new();
+            let mut off = 0;
+            while Instant::now() < until && !stop.load(Ordering::SeqCst) {
+                if off == pending.len() {
+                    if k == COUNT {
+                        break;
+                    }
+                    pending = frame(Header::data(SPORT, TARGET, MSG as u32), k + 1, &payload(6, k, MSG));
+                    off = 0;
+                    k += 1;
+                }
+                match s.write(&pending[off..]) {
+                    Ok(n) => off += n,
+                    Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => {}
+                    Err(e) => panic!("writer: {e}"),
+                }
+                if off == pending.len() {
+                    written.store(k, Ordering::SeqCst);
+                }
+            }
+            let linger = libc::linger { l_onoff: 1, l_linger: 0 };
+            let len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
+            // SAFETY: `linger` is a struct linger of `len` bytes; the
+            // descriptor is `s`'s, open here.
+            let r = unsafe { libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_LINGER, (&raw const linger).cast(), len) };
+            assert_eq!(r, 0, "SO_LINGER");
+            drop(s);
+        })
+    };
+    let paused = wait_until(Duration::from_secs(60), || bed.counts().delta(&before, "recv_pause") >= 1);
+    assert!(paused, "the node never paused the flood's path ({:?} queued)", bed.queued(TARGET));
+    assert!(wait_until(Duration::from_secs(30), || {
+        let w = written.load(Ordering::SeqCst);
+        std::thread::sleep(Duration::from_millis(300));
+        w == written.load(Ordering::SeqCst)
+    }));
+    let (queued, _) = bed.queued(TARGET);
+    let sent = written.load(Ordering::SeqCst);
+    assert!(sent < COUNT, "the writer was never held back");
+    stop.store(true, Ordering::SeqCst);
+    writer.join().unwrap();
+    let seen = wait_delta(&bed.node, &before, "conn_reset", 1);
+    assert_eq!(seen, 1, "the paused path did not notice the peer's reset");
+    // Everything the node's TCP took: a prefix of what was written, once
+    // and in order (the partial message at the reset is discarded).
+    let (n, _) = bed.queued(TARGET);
+    println!("reset while paused: {queued} queued when paused, {sent} messages written, {n} delivered after the reset");
+    assert!(n >= queued && (n as u64) <= sent, "{n} delivered, {queued} queued at the pause, {sent} written");
+    read_all(&bed.target, sa(bed.hostile, SPORT), 6, 0, n as u64);
+    let after = bed.counts();
+    assert_eq!(after.delta(&before, "recv_drop_over_limit"), 0);
+    assert_eq!(after.delta(&before, "recv_drop_bad_frame"), 0);
+    bed.valid_again(10);
+    bed.finish();
+}
