@@ -105,12 +105,26 @@
 //! [`DownReason::Closed`] is reported: a message whose bytes our TCP acked
 //! is never dropped.
 //!
+//! Memory per connection is bounded by what arrived: a partial payload's
+//! buffer grows with the bytes received (never to a hostile `h_len` up
+//! front), and a partial message that gets no byte for
+//! [`TcpConfig::rx_frame_timeout`] (30 s) resets the connection
+//! (`tcp_rx_frame_stalled`). Receive flow control
+//! ([`RdsTransport::rx_flow`]): a path the core paused is not read (its
+//! readable events return at once, counted in `tcp_rx_paused`; the TCP
+//! window closes and the peer blocks); a pause that comes with a batch stops
+//! the reading after that batch; the peer's reset or an error still reads
+//! it to its end and reports it down (a FIN waits behind the data the
+//! window holds back); the state is per path, so a reconnected path stays
+//! paused; the resume reads what waits in the socket.
+//!
 //! Before a path above 0 is read, path 0 of the same connection is read
 //! until `EAGAIN` (or the budget: the other path then waits for a later
 //! pass, counted in `tcp_rx_lane_deferred`). A socket's messages move from
 //! path 0 to its own lane once the path-0 ones are acked, and an ack says
 //! our TCP has the bytes, not that we read them; this keeps the lane's
 //! first message behind them, whatever order readiness is reported in.
+//! While path 0 is paused, its other paths wait too; its resume reads them.
 //!
 //! ## Closing
 //!
