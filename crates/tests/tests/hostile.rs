@@ -1,7 +1,11 @@
-//! A hostile peer against our node over real TCP (issue "Reliability under
-//! faults"): an `h_len` above 1 MiB, a truncated header or payload, garbage
-//! extension headers, congestion maps of the wrong length, and a flood to a
-//! socket that never reads.
+//! A hostile peer against our node over real TCP (issues "Reliability under
+//! faults" and "Hardened against hostile peers"): an `h_len` above 1 MiB, a
+//! truncated header or payload, a partial message that stalls (reset after
+//! `rx_frame_timeout`), 1 MiB headers trickled a byte at a time during a
+//! legitimate transfer, garbage extension headers, congestion maps of the
+//! wrong length, and floods to a socket that never reads (held back by
+//! receive flow control, never dropped; a reset still reaches the paused
+//! path).
 //!
 //! Every test has the same bed: our node (an engine serving 127.48.n.2),
 //! an honest peer (another engine on 127.48.n.3) that plays ping-pong with
@@ -710,6 +714,7 @@ fn trickled_1mib_headers_cost_what_arrived() {
     };
     let tx = bed.honest.socket().unwrap();
     tx.bind(sa(honest_ip, 5001)).unwrap();
+    tx.set_write_timeout(Some(WAIT)).unwrap();
     // Warm-up (connections, allocator), then unattacked: the best of 3
     // (this machine is shared).
     transfer(&bed, &tx, &rx, 20);
