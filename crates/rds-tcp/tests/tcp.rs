@@ -504,7 +504,9 @@ fn paused_path_holds_the_sender_back_and_resumes() {
     let a = Host::new(ip("127.0.23.1"), 17114, 61);
     let b = Host::with_config(
         ip("127.0.23.2"),
-        rds_tcp::TcpConfig { port: 17114, ..Default::default() },
+        // A short stall deadline: a paused path is exempt (we stopped
+        // reading it, the peer did not stall).
+        rds_tcp::TcpConfig { port: 17114, rx_frame_timeout: Duration::from_millis(200), ..Default::default() },
         NodeConfig { rcv_budget: budget, ..common::node_config(62) },
     );
     let d = deadline(120);
@@ -546,6 +548,8 @@ fn paused_path_holds_the_sender_back_and_resumes() {
     std::thread::sleep(Duration::from_millis(500));
     let (r1, p1) = (b.counter("tcp_data_ready_calls") - r0, b.counter("tcp_rx_paused") - p0);
     assert!(r1 <= 20 && p1 <= 20, "{r1} readable events, {p1} paused reads in 500 ms");
+    let partial = b.tcp.conn_info().into_iter().find(|r| r.path == Some(p)).is_some_and(|r| r.hdr_rem != 48 || r.data_rem != 0);
+    assert_eq!(b.counter("tcp_rx_frame_stalled"), 0, "a paused path was reset as stalled (partial message: {partial})");
     // The paused connection breaks (our end shut down, as a failing
     // connection would): it is read to its end and reported down (what it
     // held is delivered, nothing dropped); the path reconnects and stays
@@ -560,7 +564,7 @@ fn paused_path_holds_the_sender_back_and_resumes() {
     let row = b.tcp.conn_info().into_iter().find(|r| r.path == Some(p)).expect("path 0's connection");
     assert!(row.detail.contains("rx_paused=true"), "{}", row.detail);
     println!(
-        "paused: {held} bytes held (budget {budget}), {r1} readable events and {p1} paused reads in 500 ms; \
+        "paused: {held} bytes held (budget {budget}, partial message held: {partial}), {r1} readable events and {p1} paused reads in 500 ms; \
          after the connection broke and reconnected {held2} bytes held"
     );
     // The application reads: everything, once, in order.
@@ -574,6 +578,7 @@ fn paused_path_holds_the_sender_back_and_resumes() {
     assert!(b.with(|n| n.recv(sb, false)).is_err(), "nothing extra");
     let c = b.with(|n| n.counters().clone());
     assert_eq!(c.recv_drop_over_limit, 0);
+    assert_eq!(b.counter("tcp_rx_frame_stalled"), 0);
     assert!(c.recv_resume >= 1 && !b.with(|n| n.rx_paused(p)));
     a.shutdown();
     b.shutdown();
