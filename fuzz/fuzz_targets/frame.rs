@@ -1,12 +1,12 @@
 //! The TCP stream framing (`FrameDecoder::feed`, and the direct reads of
-//! `direct_buf` / `commit_direct` that rds-tcp uses for large payloads) on
+//! `read_direct` that rds-tcp uses for large payloads) on
 //! arbitrary streams cut at arbitrary places: every way of feeding the
 //! same bytes yields the same frames, the same error at the same offset,
 //! and matches a straightforward reference parser.
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rds_core::wire::{FrameDecoder, Header, WireError, HEADER_LEN};
+use rds_core::wire::{FrameDecoder, Header, WireError, HEADER_LEN, PAYLOAD_WINDOW_MIN};
 
 #[derive(Debug, PartialEq)]
 struct Outcome {
@@ -58,22 +58,39 @@ fn chunked(stream: &[u8], max: u32, cuts: &[u8], direct: bool, direct_min: usize
         i += 1;
         let chunk = (usize::from(c) * 37 % 4099 + 1).min(stream.len() - pos);
         if direct && d.payload_remaining() >= direct_min {
-            let buf = d.direct_buf(offer).expect("a payload is in progress");
-            let offered = buf.len();
-            assert!(offered > 0 && offered <= offer);
             // c % 7 == 0: the read would block and returns nothing (never
             // twice in a row, so the loop ends).
             blocked = c % 7 == 0 && !blocked;
-            let n = if blocked { 0 } else { chunk.min(offered) };
-            buf[..n].copy_from_slice(&stream[pos..pos + n]);
-            // Bytes offered but not read must not leak into the payload.
-            for b in buf[n..].iter_mut() {
-                *b = 0xa5;
-            }
-            if let Some(f) = d.commit_direct(n, offered) {
-                assert_eq!(f.payload.len(), f.header.len as usize);
-                frames.push((f.header, f.payload));
-            }
+            let r = d.read_direct(offer, |buf| {
+                let offered = buf.len();
+                assert!(offered > 0 && offered <= offer);
+                if blocked {
+                    // Room offered and not filled must not leak into the payload.
+                    buf.fill(0xa5);
+                    return Err(std::io::ErrorKind::WouldBlock.into());
+                }
+                let n = chunk.min(offered);
+                buf[..n].copy_from_slice(&stream[pos..pos + n]);
+                for b in buf[n..].iter_mut() {
+                    *b = 0xa5;
+                }
+                Ok(n)
+            });
+            let n = match r {
+                Ok((n, f)) => {
+                    if let Some(f) = f {
+                        assert_eq!(f.payload.len(), f.header.len as usize);
+                        frames.push((f.header, f.payload));
+                    }
+                    n
+                }
+                Err(e) => {
+                    assert!(blocked && e.kind() == std::io::ErrorKind::WouldBlock);
+                    0
+                }
+            };
+            // Memory grows with what arrived.
+            assert!(d.payload_capacity() <= 2 * d.payload_received() + PAYLOAD_WINDOW_MIN);
             pos += n;
         } else {
             let r = d.feed(&stream[pos..pos + chunk], &mut |f| {

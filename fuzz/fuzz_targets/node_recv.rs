@@ -97,7 +97,7 @@ fuzz_target!(|data: &[u8]| {
                         }
                     }
                 }
-                Output::Wake(_) => {}
+                Output::Wake(_) | Output::RxFlow { .. } => {}
             }
         }
         panic!("the node never stops asking for work");

@@ -2,8 +2,12 @@
 //! served by the same node never leave the process. A message pulled from
 //! the path (a -> b) is handed straight back to the node as received, and
 //! acked at once; the node delivers it on (b -> a).
+//!
+//! Receive flow control ([`RdsTransport::rx_flow`]) pauses pulling from the
+//! path: messages stay on the sender's queue (bounded by its send buffer)
+//! until the receiver read enough; nothing is dropped.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::io;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
@@ -22,10 +26,18 @@ struct State {
     busy: HashSet<PathId>,
     /// Paths kicked while busy: go around once more.
     again: HashSet<PathId>,
+    /// Receive flow control per path: (paused, seq of the last RxFlow).
+    flow: HashMap<PathId, (bool, u64)>,
+}
+
+impl State {
+    fn paused(&self, p: PathId) -> bool {
+        self.flow.get(&p).is_some_and(|f| f.0)
+    }
 }
 
 /// Locks `m` even when a thread panicked while holding it: the state
-/// behind these locks (a sink handle, two sets of path ids) is valid after
+/// behind these locks (a sink handle, sets and a map of path ids) is valid after
 /// any single operation on it, so a panic elsewhere must not turn every
 /// later send into a panic too.
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -110,6 +122,10 @@ impl RdsTransport for LoopTransport {
         let Some(sink) = self.sink() else { return };
         {
             let mut st = lock(&self.state);
+            if st.paused(path.id) {
+                // The resume kicks it.
+                return;
+            }
             if !st.busy.insert(path.id) {
                 st.again.insert(path.id);
                 return;
@@ -131,11 +147,26 @@ impl RdsTransport for LoopTransport {
                 sink.acked(path.id, path.inst, seq);
             }
             let mut st = lock(&self.state);
-            if !more && !st.again.remove(&path.id) {
+            if st.paused(path.id) || (!more && !st.again.remove(&path.id)) {
+                st.again.remove(&path.id);
                 st.busy.remove(&path.id);
                 claim.held = false;
                 break;
             }
+        }
+    }
+
+    fn rx_flow(&self, path: PathInfo, paused: bool, seq: u64) {
+        {
+            let mut st = lock(&self.state);
+            let f = st.flow.entry(path.id).or_insert((false, 0));
+            if seq <= f.1 {
+                return;
+            }
+            *f = (paused, seq);
+        }
+        if !paused {
+            self.kick(path);
         }
     }
 

@@ -79,10 +79,20 @@ pub struct NodeConfig {
     pub rmem_default: u32,
     pub rmem_max: u32,
     /// A socket's receive queue may hold at most this multiple of its
-    /// receive buffer, and at least [`crate::recv::RCV_HARD_FLOOR`] bytes,
-    /// before further messages for it are dropped (the peer ignores
-    /// congestion). The kernel has no such bound.
+    /// receive buffer, and at least [`crate::recv::RCV_HARD_FLOOR`] bytes
+    /// (the peer ignores congestion): a path that delivers a message
+    /// beyond it is paused ([`Output::RxFlow`]: the transport stops reading
+    /// it, the TCP window closes) until the application's reads bring the
+    /// queue back under three quarters of it. Nothing is dropped: the
+    /// message that crossed the cap, and what the transport had read
+    /// already, are queued. The kernel has no such bound.
     pub rcv_hard_factor: u32,
+    /// Node-wide receive budget: bytes queued on all sockets (payloads plus
+    /// [`crate::recv::RCV_MSG_OVERHEAD`] per message). A path that delivers a
+    /// message beyond it is paused as for the per-socket cap, until the
+    /// total is back under three quarters of it. Default 1 GiB (four
+    /// sockets at the default hard cap).
+    pub rcv_budget: u64,
     /// Seed of the node's PRNG (backoff jitter, port choice).
     pub seed: u64,
 }
@@ -104,6 +114,7 @@ impl Default for NodeConfig {
             rmem_default: bufs::DEFAULT_BUF,
             rmem_max: bufs::DEFAULT_BUF,
             rcv_hard_factor: 16,
+            rcv_budget: 1 << 30,
             seed: 0,
         }
     }
@@ -123,6 +134,16 @@ pub enum Output {
     Kick(PathInfo),
     /// The socket's readiness changed, or a blocked sender should retry.
     Wake(SockId),
+    /// Receive flow control ([`crate::RdsTransport::rx_flow`]): stop
+    /// (`paused`) or resume reading the path, whatever connection serves it
+    /// now or after a reconnect (the transport keeps the state per
+    /// [`PathId`]; `path.inst` is informative). A socket over its hard cap
+    /// or the node over its receive budget pauses the path that delivered
+    /// to it; the application's reads resume it. Outputs of different
+    /// threads may be dispatched out of order: `seq` grows with every
+    /// RxFlow of the node, and a transport ignores one whose `seq` is not
+    /// above the last it applied for the path.
+    RxFlow { path: PathInfo, paused: bool, seq: u64 },
 }
 
 /// Answer to an inbound transport connection.
@@ -194,6 +215,13 @@ pub struct Node {
     pub(crate) timers: BinaryHeap<Reverse<(Instant, Timer)>>,
     /// Sockets with a blocked sender (woken on acks and map updates).
     pub(crate) write_waiters: Vec<SockId>,
+    /// Bytes queued on all sockets' receive queues (payloads plus
+    /// `RCV_MSG_OVERHEAD` per message), against `NodeConfig::rcv_budget`.
+    pub(crate) rx_held: u64,
+    /// Paths whose reading is paused, and why (`recv.rs`).
+    pub(crate) rx_paused: HashMap<PathId, crate::recv::RxPause>,
+    /// Sequence of `Output::RxFlow`.
+    pub(crate) rx_flow_seq: u64,
 }
 
 impl Node {
@@ -215,6 +243,9 @@ impl Node {
             outputs: VecDeque::new(),
             timers: BinaryHeap::new(),
             write_waiters: Vec::new(),
+            rx_held: 0,
+            rx_paused: HashMap::new(),
+            rx_flow_seq: 0,
         }
     }
 
@@ -630,8 +661,9 @@ impl Node {
             SockOpt::Transport(_) => unreachable!(),
         }
         // A larger send buffer may make a blocked sender writable, a larger
-        // receive buffer may uncongest the socket.
+        // receive buffer may uncongest the socket (and raise its hard cap).
         self.recheck_congestion(s);
+        self.rx_recheck();
         self.wake(s, false);
         Ok(())
     }
@@ -698,6 +730,8 @@ impl Node {
         self.counters.recv_delivered += 1;
         if !peek {
             self.rcvbuf_delta(s, -(inc.payload.len() as i64));
+            self.rx_held = self.rx_held.saturating_sub(inc.payload.len() as u64 + crate::recv::RCV_MSG_OVERHEAD);
+            self.rx_recheck();
         }
         self.wake(s, false);
         Ok(Received::Data(inc))
@@ -710,6 +744,7 @@ impl Node {
         let Some(sock) = self.sock(s) else { return 0 };
         let bound = sock.bound;
         let dropped = self.drop_messages(s, None);
+        let held = crate::recv::sock_held(self.sock(s).unwrap());
         if let Some(b) = bound {
             // Free the receive queue through the accounting so congestion clears.
             let queued: i64 = self.sock(s).unwrap().rcv_bytes as i64;
@@ -720,6 +755,8 @@ impl Node {
         let slot = &mut self.socks[s.idx as usize];
         slot.sock = None;
         self.free_socks.push(s.idx);
+        self.rx_held = self.rx_held.saturating_sub(held);
+        self.rx_recheck();
         dropped
     }
 
@@ -859,6 +896,7 @@ impl Node {
             }
         }
         let _ = writeln!(s, "write_waiters {:?} outputs {}", self.write_waiters.len(), self.outputs.len());
+        let _ = writeln!(s, "rx_held {} rx_paused {:?}", self.rx_held, self.rx_paused);
         s
     }
 }

@@ -8,7 +8,9 @@ use crate::cong::CongMap;
 use crate::conn::PathState;
 use crate::message::{Incoming, RxMessage};
 use crate::node::Node;
-use crate::types::{ConnId, PathId};
+use crate::node::Output;
+use crate::sock::Sock;
+use crate::types::{ConnId, PathId, SockId};
 use crate::wire::{Ext, Kind, CONG_MAP_BYTES, PROBE_PORT};
 
 /// What the core made of a received message.
@@ -30,9 +32,9 @@ pub enum RecvOutcome {
     /// Dropped: no socket bound to the destination port, or the one bound
     /// there uses another transport than the connection's.
     NoSocket,
-    /// Dropped: the socket's receive queue is far over its limit (the peer
-    /// ignores congestion).
-    OverLimit,
+    /// Delivered, and the path is now paused ([`crate::Output::RxFlow`]):
+    /// the socket is over its hard cap or the node over its receive budget.
+    DeliveredPaused,
     /// Ignored (ping from port 0, stale connection instance).
     Ignored,
     /// The peer broke the protocol; the path is being reset.
@@ -43,9 +45,23 @@ pub enum RecvOutcome {
 /// below this. A peer that respects congestion still sends to a congested
 /// port until our map reaches it: what fits in its TCP window and our
 /// transport's read batch, on each of 8 paths, many MiB. Those datagrams
-/// were acked by our TCP, so dropping them loses them; with a cap of 16 x a
-/// small receive buffer, a conformant sender of 64 KiB datagrams lost some.
+/// are queued whatever the cap (our TCP acked them); crossing the cap
+/// pauses the path, which stalls every socket served by it, so the cap is
+/// far above what a conformant peer makes us hold.
 pub const RCV_HARD_FLOOR: u64 = 256 << 20;
+
+/// Why a path's reading is paused: sockets over their hard cap that it
+/// delivered to, and whether it delivered beyond the node's budget.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub(crate) struct RxPause {
+    socks: Vec<SockId>,
+    budget: bool,
+}
+
+/// What a socket holds against its hard cap and the node's budget.
+pub(crate) fn sock_held(sock: &Sock) -> u64 {
+    sock.rcv_bytes.saturating_add((sock.recv_queue.len() as u64).saturating_mul(RCV_MSG_OVERHEAD))
+}
 
 /// What a queued message costs besides its payload (its header, addresses,
 /// payload handle and queue slot: about 200 bytes), counted against the
@@ -88,7 +104,9 @@ impl Node {
             return r;
         }
         // Loopback: what was sent on (a -> b) arrives on (b -> a), so that
-        // delivery, the duplicate rule and pongs work as for any peer.
+        // delivery, the duplicate rule and pongs work as for any peer. Flow
+        // control applies to the path the transport reads (a -> b).
+        let via = pid;
         let pid = if self.conn(pid.conn).kind == crate::types::TransportKind::Loop {
             let c = self.conn(pid.conn);
             let (l, f, tos) = (c.laddr, c.faddr, c.tos);
@@ -142,10 +160,13 @@ impl Node {
             self.start_mprds(conn);
             return RecvOutcome::ProbePong;
         }
-        self.deliver(conn, msg)
+        self.deliver(conn, msg, via)
     }
 
-    fn deliver(&mut self, conn: ConnId, msg: RxMessage) -> RecvOutcome {
+    /// Queues the message on its socket. Nothing is dropped for memory: a
+    /// socket over its hard cap, or the node over its budget, pauses `via`
+    /// (the path the transport read it from) instead.
+    fn deliver(&mut self, conn: ConnId, msg: RxMessage, via: PathId) -> RecvOutcome {
         let c = self.conn(conn);
         let (laddr, faddr) = (c.laddr, c.faddr);
         let hdr = msg.header;
@@ -166,14 +187,8 @@ impl Node {
             self.counters.recv_drop_no_sock += 1;
             return RecvOutcome::NoSocket;
         }
-        let hard = u64::from(self.cfg.rcv_hard_factor.max(1));
+        let cap = self.rcv_cap(s);
         let sock = self.sock_mut(s).unwrap();
-        let cap = sock.rcvbuf_limit().saturating_mul(hard).max(RCV_HARD_FLOOR);
-        let held = sock.rcv_bytes.saturating_add((sock.recv_queue.len() as u64).saturating_mul(RCV_MSG_OVERHEAD));
-        if held > cap + crate::wire::MAX_MSG_SIZE as u64 {
-            self.counters.recv_drop_over_limit += 1;
-            return RecvOutcome::OverLimit;
-        }
         let mut rdma_dest = None;
         for e in hdr.extensions() {
             if let Ext::RdmaDest { rkey, offset } = e {
@@ -191,9 +206,81 @@ impl Node {
             rdma_dest,
         });
         self.counters.recv_queued += 1;
+        self.rx_held = self.rx_held.saturating_add(len as u64 + RCV_MSG_OVERHEAD);
         self.rcvbuf_delta(s, len as i64);
         self.wake(s, false);
+        let over_sock = self.sock(s).is_some_and(|k| sock_held(k) > cap);
+        let over_budget = self.rx_held > self.cfg.rcv_budget;
+        if over_sock || over_budget {
+            self.rx_pause(via, over_sock.then_some(s), over_budget);
+            return RecvOutcome::DeliveredPaused;
+        }
         RecvOutcome::Delivered
+    }
+
+    /// The socket's hard receive cap.
+    pub(crate) fn rcv_cap(&self, s: SockId) -> u64 {
+        let hard = u64::from(self.cfg.rcv_hard_factor.max(1));
+        self.sock(s).map_or(RCV_HARD_FLOOR, |k| k.rcvbuf_limit().saturating_mul(hard).max(RCV_HARD_FLOOR))
+    }
+
+    /// Bytes queued on all sockets, against [`crate::NodeConfig::rcv_budget`].
+    pub fn rx_held(&self) -> u64 {
+        self.rx_held
+    }
+
+    /// Whether reading the path is paused (receive flow control).
+    pub fn rx_paused(&self, p: PathId) -> bool {
+        self.rx_paused.contains_key(&p)
+    }
+
+    /// Pauses reading `pid` on account of socket `s` and/or the budget.
+    fn rx_pause(&mut self, pid: PathId, s: Option<SockId>, budget: bool) {
+        let Some(info) = self.path_info(pid) else { return };
+        let st = self.rx_paused.entry(pid).or_default();
+        let new = st.socks.is_empty() && !st.budget;
+        if let Some(s) = s {
+            if !st.socks.contains(&s) {
+                st.socks.push(s);
+            }
+        }
+        st.budget |= budget;
+        if new {
+            self.counters.recv_pause += 1;
+            self.rx_flow_seq += 1;
+            self.outputs.push_back(Output::RxFlow { path: info, paused: true, seq: self.rx_flow_seq });
+        }
+    }
+
+    /// Resumes the paused paths whose reasons are gone: their sockets are
+    /// back under three quarters of their cap (or closed), the node under
+    /// three quarters of its budget.
+    pub(crate) fn rx_recheck(&mut self) {
+        if self.rx_paused.is_empty() {
+            return;
+        }
+        let budget_ok = self.rx_held <= self.cfg.rcv_budget - self.cfg.rcv_budget / 4;
+        let mut st = std::mem::take(&mut self.rx_paused);
+        let mut resume = Vec::new();
+        for (pid, p) in st.iter_mut() {
+            p.socks.retain(|&s| self.sock(s).is_some_and(|k| sock_held(k) > self.rcv_cap(s) - self.rcv_cap(s) / 4));
+            if budget_ok {
+                p.budget = false;
+            }
+            if p.socks.is_empty() && !p.budget {
+                resume.push(*pid);
+            }
+        }
+        resume.sort();
+        for pid in resume {
+            st.remove(&pid);
+            if let Some(info) = self.path_info(pid) {
+                self.counters.recv_resume += 1;
+                self.rx_flow_seq += 1;
+                self.outputs.push_back(Output::RxFlow { path: info, paused: false, seq: self.rx_flow_seq });
+            }
+        }
+        self.rx_paused = st;
     }
 
     /// A congestion-map message: must be exactly 8192 bytes. It updates our

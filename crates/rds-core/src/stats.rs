@@ -72,7 +72,9 @@ counters! {
         send_drop_cancelled,
         /// Peer generation-number changes seen (peer restarts).
         peer_restart,
-        /// Received bytes dropped because a socket exceeded the hard receive cap.
+        /// Messages dropped because a socket exceeded the hard receive cap:
+        /// always 0 since receive flow control (a path is paused instead,
+        /// `recv_pause`); kept so that tools reading it see no drops.
         recv_drop_over_limit,
         /// Multipath handshake probes sent.
         mprds_probe_sent,
@@ -81,6 +83,12 @@ counters! {
         /// Retransmissions that arrived on a path's first connection: sent
         /// to a previous instance of this node, dropped.
         recv_drop_stale,
+        /// Paths paused (their transport stops reading) because a socket
+        /// went over its hard receive cap or the node over its receive
+        /// budget (`Output::RxFlow`).
+        recv_pause,
+        /// Paused paths resumed by the application's reads.
+        recv_resume,
     }
 }
 

@@ -30,6 +30,10 @@
 //!   already read from it *before* reporting [`TransportSink::path_down`].
 //!   Over TCP the peer considers a message delivered once our TCP acked it,
 //!   so a message read off the socket must never be dropped.
+//! * Memory is bounded by flow control, not by drops: when a socket or the
+//!   node holds too much, the node asks the transport to stop reading the
+//!   path that delivered to it ([`RdsTransport::rx_flow`]) and to resume
+//!   once the application read enough.
 //!
 //! ## How TCP maps onto it
 //!
@@ -216,6 +220,22 @@ pub trait RdsTransport: Send + Sync {
 
     /// The path has messages to send: pull and transmit them.
     fn kick(&self, path: PathInfo);
+
+    /// Receive flow control ([`crate::Output::RxFlow`]): with `paused`,
+    /// stop reading the path (TCP: leave the bytes in the socket, so the
+    /// window closes) until a call with `paused` false, whatever connection
+    /// instance serves it now or later. A call whose `seq` is not above the
+    /// last applied for the path is stale (outputs of different threads
+    /// may arrive out of order): ignore it. What was already read is
+    /// delivered; the overshoot is at most one read batch per connection.
+    /// A paused path must still notice its connection ending (the peer's
+    /// FIN or a reset): it then delivers what is left and reports
+    /// `path_down` as usual.
+    ///
+    /// The default ignores it: the transport keeps delivering, and the node
+    /// queues what arrives (nothing is dropped, but memory is bounded only
+    /// by what the peer sends).
+    fn rx_flow(&self, _path: PathInfo, _paused: bool, _seq: u64) {}
 
     /// Stop everything (all connections and listeners).
     fn close(&self);

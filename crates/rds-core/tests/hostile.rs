@@ -192,7 +192,7 @@ fn drive(n: &mut Node, rng: &mut Rng, now: Instant, acked: &mut Vec<(PathId, u64
                     }
                 }
             }
-            Output::Wake(_) => {}
+            Output::Wake(_) | Output::RxFlow { .. } => {}
         }
     }
 }

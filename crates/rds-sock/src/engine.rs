@@ -237,6 +237,7 @@ impl Inner {
                 Work::Out(Output::Connect(info)) => self.transport(info.kind).connect(info),
                 Work::Out(Output::Shutdown(info)) => self.transport(info.kind).shutdown(info),
                 Work::Out(Output::Kick(info)) => self.transport(info.kind).kick(info),
+                Work::Out(Output::RxFlow { path, paused, seq }) => self.transport(path.kind).rx_flow(path, paused, seq),
                 Work::Out(Output::Wake(_)) => {}
                 Work::Wake(sh, seq, r, w) => sh.wake(seq, r, w),
             }

@@ -186,6 +186,10 @@ impl TxState {
 
 pub(crate) struct RxState {
     pub decoder: FrameDecoder,
+    /// When a read last brought bytes (or the path was resumed): a partial
+    /// message older than `TcpConfig::rx_frame_timeout` resets the
+    /// connection.
+    pub progress_at: std::time::Instant,
 }
 
 static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -251,7 +255,7 @@ impl Conn {
             wr_gen: AtomicU64::new(0),
             requested: Mutex::new(None),
             tx: Mutex::new(TxState::default()),
-            rx: Mutex::new(RxState { decoder: FrameDecoder::default() }),
+            rx: Mutex::new(RxState { decoder: FrameDecoder::default(), progress_at: std::time::Instant::now() }),
             last_write: AtomicU64::new(0),
             flush_pending: AtomicBool::new(false),
         }

@@ -105,12 +105,26 @@
 //! [`DownReason::Closed`] is reported: a message whose bytes our TCP acked
 //! is never dropped.
 //!
+//! Memory per connection is bounded by what arrived: a partial payload's
+//! buffer grows with the bytes received (never to a hostile `h_len` up
+//! front), and a partial message that gets no byte for
+//! [`TcpConfig::rx_frame_timeout`] (30 s) resets the connection
+//! (`tcp_rx_frame_stalled`). Receive flow control
+//! ([`RdsTransport::rx_flow`]): a path the core paused is not read (its
+//! readable events return at once, counted in `tcp_rx_paused`; the TCP
+//! window closes and the peer blocks); a pause that comes with a batch stops
+//! the reading after that batch; the peer's reset or an error still reads
+//! it to its end and reports it down (a FIN waits behind the data the
+//! window holds back); the state is per path, so a reconnected path stays
+//! paused; the resume reads what waits in the socket.
+//!
 //! Before a path above 0 is read, path 0 of the same connection is read
 //! until `EAGAIN` (or the budget: the other path then waits for a later
 //! pass, counted in `tcp_rx_lane_deferred`). A socket's messages move from
 //! path 0 to its own lane once the path-0 ones are acked, and an ack says
 //! our TCP has the bytes, not that we read them; this keeps the lane's
 //! first message behind them, whatever order readiness is reported in.
+//! While path 0 is paused, its other paths wait too; its resume reads them.
 //!
 //! ## Closing
 //!
@@ -188,6 +202,11 @@ pub struct TcpConfig {
     /// Zero writes every message at once. Default 20 µs
     /// (`RDS_TCP_COALESCE_US` in the environment overrides it).
     pub coalesce: Duration,
+    /// A connection whose partly received message (header or payload) got
+    /// no byte for this long is reset (counted in `tcp_rx_frame_stalled`,
+    /// reported as [`DownReason::ProtocolError`]); a path the core paused
+    /// is exempt. Zero disables it. Default 30 s.
+    pub rx_frame_timeout: Duration,
 }
 
 impl Default for TcpConfig {
@@ -210,6 +229,7 @@ impl Default for TcpConfig {
             coalesce: Duration::from_micros(
                 std::env::var("RDS_TCP_COALESCE_US").ok().and_then(|v| v.parse().ok()).unwrap_or(20),
             ),
+            rx_frame_timeout: Duration::from_secs(30),
         }
     }
 }
@@ -237,6 +257,12 @@ pub(crate) struct Stats {
     /// connection still had more than the read budget (ours; see
     /// `Reactor::path0_read`).
     pub rx_lane_deferred: AtomicU64,
+    /// Connections reset because a partly received message made no
+    /// progress for [`TcpConfig::rx_frame_timeout`].
+    pub rx_frame_stalled: AtomicU64,
+    /// Reads skipped because the core paused the path (receive flow
+    /// control, [`RdsTransport::rx_flow`]).
+    pub rx_paused: AtomicU64,
 }
 
 pub(crate) fn inc(c: &AtomicU64) {
@@ -260,6 +286,11 @@ pub(crate) struct Inner {
     pub reactors: Vec<ReactorHandle>,
     /// The current connection of every path that has one.
     pub paths: Mutex<HashMap<PathId, Arc<Conn>>>,
+    /// Receive flow control per path, whatever connection serves it:
+    /// (paused, seq of the last applied `rx_flow`).
+    rx_flow: Mutex<HashMap<PathId, (bool, u64)>>,
+    /// Paths paused now (skips the lookup when none is).
+    rx_paused_n: AtomicUsize,
     /// Addresses listened on, and the reactor serving each.
     listeners: Mutex<HashMap<IpAddr, usize>>,
     pub stats: Stats,
@@ -286,6 +317,11 @@ impl Inner {
 
     pub fn is_closed(&self) -> bool {
         self.closed.load(SeqCst)
+    }
+
+    /// Whether the core paused reading this path.
+    pub fn rx_paused(&self, id: PathId) -> bool {
+        self.rx_paused_n.load(SeqCst) != 0 && self.rx_flow.lock().get(&id).is_some_and(|f| f.0)
     }
 
     /// Socket options of every RDS TCP socket (`rds_tcp_tune` and keepalive).
@@ -453,6 +489,8 @@ impl TcpTransport {
             sink: RwLock::new(None),
             reactors: handles,
             paths: Mutex::new(HashMap::new()),
+            rx_flow: Mutex::new(HashMap::new()),
+            rx_paused_n: AtomicUsize::new(0),
             listeners: Mutex::new(HashMap::new()),
             stats: Stats::default(),
             next_token: AtomicUsize::new(reactor::FIRST_TOKEN),
@@ -578,6 +616,30 @@ impl RdsTransport for TcpTransport {
         }
     }
 
+    fn rx_flow(&self, path: PathInfo, paused: bool, seq: u64) {
+        {
+            let mut flow = self.inner.rx_flow.lock();
+            let f = flow.entry(path.id).or_insert((false, 0));
+            if seq <= f.1 {
+                return;
+            }
+            if f.0 != paused {
+                if paused {
+                    self.inner.rx_paused_n.fetch_add(1, SeqCst);
+                } else {
+                    self.inner.rx_paused_n.fetch_sub(1, SeqCst);
+                }
+            }
+            *f = (paused, seq);
+        }
+        if !paused {
+            // Readiness is edge-triggered: what waits in the socket raises
+            // no new event. The reactor reads it now.
+            let r = self.inner.reactor_of(path.laddr, path.faddr);
+            self.inner.reactors[r].send(Cmd::RxResume(path.id));
+        }
+    }
+
     fn close(&self) {
         if self.inner.closed.swap(true, SeqCst) {
             return;
@@ -601,13 +663,15 @@ impl RdsTransport for TcpTransport {
         let mut rows: Vec<TransportConnInfo> = conns
             .iter()
             .map(|c| {
-                let (hdr_rem, data_rem) = {
+                let (hdr_rem, data_rem, rx_buf) = {
                     let rx = c.rx.lock();
-                    (rx.decoder.header_remaining() as u64, rx.decoder.payload_remaining() as u64)
+                    let d = &rx.decoder;
+                    (d.header_remaining() as u64, d.payload_remaining() as u64, d.payload_capacity())
                 };
+                let rx_paused = self.inner.rx_paused(c.info.id);
                 let tx = c.tx.lock();
                 let detail = format!(
-                    "state={} in_xmit={} wait_writable={} queued={} unacked={} watched={}",
+                    "state={} in_xmit={} wait_writable={} queued={} unacked={} watched={} rx_buf={rx_buf} rx_paused={rx_paused}",
                     match c.state() {
                         conn::CONNECTING => "connecting",
                         UP => "up",
@@ -649,6 +713,8 @@ impl RdsTransport for TcpTransport {
             ("tcp_rx_partial_discarded", s.rx_partial_discarded.load(Relaxed)),
             ("tcp_tx_partial", s.tx_partial.load(Relaxed)),
             ("tcp_rx_lane_deferred", s.rx_lane_deferred.load(Relaxed)),
+            ("tcp_rx_frame_stalled", s.rx_frame_stalled.load(Relaxed)),
+            ("tcp_rx_paused", s.rx_paused.load(Relaxed)),
         ]
     }
 }

@@ -31,10 +31,11 @@ const RBUF: usize = 256 << 10;
 /// Payload bytes still missing above which reads go straight into the
 /// message's buffer.
 const DIRECT_MIN: usize = 16 << 10;
-/// Bytes offered per direct read (a whole maximal payload: one `read`
-/// takes all that is queued). `FrameDecoder::direct_buf` zero-fills what it
-/// offers, so a payload that trickles in is cleared more than once (a cost
-/// the decoder could avoid by remembering how much it already zeroed).
+/// Bytes offered per direct read at most (a whole maximal payload: one
+/// `read` takes all that is queued). The decoder offers less until that
+/// much arrived: its window grows with the bytes received
+/// (`FrameDecoder::read_direct`), so a hostile `h_len` costs what the peer
+/// really sent.
 const DIRECT_MAX: usize = 1 << 20;
 /// Messages handed to the sink per call at most.
 const BATCH_MSGS: usize = 1024;
@@ -62,6 +63,8 @@ pub(crate) enum Cmd {
     Watch(Arc<Conn>),
     Listen(IpAddr, TcpListener),
     Unlisten(IpAddr),
+    /// The core resumed reading the path: read what waits in its socket.
+    RxResume(rds_core::PathId),
     Stop,
 }
 
@@ -165,6 +168,8 @@ enum ReadEnd {
     Drained,
     /// The fairness budget ran out; more may be readable.
     Budget,
+    /// The core paused the path (receive flow control).
+    Paused,
     Eof,
     Error,
     Protocol,
@@ -190,6 +195,9 @@ struct Reactor {
     /// Listeners whose accept failed for lack of resources (EMFILE,
     /// ENOBUFS...), retried at this time.
     accept_retry: Option<Instant>,
+    /// Next look for partial messages that stalled
+    /// (`TcpConfig::rx_frame_timeout`).
+    next_stall_sweep: Option<Instant>,
     /// Accepted connections the core deferred (`Accept::Defer`), with the
     /// time they were first offered: kept unread (what the peer wrote was
     /// acked by our TCP and must not be lost), offered again at
@@ -217,6 +225,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         flushes: Vec::new(),
         rbuf: vec![0; RBUF],
         accept_retry: None,
+        next_stall_sweep: None,
         deferred: Vec::new(),
     };
     let mut events = Events::with_capacity(1024);
@@ -234,7 +243,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
             return;
         }
         // Connection events, lower path indexes first.
-        let mut ready: Vec<(u8, Arc<Conn>, bool, bool)> = Vec::new();
+        let mut ready: Vec<(u8, Arc<Conn>, bool, bool, bool)> = Vec::new();
         let mut accept_on = Vec::new();
         for ev in events.iter() {
             match ev.token() {
@@ -252,7 +261,9 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
                     } else if let Some(c) = r.conns.get(&tok) {
                         let rd = ev.is_readable() || ev.is_read_closed() || ev.is_error();
                         let wr = ev.is_writable() || ev.is_write_closed() || ev.is_error();
-                        ready.push((c.info.id.index, c.clone(), rd, wr));
+                        // The peer's FIN or a reset: read even a paused path.
+                        let end = ev.is_read_closed() || ev.is_error();
+                        ready.push((c.info.id.index, c.clone(), rd, wr, end));
                     }
                 }
             }
@@ -261,12 +272,12 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
             if let Some(e) = ready.iter_mut().find(|e| Arc::ptr_eq(&e.1, &c)) {
                 e.2 = true;
             } else {
-                ready.push((c.info.id.index, c, true, false));
+                ready.push((c.info.id.index, c, true, false, false));
             }
         }
         ready.sort_by_key(|e| e.0);
-        for (_, c, rd, wr) in ready {
-            r.conn_event(&c, rd, wr);
+        for (_, c, rd, wr, end) in ready {
+            r.conn_event(&c, rd, wr, end);
         }
         for tok in accept_on {
             r.accept_all(tok);
@@ -285,6 +296,9 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
             r.poll_watched();
         }
         r.expire_drains(now);
+        if r.next_stall_sweep.is_some_and(|t| t <= now) {
+            r.sweep_stalls(now);
+        }
         if r.accept_retry.is_some_and(|t| t <= now) {
             r.accept_retry = None;
             r.offer_deferred(now);
@@ -333,8 +347,15 @@ impl Reactor {
         if !self.rx_more.is_empty() || !handle.cmds.lock().is_empty() {
             return Some(Duration::ZERO);
         }
+        let stall = self.inner.cfg.rx_frame_timeout;
+        if self.conns.is_empty() || stall.is_zero() {
+            self.next_stall_sweep = None;
+        } else if self.next_stall_sweep.is_none() {
+            self.next_stall_sweep = Some(now + (stall / 4).max(Duration::from_millis(10)));
+        }
         let next = [
             self.next_ack_poll,
+            self.next_stall_sweep,
             self.drains.iter().map(|d| d.0).min(),
             self.accept_retry,
             self.flushes.iter().map(|f| f.0).min(),
@@ -363,9 +384,27 @@ impl Reactor {
                 Cmd::Shutdown(info) => self.shutdown(info),
                 Cmd::Xmit(conn) => self.inner.xmit(&conn),
                 Cmd::Watch(conn) => self.watch(conn),
+                Cmd::RxResume(id) => {
+                    let conn = self.inner.paths.lock().get(&id).cloned();
+                    if let Some(c) = conn.filter(|c| c.reactor == self.idx && matches!(c.state(), UP | DRAINING)) {
+                        c.rx.lock().progress_at = Instant::now();
+                        // Path 0 held its connection's other paths back
+                        // (`path0_read`): read them too.
+                        let lanes: Vec<Arc<Conn>> = if id.index == 0 {
+                            self.conns.values().filter(|x| x.info.id.conn == id.conn && x.info.id.index != 0).cloned().collect()
+                        } else {
+                            Vec::new()
+                        };
+                        for c in std::iter::once(c).chain(lanes) {
+                            if !self.rx_more.iter().any(|x| Arc::ptr_eq(x, &c)) {
+                                self.rx_more.push(c);
+                            }
+                        }
+                    }
+                }
                 Cmd::Failed(conn) => {
                     if conn.state() != CLOSED {
-                        self.read_conn(&conn);
+                        self.read_conn(&conn, true);
                         if conn.state() != CLOSED {
                             let why = down_reason(&conn, DownReason::Closed);
                             self.close_conn(&conn, why, false);
@@ -615,7 +654,7 @@ impl Reactor {
                 }
                 let _ = conn.stream.shutdown(Shutdown::Write);
                 self.drains.push((Instant::now() + self.inner.cfg.shutdown_drain, conn.clone()));
-                self.read_conn(&conn);
+                self.read_conn(&conn, false);
             }
             _ => {}
         }
@@ -630,7 +669,7 @@ impl Reactor {
         for (_, c) in due {
             if c.state() != CLOSED {
                 // Deliver whatever arrived before giving up on the FIN.
-                self.read_conn(&c);
+                self.read_conn(&c, true);
                 if c.state() != CLOSED {
                     let why = down_reason(&c, DownReason::Closed);
                     self.close_conn(&c, why, false);
@@ -702,7 +741,10 @@ impl Reactor {
         }
     }
 
-    fn conn_event(&mut self, conn: &Arc<Conn>, readable: bool, writable: bool) {
+    /// `end`: the peer's FIN or an error came with the event; a paused path
+    /// is read then too (to its end: what is left in the socket, bounded by
+    /// its receive buffer), so that it notices the end and goes down.
+    fn conn_event(&mut self, conn: &Arc<Conn>, readable: bool, writable: bool, end: bool) {
         match conn.state() {
             CONNECTING if readable || writable => {
                 self.check_connect(conn, readable && !writable);
@@ -711,7 +753,7 @@ impl Reactor {
                 // announce it again once the window is full.
                 if conn.state() == UP && self.path0_read(conn) {
                     inc(&self.inner.stats.data_ready_calls);
-                    self.read_conn(conn);
+                    self.read_conn(conn, end);
                 }
             }
             UP | DRAINING => {
@@ -723,7 +765,7 @@ impl Reactor {
                 }
                 if readable && self.path0_read(conn) {
                     inc(&self.inner.stats.data_ready_calls);
-                    self.read_conn(conn);
+                    self.read_conn(conn, end);
                 }
                 if conn.state() != CLOSED {
                     self.poll_one(conn);
@@ -748,7 +790,13 @@ impl Reactor {
         }
         let p0 = self.inner.paths.lock().get(&rds_core::PathId { conn: id.conn, index: 0 }).cloned();
         let Some(p0) = p0.filter(|p| matches!(p.state(), UP | DRAINING)) else { return true };
-        if self.read_conn(&p0) {
+        if self.inner.rx_paused(p0.info.id) {
+            // Path 0's bytes wait in its socket: the lanes wait behind them
+            // (path 0's resume reads them all again).
+            inc(&self.inner.stats.rx_lane_deferred);
+            return false;
+        }
+        if self.read_conn(&p0, false) {
             // Path 0 has more than the budget: it goes first again.
             self.rx_more.push(conn.clone());
             inc(&self.inner.stats.rx_lane_deferred);
@@ -761,9 +809,19 @@ impl Reactor {
     /// closes the connection at the end of the stream or on an error.
     /// Returns true when it stopped at the budget (`conn` is then queued in
     /// `rx_more` for the next pass).
-    fn read_conn(&mut self, conn: &Arc<Conn>) -> bool {
+    ///
+    /// A path the core paused is not read (its bytes wait in the socket and
+    /// the TCP window closes; the resume queues it in `rx_more`), unless
+    /// `force` (the connection is ending: what it holds is delivered, never
+    /// dropped). A pause that comes with a batch handed to the sink stops
+    /// the reading after that batch: the overshoot is one batch.
+    fn read_conn(&mut self, conn: &Arc<Conn>, force: bool) -> bool {
         let Some(sink) = self.inner.sink() else { return false };
         let (id, inst) = (conn.info.id, conn.info.inst);
+        if !force && self.inner.rx_paused(id) {
+            inc(&self.inner.stats.rx_paused);
+            return false;
+        }
         let budget = self.inner.cfg.read_budget;
         let mut batch: Vec<RxMessage> = Vec::new();
         let mut batch_bytes = 0usize;
@@ -776,28 +834,20 @@ impl Reactor {
                 let mut rx = conn.rx.lock();
                 let dec = &mut rx.decoder;
                 if dec.payload_remaining() >= DIRECT_MIN {
-                    let buf = dec.direct_buf(DIRECT_MAX).unwrap_or_default();
-                    let offered = buf.len();
-                    match (&conn.stream).read(buf) {
-                        Ok(0) => {
-                            dec.commit_direct(0, offered);
-                            Err(ReadEnd::Eof)
-                        }
-                        Ok(n) => {
-                            if let Some(f) = dec.commit_direct(n, offered) {
+                    match dec.read_direct(DIRECT_MAX, |buf| (&conn.stream).read(buf)) {
+                        Ok((0, _)) => Err(ReadEnd::Eof),
+                        Ok((n, f)) => {
+                            if let Some(f) = f {
                                 batch_bytes += f.payload.len();
                                 batch.push(rx_msg(f, rx_time_ns()));
                             }
                             Ok(n)
                         }
-                        Err(e) => {
-                            dec.commit_direct(0, offered);
-                            match e.kind() {
-                                io::ErrorKind::WouldBlock => Err(ReadEnd::Drained),
-                                io::ErrorKind::Interrupted => Ok(0),
-                                _ => Err(ReadEnd::Error),
-                            }
-                        }
+                        Err(e) => match e.kind() {
+                            io::ErrorKind::WouldBlock => Err(ReadEnd::Drained),
+                            io::ErrorKind::Interrupted => Ok(0),
+                            _ => Err(ReadEnd::Error),
+                        },
                     }
                 } else {
                     match (&conn.stream).read(&mut self.rbuf) {
@@ -829,13 +879,19 @@ impl Reactor {
                 sink.received(id, inst, &mut batch);
                 batch.clear();
                 batch_bytes = 0;
+                if !force && self.inner.rx_paused(id) {
+                    break ReadEnd::Paused;
+                }
             }
         };
+        if total > 0 {
+            conn.rx.lock().progress_at = Instant::now();
+        }
         if !batch.is_empty() {
             sink.received(id, inst, &mut batch);
         }
         match end {
-            ReadEnd::Drained => {}
+            ReadEnd::Drained | ReadEnd::Paused => {}
             ReadEnd::Budget => {
                 self.rx_more.push(conn.clone());
                 return true;
@@ -847,6 +903,27 @@ impl Reactor {
             ReadEnd::Protocol => self.close_conn(conn, DownReason::ProtocolError, true),
         }
         false
+    }
+
+    /// Resets the connections whose partly received message got no byte
+    /// for `rx_frame_timeout` (paused paths are exempt: we stopped reading).
+    fn sweep_stalls(&mut self, now: Instant) {
+        let timeout = self.inner.cfg.rx_frame_timeout;
+        self.next_stall_sweep = None;
+        let stalled: Vec<Arc<Conn>> = self
+            .conns
+            .values()
+            .filter(|c| matches!(c.state(), UP | DRAINING) && !self.inner.rx_paused(c.info.id))
+            .filter(|c| {
+                let rx = c.rx.lock();
+                !rx.decoder.is_idle() && now.saturating_duration_since(rx.progress_at) >= timeout
+            })
+            .cloned()
+            .collect();
+        for c in stalled {
+            inc(&self.inner.stats.rx_frame_stalled);
+            self.close_conn(&c, DownReason::ProtocolError, true);
+        }
     }
 
     /// Closes a connection (reset when `rst`) and reports it down.

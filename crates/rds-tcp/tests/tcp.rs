@@ -311,7 +311,9 @@ fn listener_and_address_checks() {
             "tcp_listen_closed_stale",
             "tcp_rx_partial_discarded",
             "tcp_tx_partial",
-            "tcp_rx_lane_deferred"
+            "tcp_rx_lane_deferred",
+            "tcp_rx_frame_stalled",
+            "tcp_rx_paused"
         ]
     );
     t1.close();
@@ -483,6 +485,101 @@ fn peer_that_starts_late_gets_the_messages() {
     let inc = got.unwrap_or_else(|| a.recv(sa, d));
     assert!(&inc.payload[..] == b"late" || &inc.payload[..] == b"early");
     b.wait_for(d, "acked", |n| n.snd_bytes(sb) == 0);
+    a.shutdown();
+    b.shutdown();
+}
+
+/// Receive flow control over real TCP: the receiver's node budget (2 MiB,
+/// below its socket's congestion threshold, so the sender is not stopped by
+/// congestion first) pauses the path; the transport stops reading it (the
+/// sender blocks: its TCP window closed), does not spin on it, still sees
+/// the connection end and reports the path down, and the reconnected path
+/// stays paused; the application's reads resume it, and every message
+/// arrives once, in order.
+#[test]
+fn paused_path_holds_the_sender_back_and_resumes() {
+    const N: u64 = 400;
+    const LEN: usize = 64 << 10;
+    let budget = 2u64 << 20;
+    let a = Host::new(ip("127.0.23.1"), 17114, 61);
+    let b = Host::with_config(
+        ip("127.0.23.2"),
+        // A short stall deadline: a paused path is exempt (we stopped
+        // reading it, the peer did not stall).
+        rds_tcp::TcpConfig { port: 17114, rx_frame_timeout: Duration::from_millis(200), ..Default::default() },
+        NodeConfig { rcv_budget: budget, ..common::node_config(62) },
+    );
+    let d = deadline(120);
+    let sa = a.socket(5000);
+    let sb = b.socket(4000);
+    let to = SocketAddr::new(b.addr, 4000);
+    let a2 = a.clone();
+    let sent = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let sent2 = sent.clone();
+    let tx = std::thread::spawn(move || {
+        for i in 0..N {
+            a2.send(sa, to, &Payload::new(pattern(i, LEN)), d);
+            sent2.store(i + 1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    b.wait_for(d, "a pause", |n| n.counters().recv_pause >= 1);
+    let p = path0(&b, a.addr);
+    assert!(b.with(|n| n.rx_paused(p)));
+    // The sender is held back: nothing more arrives.
+    let steady = |h: &Host| {
+        let mut last = h.with(|n| n.rx_held());
+        loop {
+            std::thread::sleep(Duration::from_millis(300));
+            let now = h.with(|n| n.rx_held());
+            if now == last {
+                return now;
+            }
+            assert!(Instant::now() < d, "the queue kept growing");
+            last = now;
+        }
+    };
+    let held = steady(&b);
+    let per = (LEN as u64) + rds_core::recv::RCV_MSG_OVERHEAD;
+    // The budget, plus one read batch (4 MiB) at most.
+    assert!(held > budget && held <= budget + (4 << 20) + per, "{held} bytes held, budget {budget}");
+    assert!(sent.load(std::sync::atomic::Ordering::SeqCst) < N, "the sender was not held back");
+    // No spinning on a paused path.
+    let (r0, p0) = (b.counter("tcp_data_ready_calls"), b.counter("tcp_rx_paused"));
+    std::thread::sleep(Duration::from_millis(500));
+    let (r1, p1) = (b.counter("tcp_data_ready_calls") - r0, b.counter("tcp_rx_paused") - p0);
+    assert!(r1 <= 20 && p1 <= 20, "{r1} readable events, {p1} paused reads in 500 ms");
+    let partial = b.tcp.conn_info().into_iter().find(|r| r.path == Some(p)).is_some_and(|r| r.hdr_rem != 48 || r.data_rem != 0);
+    assert_eq!(b.counter("tcp_rx_frame_stalled"), 0, "a paused path was reset as stalled (partial message: {partial})");
+    // The paused connection breaks (our end shut down, as a failing
+    // connection would): it is read to its end and reported down (what it
+    // held is delivered, nothing dropped); the path reconnects and stays
+    // paused. (A peer's FIN cannot be seen while we do not read: it waits
+    // behind the peer's data the closed window holds back.)
+    let resets = b.with(|n| n.counters().conn_reset);
+    assert!(b.tcp.abort_path(p));
+    b.wait_for(d, "the paused path down", |n| n.counters().conn_reset > resets);
+    b.wait_for(d, "the path up again", |n| n.path_state(p) == Some(PathState::Up));
+    assert!(b.with(|n| n.rx_paused(p)), "the reconnected path is still paused");
+    let held2 = steady(&b);
+    let row = b.tcp.conn_info().into_iter().find(|r| r.path == Some(p)).expect("path 0's connection");
+    assert!(row.detail.contains("rx_paused=true"), "{}", row.detail);
+    println!(
+        "paused: {held} bytes held (budget {budget}, partial message held: {partial}), {r1} readable events and {p1} paused reads in 500 ms; \
+         after the connection broke and reconnected {held2} bytes held"
+    );
+    // The application reads: everything, once, in order.
+    for i in 0..N {
+        let inc = b.recv(sb, d);
+        assert_eq!(index_of(&inc.payload), i, "each message once, in order");
+        assert!(inc.payload[..] == pattern(i, LEN)[..], "content of message {i}");
+    }
+    tx.join().unwrap();
+    a.wait_for(d, "all acked", |n| n.snd_bytes(sa) == 0);
+    assert!(b.with(|n| n.recv(sb, false)).is_err(), "nothing extra");
+    let c = b.with(|n| n.counters().clone());
+    assert_eq!(c.recv_drop_over_limit, 0);
+    assert_eq!(b.counter("tcp_rx_frame_stalled"), 0);
+    assert!(c.recv_resume >= 1 && !b.with(|n| n.rx_paused(p)));
     a.shutdown();
     b.shutdown();
 }

@@ -1,5 +1,5 @@
 //! The socket API beyond errno: readiness in mio, loopback delivery without
-//! TCP, and the engine's shutdown report.
+//! TCP (and its flow control), and the engine's shutdown report.
 
 use std::os::fd::AsRawFd;
 use std::time::Duration;
@@ -110,4 +110,59 @@ fn timeouts_too_long_to_represent_never_expire() {
     let _a = sender.join().expect("the send with Duration::MAX did not panic");
     let report = e.shutdown(Duration::MAX);
     assert_eq!(report.messages(), 0);
+}
+
+/// Loopback (two sockets of one engine): a receiver that never reads pauses
+/// the sending path once the node's receive budget is passed; the sender
+/// blocks (its send buffer holds what was not pulled) instead of the
+/// receiver dropping over its cap, and the receiver's reads resume it:
+/// every message arrives once, in order.
+#[test]
+fn loopback_receiver_that_never_reads_holds_the_sender_back() {
+    let ip = addr_block(51);
+    let mut cfg = rds_sock::EngineConfig::default();
+    cfg.node.rcv_budget = 4 << 20;
+    let e = rds_sock::Engine::new(cfg).unwrap();
+    let (tx, rx) = (e.socket().unwrap(), e.socket().unwrap());
+    tx.bind(sa(ip(1), 5000)).unwrap();
+    rx.bind(sa(ip(1), 4000)).unwrap();
+    // A receive buffer far above the budget: congestion does not stop the
+    // sender first.
+    rx.set_recv_buffer_size_force(64 << 20).unwrap();
+    tx.set_write_timeout(Some(Duration::from_millis(300))).unwrap();
+    const LEN: usize = 64 << 10;
+    let mut sent = 0u64;
+    let timed_out = loop {
+        match tx.send_to(&payload(9, sent, LEN), sa(ip(1), 4000)) {
+            Ok(_) => sent += 1,
+            Err(err) => break err,
+        }
+        assert!(sent < 1000, "the sender was never held back");
+    };
+    assert_eq!(timed_out.raw_os_error(), Some(libc::ETIMEDOUT));
+    let c: std::collections::HashMap<String, u64> = e.counters().into_iter().collect();
+    assert_eq!((c["recv_pause"], c["recv_drop_over_limit"]), (1, 0));
+    let held = e.with_node(|n| n.rx_held());
+    assert!(held > 4 << 20 && held <= (4 << 20) + (1 << 20) + LEN as u64, "{held} bytes held");
+    // Reading resumes the path: then everything arrives, more can be sent.
+    let more = 20;
+    let sender = std::thread::spawn(move || {
+        tx.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+        for i in sent..sent + more {
+            tx.send_to(&payload(9, i, LEN), sa(ip(1), 4000)).unwrap();
+        }
+    });
+    rx.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = vec![0u8; LEN];
+    for i in 0..sent + more {
+        let (n, from) = rx.recv_from(&mut buf).unwrap_or_else(|err| panic!("message {i}: {err}"));
+        assert_eq!(from, sa(ip(1), 5000));
+        check_payload(9, i, &buf[..n]).unwrap();
+    }
+    sender.join().unwrap();
+    rx.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    assert_eq!(rx.recv_from(&mut buf).unwrap_err().raw_os_error(), Some(libc::ETIMEDOUT));
+    let c: std::collections::HashMap<String, u64> = e.counters().into_iter().collect();
+    assert!(c["recv_resume"] >= 1 && c["recv_drop_over_limit"] == 0);
+    e.shutdown(Duration::ZERO);
 }

@@ -73,6 +73,8 @@ pub struct Net {
     pub frozen_kicks: BTreeSet<(usize, PathId)>,
     pub refuse: HashSet<usize>,
     pub wakes: Vec<(usize, SockId)>,
+    /// Receive flow control asked of the transport: (node, path, paused, seq).
+    pub flows: Vec<(usize, PathInfo, bool, u64)>,
     pub connects: Vec<(usize, PathInfo, Instant)>,
     pub shutdowns: Vec<(usize, PathInfo)>,
     pub outcomes: Vec<(usize, RecvOutcome)>,
@@ -127,6 +129,7 @@ impl Net {
             frozen_kicks: BTreeSet::new(),
             refuse: HashSet::new(),
             wakes: Vec::new(),
+            flows: Vec::new(),
             connects: Vec::new(),
             shutdowns: Vec::new(),
             outcomes: Vec::new(),
@@ -221,6 +224,7 @@ impl Net {
                 self.cut(i, info.id);
             }
             Output::Wake(s) => self.wakes.push((i, s)),
+            Output::RxFlow { path, paused, seq } => self.flows.push((i, path, paused, seq)),
         }
     }
 

@@ -91,6 +91,7 @@ impl Host {
                 Output::Shutdown(i) => self.transport(i.kind).shutdown(i),
                 Output::Kick(i) => self.transport(i.kind).kick(i),
                 Output::Wake(_) => self.notify(),
+                Output::RxFlow { path, paused, seq } => self.transport(path.kind).rx_flow(path, paused, seq),
             }
         }
         r

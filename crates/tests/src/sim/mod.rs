@@ -138,7 +138,8 @@
 //!    receive queue never exceeds its limit plus what every sender can have
 //!    queued or in flight before it learns of the congestion (twice the sum
 //!    of all send buffers plus one window per possible path); nothing is
-//!    ever dropped for a missing socket, a bad frame or the hard receive cap.
+//!    ever dropped for a missing socket, a bad frame or memory (the node
+//!    pauses paths instead; the simulated transport keeps delivering).
 //! 6. **Liveness.** Once faults stop, everything drains within 120 s of
 //!    simulated time: no message queued or unacked, no receive queue
 //!    non-empty, no blocked sender left without a wake-up.
