@@ -29,6 +29,7 @@ use std::ptr;
 use std::sync::{Arc, Mutex};
 
 use rdma_sys as sys;
+use rds_core::RdmaSeg;
 
 use super::{check, errno, sockaddr_v4, Channel, IdGuard, Verbs};
 
@@ -62,46 +63,63 @@ struct UserMr {
     mr: *mut sys::ibv_mr,
     owner: u64,
     use_once: bool,
+    /// The registered memory, kept alive until the MR is deregistered (in
+    /// `drop`, before this field goes).
+    _mem: RdmaSeg,
 }
 
 impl Drop for UserMr {
     fn drop(&mut self) {
-        // SAFETY: a live registration, released once. A work request of the
-        // peer still in flight to it fails with a remote access error, as
-        // with a kernel MR that was freed.
+        // SAFETY: a live registration, released once. Once this returns the
+        // device no longer touches the memory (a peer's work request still
+        // in flight to it fails with a remote access error, as with a kernel
+        // MR that was freed); only then is `_mem`'s handle dropped.
         unsafe { sys::ibv_dereg_mr(self.mr) };
     }
 }
 
-/// A local buffer registered for the duration of one RDMA operation.
-pub(crate) struct LocalMr(*mut sys::ibv_mr);
+/// A local buffer registered for the duration of one RDMA operation; the
+/// memory stays alive until the registration is gone.
+pub(crate) struct LocalMr {
+    mr: *mut sys::ibv_mr,
+    _mem: RdmaSeg,
+}
 
 impl LocalMr {
     pub(crate) fn lkey(&self) -> u32 {
-        // SAFETY: a live registration.
-        unsafe { (*self.0).lkey }
+        // SAFETY: a live registration (released only in drop).
+        unsafe { (*self.mr).lkey }
     }
 }
 
 impl Drop for LocalMr {
     fn drop(&mut self) {
-        // SAFETY: a live registration; the work requests using it completed
-        // or the QP is gone.
-        unsafe { sys::ibv_dereg_mr(self.0) };
+        // SAFETY: a live registration, released once. The work requests
+        // using it completed, or their QP is gone, or (if the op is dropped
+        // early) the device fails them with a protection error from now on:
+        // after deregistration it does not touch the memory, whose handle
+        // `_mem` is dropped only after this.
+        unsafe { sys::ibv_dereg_mr(self.mr) };
     }
 }
 
-/// Registers `len` bytes at `addr` of this process for a local RDMA work
-/// request (READ writes into it).
-pub(crate) fn register_local(pd: *mut sys::ibv_pd, addr: u64, len: u64) -> io::Result<LocalMr> {
+/// Registers the segment for a local RDMA work request (a READ writes into
+/// it); the registration keeps the segment's buffer alive.
+pub(crate) fn register_local(pd: *mut sys::ibv_pd, seg: &RdmaSeg) -> io::Result<LocalMr> {
+    if seg.is_empty() || seg.len() > u32::MAX as usize {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
     let access = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as c_int;
-    // SAFETY: the caller of the RDMA operation promised (RDMA_ARGS) that
-    // the buffer stays valid until the operation's completion; verbs pin it.
-    let mr = unsafe { sys::ibv_reg_mr(pd, addr as *mut c_void, len as usize, access) };
+    // SAFETY: the segment is `len` bytes of live memory inside its
+    // RdmaBuf (checked when it was formed), accessed by Rust only through
+    // atomics while shared; the LocalMr holds a handle to it until it is
+    // deregistered, so the device never reaches freed memory. `pd` is the
+    // connection's live PD.
+    let mr = unsafe { sys::ibv_reg_mr(pd, seg.addr() as *mut c_void, seg.len(), access) };
     if mr.is_null() {
         return Err(errno());
     }
-    Ok(LocalMr(mr))
+    Ok(LocalMr { mr, _mem: seg.clone() })
 }
 
 /// The MRs of a transport, keyed by rkey.
@@ -125,14 +143,15 @@ impl MrTable {
         self.mrs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// `__rds_rdma_map`: registers `len` bytes at `addr` (this process's
-    /// memory, readable and writable by the peer) for the socket `owner`
-    /// bound to `local`; returns the cookie. EINVAL for an empty or
-    /// wrapping vector, EMSGSIZE above [`MAX_MR_BYTES`], ENOMEM beyond
-    /// [`MAX_MRS`], ENODEV when no device serves `local`, EFAULT when the
-    /// memory cannot be registered.
-    pub fn get_mr(&self, local: Ipv4Addr, owner: u64, addr: u64, len: u64, flags: u64) -> io::Result<u64> {
+    /// `__rds_rdma_map`: registers the segment (readable and writable by
+    /// the peer) for the socket `owner` bound to `local`; returns the
+    /// cookie. The MR keeps the segment's buffer alive until it is
+    /// released. EINVAL for an empty segment, EMSGSIZE above
+    /// [`MAX_MR_BYTES`], ENOMEM beyond [`MAX_MRS`], ENODEV when no device
+    /// serves `local`, EFAULT when the memory cannot be registered.
+    pub fn get_mr(&self, local: Ipv4Addr, owner: u64, seg: &RdmaSeg, flags: u64) -> io::Result<u64> {
         let e = io::Error::from_raw_os_error;
+        let (addr, len) = (seg.addr(), seg.len() as u64);
         if len == 0 || addr.checked_add(len).is_none() || len > u64::from(u32::MAX) {
             return Err(e(libc::EINVAL));
         }
@@ -147,9 +166,12 @@ impl MrTable {
         let access = (sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
             | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
             | sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0) as c_int;
-        // SAFETY: the caller hands this memory to the peer until FREE_MR (as
-        // with the kernel's pinned pages); verbs pin it. iova = in-page
-        // offset makes the MR's addresses the kernel's zero-based ones.
+        // SAFETY: `len` bytes at `addr` are live memory inside the segment's
+        // RdmaBuf, which Rust accesses only through atomics while shared;
+        // the UserMr below holds a handle to it until the MR is
+        // deregistered, so the peer never reaches freed memory. `pd` is a
+        // live PD of the transport. iova = in-page offset makes the MR's
+        // addresses the kernel's zero-based ones.
         let mr = unsafe { sys::ibv_reg_mr_iova(pd, addr as *mut c_void, len as usize, offset, access) };
         if mr.is_null() {
             let err = errno();
@@ -159,10 +181,13 @@ impl MrTable {
             });
         }
         let _ = flags & READWRITE;
-        let m = UserMr { mr, owner, use_once: flags & USE_ONCE != 0 };
+        let m = UserMr { mr, owner, use_once: flags & USE_ONCE != 0, _mem: seg.clone() };
         // SAFETY: a live registration.
         let rkey = unsafe { (*mr).rkey };
-        self.lock().insert(rkey, m);
+        // A live rkey is never handed out twice; were it, the old entry
+        // would be deregistered (then its memory released) here.
+        let old = self.lock().insert(rkey, m);
+        drop(old);
         Ok(make_cookie(rkey, offset as u32))
     }
 
