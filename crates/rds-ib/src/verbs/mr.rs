@@ -15,6 +15,11 @@
 //! buffer's byte `k` (no byte outside the buffer is exposed, unlike the
 //! kernel's whole pages).
 //!
+//! The memory is a segment of an `RdmaBuf` ([`RdmaSeg`]), never a raw
+//! address: a registration holds a handle to the buffer and drops it only
+//! after `ibv_dereg_mr`, so the peer (or the device for a local op) never
+//! reaches memory that was freed, whatever the caller drops first.
+//!
 //! MRs belong to a socket (an opaque `owner` number): FREE_MR and RDMA_DEST
 //! only find the caller's own, a USE_ONCE MR is released when a message of
 //! an RDMA that used it arrives ([`MrTable::unuse`]), and closing the socket
@@ -248,8 +253,8 @@ impl MrTable {
     fn pd_for_addr(&self, local: Ipv4Addr) -> io::Result<*mut sys::ibv_pd> {
         let ch = Channel::new()?;
         let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
-        // SAFETY: ch is live; id is an out pointer.
         check(
+            // SAFETY: ch is live; id is an out pointer.
             unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) },
             "rdma_create_id",
         )?;

@@ -19,10 +19,13 @@
 //! rds-rdma-peer [--kernel] initiator LOCAL LPORT PEER PPORT N
 //!     receives "MR" and "MR1" with their cookies; RDMA READ of A (N bytes,
 //!     remote address 0) with "R", NOTIFY_ME token 1: the status must be
-//!     0 and the local buffer pattern 1; RDMA WRITE of pattern 2 over A with
+//!     0 and the local buffer pattern 1 (ours: the op held a handle to the
+//!     buffer while in flight and none once acked: `HOLD R during n after
+//!     m`); RDMA WRITE of pattern 2 over A with
 //!     "W" (token 2); a FENCEd WRITE of 1000 bytes of pattern 3 at remote
 //!     address 37 from two local buffers with "W2 37 1000" (token 3); a
-//!     WRITE of 64 bytes of pattern 4 to B with "W3" (token 4); "DONE".
+//!     WRITE of 64 bytes of pattern 4 to B with "W3" (token 4; ours drops
+//!     its handle to the buffer right after the send); "DONE".
 //! ```
 //!
 //! Lines: `BOUND`, `COOKIE name 0x.. offset o`, `DEST name 0x..`,
@@ -71,6 +74,11 @@ trait Ep {
     fn late_statuses(&self) -> Vec<(u64, i32)> {
         Vec::new()
     }
+    /// Whether an op holds handles to its RdmaBufs (ours; the kernel takes
+    /// addresses and pins the pages itself).
+    fn holds(&self) -> bool {
+        false
+    }
 }
 
 // ---- ours ----------------------------------------------------------------
@@ -102,6 +110,9 @@ impl Ep for Ours {
         if !self.0.flush(Duration::from_secs(10)) {
             println!("FLUSH timed out");
         }
+    }
+    fn holds(&self) -> bool {
+        true
     }
     fn late_statuses(&self) -> Vec<(u64, i32)> {
         let _ = self.0.set_read_timeout(Some(Duration::from_secs(3)));
@@ -232,6 +243,7 @@ impl Ep for Kernel {
     fn recv(&self) -> io::Result<Got> {
         let mut buf = vec![0u8; 1 << 16];
         let mut ctl = vec![0u64; 64];
+        // SAFETY: all-zero is a valid sockaddr_in.
         let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
         let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
         let mut dest = None;
@@ -439,10 +451,22 @@ fn initiator(ep: &dyn Ep, peer: SocketAddr, n: usize) -> Result<(), String> {
     // READ A.
     let l = RdmaBuf::new(n);
     ep.send(b"R", peer, Some(op(ca, 0, n as u64, vec![l.all()], 0, 1))).map_err(|e| format!("send R: {e}"))?;
+    // Ours: the op holds the buffer (queued, then registered) until its
+    // work request completed and its message was acked.
+    let held = l.handles();
     let s = wait_status(ep, &mut st, &mut early, 1)?;
     println!("READ status {s}");
     bad += (s != 0 || !verify("R", &l.to_vec(), &pattern(1, n))) as u32;
     wait_ok(ep, &mut st, &mut early, "R")?;
+    if ep.holds() {
+        ep.finish();
+        let t0 = Instant::now();
+        while l.handles() > 1 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        println!("HOLD R during {held} after {}", l.handles());
+        bad += (held < 2 || l.handles() != 1) as u32;
+    }
     // WRITE A.
     let w = RdmaBuf::from_slice(&pattern(2, n));
     ep.send(b"W", peer, Some(op(ca, 0, n as u64, vec![w.all()], F::READWRITE, 2))).map_err(|e| format!("send W: {e}"))?;
@@ -463,6 +487,9 @@ fn initiator(ep: &dyn Ep, peer: SocketAddr, n: usize) -> Result<(), String> {
     let p4 = RdmaBuf::from_slice(&pattern(4, 64));
     ep.send(b"W3", peer, Some(op(cb, 0, 64, vec![p4.all()], F::READWRITE, 4)))
         .map_err(|e| format!("send W3: {e}"))?;
+    // Ours: the caller's handle goes at once; the op keeps the memory
+    // alive, and the target still checks the bytes it got.
+    let p4 = if ep.holds() { None } else { Some(p4) };
     let s = wait_status(ep, &mut st, &mut early, 4)?;
     println!("WRITE3 status {s}");
     bad += (s != 0) as u32;
