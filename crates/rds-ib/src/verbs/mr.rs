@@ -127,6 +127,20 @@ pub(crate) fn register_local(pd: *mut sys::ibv_pd, seg: &RdmaSeg) -> io::Result<
     Ok(LocalMr { mr, _mem: seg.clone() })
 }
 
+/// The length checks of `__rds_rdma_map`: EINVAL for an empty segment,
+/// EMSGSIZE above [`MAX_MR_BYTES`]. (A segment is inside its buffer by
+/// construction, so its range neither wraps nor leaves the buffer.)
+pub fn check_mr_seg(seg: &RdmaSeg) -> io::Result<()> {
+    let len = seg.len() as u64;
+    if len == 0 || seg.addr().checked_add(len).is_none() {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    if len > MAX_MR_BYTES {
+        return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
+    }
+    Ok(())
+}
+
 /// The MRs of a transport, keyed by rkey.
 pub struct MrTable {
     verbs: Arc<Verbs>,
@@ -156,13 +170,8 @@ impl MrTable {
     /// serves `local`, EFAULT when the memory cannot be registered.
     pub fn get_mr(&self, local: Ipv4Addr, owner: u64, seg: &RdmaSeg, flags: u64) -> io::Result<u64> {
         let e = io::Error::from_raw_os_error;
+        check_mr_seg(seg)?;
         let (addr, len) = (seg.addr(), seg.len() as u64);
-        if len == 0 || addr.checked_add(len).is_none() || len > u64::from(u32::MAX) {
-            return Err(e(libc::EINVAL));
-        }
-        if len > MAX_MR_BYTES {
-            return Err(e(libc::EMSGSIZE));
-        }
         if self.lock().len() >= MAX_MRS {
             return Err(e(libc::ENOMEM));
         }
@@ -277,5 +286,30 @@ impl MrTable {
 impl Drop for MrTable {
     fn drop(&mut self) {
         self.lock().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rds_core::RdmaBuf;
+
+    #[test]
+    fn mr_lengths_are_checked_before_registration() {
+        let b = RdmaBuf::new(MAX_MR_BYTES as usize + 1);
+        let errno = |off, len| check_mr_seg(&b.seg(off, len).unwrap()).err().and_then(|e| e.raw_os_error());
+        assert_eq!(errno(0, 1), None);
+        assert_eq!(errno(0, MAX_MR_BYTES as usize), None);
+        assert_eq!(errno(5, 0), Some(libc::EINVAL));
+        assert_eq!(errno(0, MAX_MR_BYTES as usize + 1), Some(libc::EMSGSIZE));
+        assert_eq!(b.handles(), 1);
+    }
+
+    #[test]
+    fn cookies_carry_the_in_page_offset() {
+        let b = RdmaBuf::new(3 * PAGE_SIZE as usize);
+        let seg = b.seg(PAGE_SIZE as usize + 100, 10).unwrap();
+        let c = make_cookie(0xabcd, seg.in_page_offset() as u32);
+        assert_eq!((cookie_key(c), cookie_offset(c)), (0xabcd, 100));
     }
 }

@@ -148,7 +148,8 @@ impl RdsSocket {
     /// The IB-side checks of a send's RDMA ancillary data
     /// (`rds_cmsg_rdma_args`, `rds_cmsg_rdma_dest`): an RDMA_DEST cookie
     /// must name an MR of this socket (EINVAL); an op needs at least one
-    /// local buffer, none empty or wrapping (EINVAL), at most
+    /// local buffer, none empty (EINVAL; a segment is always inside its
+    /// buffer), at most
     /// `rds_ib::verbs::MAX_RDMA_SGES` of them (EMSGSIZE; the kernel allows
     /// 1024), and no more local bytes than the remote length (EINVAL).
     /// Other transports are left to the core (EOPNOTSUPP / EINVAL).
@@ -166,17 +167,11 @@ impl RdsSocket {
             }
         }
         if let Some(op) = rdma {
-            if op.local.is_empty() || op.local.iter().any(|s| s.is_empty()) {
-                return Err(err(Errno::EINVAL));
-            }
             #[cfg(feature = "ib")]
-            if op.local.len() > rds_ib::verbs::MAX_RDMA_SGES {
-                return Err(err(Errno::EMSGSIZE));
-            }
-            let total = op.local.iter().fold(0u64, |t, s| t.saturating_add(s.len() as u64));
-            if total > op.remote_len {
-                return Err(err(Errno::EINVAL));
-            }
+            let max = rds_ib::verbs::MAX_RDMA_SGES;
+            #[cfg(not(feature = "ib"))]
+            let max = usize::MAX;
+            check_rdma_args(op, max).map_err(err)?;
         }
         Ok(())
     }
@@ -201,5 +196,50 @@ impl RdsSocket {
         if let Some(ib) = self.engine.ib() {
             ib.drop_mrs(self.id.number());
         }
+    }
+}
+
+/// The local-vector checks of an RDMA_ARGS op (`rds_cmsg_rdma_args`): at
+/// least one buffer, none empty (EINVAL), at most `max_sges` (EMSGSIZE), no
+/// more local bytes than the remote length (EINVAL). A segment beyond its
+/// buffer cannot exist ([`RdmaBuf::seg`] refuses it with EINVAL).
+fn check_rdma_args(op: &RdmaOp, max_sges: usize) -> Result<(), Errno> {
+    if op.local.is_empty() || op.local.iter().any(|s| s.is_empty()) {
+        return Err(Errno::EINVAL);
+    }
+    if op.local.len() > max_sges {
+        return Err(Errno::EMSGSIZE);
+    }
+    let total = op.local.iter().fold(0u64, |t, s| t.saturating_add(s.len() as u64));
+    if total > op.remote_len {
+        return Err(Errno::EINVAL);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(local: Vec<RdmaSeg>, remote_len: u64) -> RdmaOp {
+        RdmaOp { remote_cookie: 1, remote_addr: 0, remote_len, local, flags: 0, user_token: 0 }
+    }
+
+    #[test]
+    fn rdma_args_are_checked_as_the_kernel_does() {
+        let b = RdmaBuf::new(4096);
+        let seg = |o, l| b.seg(o, l).unwrap();
+        assert_eq!(check_rdma_args(&op(vec![seg(0, 4096)], 4096), 64), Ok(()));
+        assert_eq!(check_rdma_args(&op(vec![seg(0, 100), seg(100, 100)], 4096), 64), Ok(()));
+        assert_eq!(check_rdma_args(&op(vec![], 4096), 64), Err(Errno::EINVAL), "no local buffer");
+        assert_eq!(check_rdma_args(&op(vec![seg(0, 8), seg(8, 0)], 4096), 64), Err(Errno::EINVAL), "an empty one");
+        assert_eq!(check_rdma_args(&op(vec![seg(0, 4096)], 4095), 64), Err(Errno::EINVAL), "more local than remote");
+        let many: Vec<RdmaSeg> = (0..65).map(|i| seg(i, 1)).collect();
+        assert_eq!(check_rdma_args(&op(many, 4096), 64), Err(Errno::EMSGSIZE), "too many buffers");
+        // Beyond the buffer: no segment to pass at all.
+        assert_eq!(b.seg(4000, 97).unwrap_err(), Errno::EINVAL);
+        assert_eq!(b.seg(4097, 0).unwrap_err(), Errno::EINVAL);
+        // None of this kept a handle.
+        assert_eq!(b.handles(), 1);
     }
 }
