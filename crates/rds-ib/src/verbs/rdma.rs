@@ -56,6 +56,9 @@ pub(crate) struct RdmaState {
     fence_next: bool,
     /// Ops completed: (success, failed).
     pub completed: (u64, u64),
+    /// Registrations of ops whose post failed part way: kept for the
+    /// connection's life (dropped after its QP is destroyed).
+    failed_posts: Vec<Vec<LocalMr>>,
 }
 
 impl RdmaState {
@@ -164,6 +167,10 @@ impl Conn {
         // the work requests complete or the QP is destroyed.
         let ret = unsafe { sys::ibv_post_send(self.qp(), wrs.as_mut_ptr(), &mut bad) };
         if ret != 0 {
+            // The work requests before `bad` may have been posted: their
+            // registrations (and memory) stay until the connection, whose
+            // QP goes first, is dropped; the error ends the connection.
+            self.rdma.failed_posts.push(mrs);
             self.tx_free.extend(slots);
             return Err(err(ret, "ibv_post_send (RDMA)"));
         }
