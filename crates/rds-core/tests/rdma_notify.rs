@@ -89,7 +89,7 @@ fn a_failure_without_notify_me_is_reported_only_with_recverr() {
 /// queued message holds a handle to each buffer (so the caller may drop
 /// its own at once and the memory still lives while the transport may use
 /// it), and every way out of the queues lets go: the ack, a cancel, the
-/// socket's close.
+/// socket's close, the node's end.
 #[test]
 fn queued_ops_hold_their_buffers_until_acked_cancelled_or_closed() {
     let mut net = Net::with_configs(vec![config(0), config(1)], TransportKind::Ib);
@@ -117,6 +117,12 @@ fn queued_ops_hold_their_buffers_until_acked_cancelled_or_closed() {
     assert_eq!(buf.handles(), 3);
     assert_eq!(net.nodes[0].close(a), 1);
     assert_eq!(buf.handles(), 1, "closed: released");
+    // The node goes (engine shutdown) with an op unacked.
+    let a = net.bound(0, 4001);
+    send_op(&mut net, a, with(rdma_flags::NOTIFY_ME));
+    assert_eq!(buf.handles(), 3);
+    drop(net);
+    assert_eq!(buf.handles(), 1, "node dropped: released");
     // The bytes are the caller's, untouched by all this.
     assert_eq!(buf.to_vec(), vec![5u8; 64]);
 }
