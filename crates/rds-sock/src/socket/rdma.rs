@@ -6,10 +6,10 @@
 //! registration keeps alive until the device is done with it, so safe code
 //! cannot hand a peer memory it does not own; the raw forms for a C ABI
 //! ([`RdsSocket::get_mr_raw`], [`RdmaBuf::from_raw`]) are `unsafe fn`s
-//! with the kernel's contract written down. Only sockets bound over IB (rds-ib, feature
-//! `ib`) can register memory; elsewhere GET_MR is EOPNOTSUPP as in the
-//! kernel for a transport without `get_mr` (TCP), FREE_MR EINVAL, and an
-//! RDMA_ARGS send EOPNOTSUPP.
+//! with the kernel's contract written down. Only sockets bound over IB
+//! (rds-ib, feature `ib`) can register memory; elsewhere GET_MR is
+//! EOPNOTSUPP as in the kernel for a transport without `get_mr` (TCP),
+//! FREE_MR EINVAL, and an RDMA_ARGS send EOPNOTSUPP.
 
 use std::io;
 use std::net::SocketAddr;
@@ -18,7 +18,6 @@ use rds_core::wire::Header;
 use rds_core::{Errno, RdmaBuf, RdmaOp, RdmaSeg, TransportKind};
 
 use super::{err, RdsSocket};
-
 
 impl RdsSocket {
     /// The bound address and transport, ENOTCONN if unbound.
@@ -38,10 +37,12 @@ impl RdsSocket {
     /// the segment's byte `k` as `remote_addr` `k` with this cookie, and
     /// may read and write it until the MR is released: by
     /// [`RdsSocket::free_mr`], by the arrival of the message of an RDMA
-    /// that used it when `flags` has `USE_ONCE`, by the socket's close or
-    /// the engine's shutdown. The MR holds a handle to the buffer until
-    /// then, so the memory outlives every access of the peer whatever the
-    /// caller drops; read the peer's writes with [`RdmaBuf::read_at`].
+    /// that used it when `flags` has `USE_ONCE`, or by the socket's close
+    /// (after the engine's shutdown no connection reaches it any more, but
+    /// it stays registered until then). The MR holds a handle to the
+    /// buffer until it is deregistered, so the memory outlives every access
+    /// of the peer whatever the caller drops; read the peer's writes with
+    /// [`RdmaBuf::read_at`].
     /// `flags`: `USE_ONCE`, `READWRITE`, `INVALIDATE` (accepted, no effect).
     ///
     /// Errors: ENOTCONN unbound; EOPNOTSUPP when the socket's transport is
@@ -81,8 +82,8 @@ impl RdsSocket {
     /// does not access through references until the MR is released:
     /// [`RdsSocket::free_mr`] of its cookie returned, or the message of an
     /// RDMA that used a `USE_ONCE` MR was received, or the socket was
-    /// dropped, or its engine shut down (each deregisters before it
-    /// returns; after that the device never touches the memory). Until
+    /// dropped (each deregisters before it returns; after that the device
+    /// never touches the memory; an engine's shutdown alone does not). Until
     /// then the peer may read and write it at any time. This is the
     /// kernel's contract for `RDS_GET_MR` (see [`RdmaBuf::from_raw`]).
     pub unsafe fn get_mr_raw(&self, addr: u64, len: u64, flags: u32) -> io::Result<u64> {
