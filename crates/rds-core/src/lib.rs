@@ -18,6 +18,9 @@
 //!   docs explain how TCP and InfiniBand (fragments, credits, piggybacked
 //!   acks, RDMA) map onto it;
 //! * [`loopback`]: the in-process transport for addresses one node serves;
+//! * [`rdma_buf`]: [`RdmaBuf`] / [`RdmaSeg`], the only memory an RDMA
+//!   operation or an MR can name from safe code (every registration holds
+//!   a handle until the device is done with it);
 //! * [`info`]: snapshots of connections, paths, sockets, queues and
 //!   counters (what the kernel's `RDS_INFO_*` options report).
 //!
