@@ -18,6 +18,9 @@
 //!   docs explain how TCP and InfiniBand (fragments, credits, piggybacked
 //!   acks, RDMA) map onto it;
 //! * [`loopback`]: the in-process transport for addresses one node serves;
+//! * [`rdma_buf`]: [`RdmaBuf`] / [`RdmaSeg`], the only memory an RDMA
+//!   operation or an MR can name from safe code (every registration holds
+//!   a handle until the device is done with it);
 //! * [`info`]: snapshots of connections, paths, sockets, queues and
 //!   counters (what the kernel's `RDS_INFO_*` options report).
 //!
@@ -33,6 +36,7 @@ pub mod info;
 pub mod loopback;
 pub mod message;
 pub mod node;
+pub mod rdma_buf;
 pub mod recv;
 pub mod send;
 pub mod sock;
@@ -45,6 +49,7 @@ pub use conn::{DownReason, PathInfo, PathState};
 pub use info::{ConnSnapshot, MsgSnapshot, PathSnapshot, Queue, SockSnapshot};
 pub use message::{Incoming, Notification, RdmaOp, Received, RxMessage, TxMessage};
 pub use node::{Accept, HandshakeExts, Node, NodeConfig, Output, SockOpt};
+pub use rdma_buf::{RdmaBuf, RdmaSeg};
 pub use recv::RecvOutcome;
 pub use send::{SendOptions, Unsent};
 pub use sock::Readiness;

@@ -28,8 +28,10 @@ pub struct RdmaOp {
     /// Remote address within the MR and length.
     pub remote_addr: u64,
     pub remote_len: u64,
-    /// Local buffers (address, length) in the caller's address space.
-    pub local: Vec<(u64, u64)>,
+    /// Local buffers: ranges of [`crate::RdmaBuf`]s, which the operation
+    /// keeps alive (and registered) until the device is done with them. A
+    /// READ writes the peer's bytes into them, a WRITE sends their bytes.
+    pub local: Vec<crate::RdmaSeg>,
     /// `RDS_RDMA_*` flags (READWRITE, FENCE, USE_ONCE, NOTIFY_ME, SILENT...).
     pub flags: u32,
     pub user_token: u64,

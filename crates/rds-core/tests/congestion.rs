@@ -298,7 +298,7 @@ fn recv_order_is_notifications_then_cong_update_then_data() {
         remote_cookie: 0x55,
         remote_addr: 0,
         remote_len: 4096,
-        local: vec![(0x1000, 4096)],
+        local: vec![rds_core::RdmaBuf::new(4096).all()],
         flags: rdma_flags::NOTIFY_ME,
         user_token: 0xfeed,
     };

@@ -10,7 +10,7 @@ use rds_core::message::{rdma_flags, rdma_status};
 use rds_core::*;
 
 fn op(flags: u32, token: u64) -> RdmaOp {
-    RdmaOp { remote_cookie: 0x64_0000_0123, remote_addr: 0, remote_len: 8, local: vec![(0x1000, 8)], flags, user_token: token }
+    RdmaOp { remote_cookie: 0x64_0000_0123, remote_addr: 0, remote_len: 8, local: vec![rds_core::RdmaBuf::new(8).all()], flags, user_token: token }
 }
 
 fn send_op(net: &mut Net, s: SockId, o: RdmaOp) -> u64 {
@@ -83,4 +83,46 @@ fn a_failure_without_notify_me_is_reported_only_with_recverr() {
     net.flush_acks();
     net.run();
     assert_eq!(statuses(net.drain(0, a)), vec![(2, rdma_status::OTHER_ERROR)]);
+}
+
+/// An op's local buffers are `RdmaBuf` segments, never raw addresses: the
+/// queued message holds a handle to each buffer (so the caller may drop
+/// its own at once and the memory still lives while the transport may use
+/// it), and every way out of the queues lets go: the ack, a cancel, the
+/// socket's close, the node's end.
+#[test]
+fn queued_ops_hold_their_buffers_until_acked_cancelled_or_closed() {
+    let mut net = Net::with_configs(vec![config(0), config(1)], TransportKind::Ib);
+    net.hold_acks = true;
+    let a = net.bound(0, 4000);
+    let _b = net.bound(1, 4000);
+    let buf = RdmaBuf::from_slice(&[5u8; 64]);
+    let with = |flags| RdmaOp { local: vec![buf.seg(0, 32).unwrap(), buf.seg(32, 32).unwrap()], ..op(flags, 3) };
+    // Acked.
+    send_op(&mut net, a, with(rdma_flags::NOTIFY_ME));
+    assert_eq!(buf.handles(), 3, "the unacked message holds both segments");
+    net.flush_acks();
+    net.run();
+    assert_eq!(statuses(net.drain(0, a)), vec![(3, rdma_status::SUCCESS)]);
+    assert_eq!(buf.handles(), 1, "acked: released");
+    // Cancelled (RDS_CANCEL_SENT_TO).
+    send_op(&mut net, a, with(rdma_flags::NOTIFY_ME));
+    send_op(&mut net, a, with(0));
+    assert_eq!(buf.handles(), 5);
+    assert_eq!(net.nodes[0].drop_messages(a, Some(sa(2, 4000))), 2);
+    assert_eq!(buf.handles(), 1, "cancelled: released");
+    assert_eq!(statuses(net.drain(0, a)), vec![(3, rdma_status::CANCELED)]);
+    // Closed with the op unacked.
+    send_op(&mut net, a, with(rdma_flags::NOTIFY_ME));
+    assert_eq!(buf.handles(), 3);
+    assert_eq!(net.nodes[0].close(a), 1);
+    assert_eq!(buf.handles(), 1, "closed: released");
+    // The node goes (engine shutdown) with an op unacked.
+    let a = net.bound(0, 4001);
+    send_op(&mut net, a, with(rdma_flags::NOTIFY_ME));
+    assert_eq!(buf.handles(), 3);
+    drop(net);
+    assert_eq!(buf.handles(), 1, "node dropped: released");
+    // The bytes are the caller's, untouched by all this.
+    assert_eq!(buf.to_vec(), vec![5u8; 64]);
 }

@@ -114,13 +114,13 @@ fn emsgsize_above_half_sndbuf_and_above_one_mib() {
         remote_cookie: 1,
         remote_addr: 0,
         remote_len: (1 << 20) + 1,
-        local: vec![(0x1000, 4096)],
+        local: vec![rds_core::RdmaBuf::new(4096).all()],
         flags: 0,
         user_token: 0,
     };
     let o = SendOptions { rdma: Some(rdma.clone()), ..SendOptions::default() };
     assert_eq!(net.nodes[0].send(big, Some(sa(2, 4000)), &Payload::empty(), &o), Err(Errno::EMSGSIZE));
-    let small = RdmaOp { remote_len: 4096, local: vec![(0x1000, 4096)], ..rdma };
+    let small = RdmaOp { remote_len: 4096, local: vec![rds_core::RdmaBuf::new(4096).all()], ..rdma };
     let o = SendOptions { rdma: Some(small), ..SendOptions::default() };
     assert_eq!(net.nodes[0].send(big, Some(sa(2, 4000)), &Payload::empty(), &o), Err(Errno::EOPNOTSUPP));
 }

@@ -116,7 +116,11 @@
 //! transport posts a message's RDMA READ or WRITE right before its SENDs
 //! (local buffers registered for the op's duration, FENCE on the first
 //! SEND, the RDMA extension header with the rkey on the message) and
-//! reports the completion with the kernel's `RDS_RDMA_*` status. rds-sock
+//! reports the completion with the kernel's `RDS_RDMA_*` status. The
+//! memory is always a range of an `rds_core::RdmaBuf` ([`rds_core::RdmaSeg`]),
+//! never a raw address: each registration (a user MR, an op's local MR)
+//! holds a handle to the buffer and deregisters before dropping it, so the
+//! device never reaches memory that was freed. rds-sock
 //! exposes `get_mr`, `get_mr_for_dest`, `free_mr`, `send_rdma_map` and the
 //! RDMA_ARGS / RDMA_DEST / RDMA_STATUS ancillary data; VM test
 //! `cargo test --release -p rds-sock --features ib --test ib_vm_rdma`

@@ -7,15 +7,17 @@
 use std::io;
 use std::net::IpAddr;
 
+use rds_core::RdmaSeg;
+
 use crate::transport::{IbTransport, SetupMode};
 
 impl IbTransport {
-    /// `RDS_GET_MR`: registers `len` bytes at `addr` (this process's memory)
-    /// for the socket `owner` bound to `local`; returns the cookie
-    /// (`rkey | in-page offset << 32`). Errors as
+    /// `RDS_GET_MR`: registers the segment for the socket `owner` bound to
+    /// `local` (the MR keeps its buffer alive until released); returns the
+    /// cookie (`rkey | in-page offset << 32`). Errors as
     /// [`crate::verbs::mr::MrTable::get_mr`]; EOPNOTSUPP in verbs-only mode
     /// (not done there yet).
-    pub fn get_mr(&self, local: IpAddr, owner: u64, addr: u64, len: u64, flags: u64) -> io::Result<u64> {
+    pub fn get_mr(&self, local: IpAddr, owner: u64, seg: &RdmaSeg, flags: u64) -> io::Result<u64> {
         if matches!(self.cfg.mode, SetupMode::VerbsOnly { .. }) {
             return Err(io::Error::from_raw_os_error(libc::EOPNOTSUPP));
         }
@@ -23,7 +25,7 @@ impl IbTransport {
             IpAddr::V4(a) => a,
             IpAddr::V6(a) => a.to_ipv4_mapped().ok_or_else(|| io::Error::from_raw_os_error(libc::EOPNOTSUPP))?,
         };
-        self.mrs.get_mr(local, owner, addr, len, flags)
+        self.mrs.get_mr(local, owner, seg, flags)
     }
 
     /// `RDS_FREE_MR`: EINVAL when `owner` has no MR of the cookie's key.

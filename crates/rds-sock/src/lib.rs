@@ -66,6 +66,6 @@ mod readiness;
 mod socket;
 
 pub use engine::{Engine, EngineConfig, ShutdownReport, ENV_IB_PSK_TCP};
-pub use rds_core::{Errno, HandshakeExts, NodeConfig, Payload, Readiness, TransportKind};
+pub use rds_core::{Errno, HandshakeExts, NodeConfig, Payload, RdmaBuf, RdmaOp, RdmaSeg, Readiness, TransportKind};
 pub use rds_tcp::TcpConfig;
 pub use socket::{RdsSocket, RecvFlags, RecvMeta, SendFlags};

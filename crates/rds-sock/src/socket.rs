@@ -31,7 +31,35 @@ pub struct SendFlags {
     pub dontwait: bool,
     /// `RDS_CMSG_RDMA_DEST`: an RDMA cookie to announce to the peer.
     pub rdma_dest: Option<u64>,
-    /// `RDS_CMSG_RDMA_ARGS`: an RDMA operation (EOPNOTSUPP over TCP).
+    /// `RDS_CMSG_RDMA_ARGS`: an RDMA operation (EOPNOTSUPP over TCP). Its
+    /// local buffers are [`rds_core::RdmaSeg`]s: the operation keeps them
+    /// alive until its work requests completed, so they may be dropped at
+    /// once; the data of a READ is in the buffer when the op's status
+    /// (NOTIFY_ME) reported success. Raw addresses do not compile:
+    ///
+    /// ```compile_fail
+    /// // Safe code naming memory it does not own (accepted before
+    /// // RdmaOp::local became RdmaSegs: a READ wrote there).
+    /// # fn f(sock: &rds_sock::RdsSocket) {
+    /// let op = rds_sock::RdmaOp {
+    ///     remote_cookie: 1, remote_addr: 0, remote_len: 8,
+    ///     local: vec![(0xdead_0000u64, 8u64)],
+    ///     flags: 0, user_token: 0,
+    /// };
+    /// let f = rds_sock::SendFlags { rdma: Some(op), ..Default::default() };
+    /// let _ = sock.send_msg(b"x", None, &f);
+    /// # }
+    /// ```
+    ///
+    /// ```
+    /// let buf = rds_core::RdmaBuf::new(8);
+    /// let op = rds_core::RdmaOp {
+    ///     remote_cookie: 1, remote_addr: 0, remote_len: 8,
+    ///     local: vec![buf.all()],
+    ///     flags: 0, user_token: 0,
+    /// };
+    /// # let _ = rds_sock::SendFlags { rdma: Some(op), ..Default::default() };
+    /// ```
     pub rdma: Option<rds_core::RdmaOp>,
 }
 

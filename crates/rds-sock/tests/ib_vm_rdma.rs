@@ -64,6 +64,16 @@ fn check_initiator(out: &str, node: u8, phase: &str, badkey: bool) {
     assert_eq!(l("RESULT ok").len(), 1, "{phase}: initiator result");
 }
 
+/// Our initiator's READ held its RdmaBuf while in flight (a queued or
+/// registered op keeps a handle) and let go of it once done.
+fn check_hold(out: &str, node: u8, phase: &str) {
+    let h = node_lines(out, node, &format!("{phase} HOLD R during "));
+    assert_eq!(h.len(), 1, "{phase}: {h:?}");
+    let during: usize = h[0].split_whitespace().next().and_then(|v| v.parse().ok()).expect("a count");
+    assert!(during >= 2, "{phase}: the op held no handle: {}", h[0]);
+    assert_eq!(field(h[0], "after"), Some("1"), "{phase}: handles after the op: {}", h[0]);
+}
+
 #[test]
 fn rdma_read_write_ours_and_kernel() {
     let peer = Path::new(env!("CARGO_BIN_EXE_rds-rdma-peer"));
@@ -71,9 +81,11 @@ fn rdma_read_write_ours_and_kernel() {
     // A: ours with ours.
     check_target(&stdout, 1, "A", true);
     check_initiator(&stdout, 2, "A", true);
+    check_hold(&stdout, 2, "A");
     // B: the kernel's MRs (RDMA_MAP), our ops.
     check_target(&stdout, 1, "B", false);
     check_initiator(&stdout, 2, "B", false);
+    check_hold(&stdout, 2, "B");
     // C: the kernel's ops on our MRs. On 6.1 with FRWR (rxe) the kernel's
     // setsockopt(RDS_GET_MR) has no connection to register on: EOPNOTSUPP.
     assert_eq!(node_lines(&stdout, 1, "C KGETMR errno "), vec!["95"], "kernel RDS_GET_MR");

@@ -15,6 +15,11 @@
 //! buffer's byte `k` (no byte outside the buffer is exposed, unlike the
 //! kernel's whole pages).
 //!
+//! The memory is a segment of an `RdmaBuf` ([`RdmaSeg`]), never a raw
+//! address: a registration holds a handle to the buffer and drops it only
+//! after `ibv_dereg_mr`, so the peer (or the device for a local op) never
+//! reaches memory that was freed, whatever the caller drops first.
+//!
 //! MRs belong to a socket (an opaque `owner` number): FREE_MR and RDMA_DEST
 //! only find the caller's own, a USE_ONCE MR is released when a message of
 //! an RDMA that used it arrives ([`MrTable::unuse`]), and closing the socket
@@ -29,6 +34,7 @@ use std::ptr;
 use std::sync::{Arc, Mutex};
 
 use rdma_sys as sys;
+use rds_core::RdmaSeg;
 
 use super::{check, errno, sockaddr_v4, Channel, IdGuard, Verbs};
 
@@ -62,46 +68,77 @@ struct UserMr {
     mr: *mut sys::ibv_mr,
     owner: u64,
     use_once: bool,
+    /// The registered memory, kept alive until the MR is deregistered (in
+    /// `drop`, before this field goes).
+    _mem: RdmaSeg,
 }
 
 impl Drop for UserMr {
     fn drop(&mut self) {
-        // SAFETY: a live registration, released once. A work request of the
-        // peer still in flight to it fails with a remote access error, as
-        // with a kernel MR that was freed.
+        // SAFETY: a live registration, released once. Once this returns the
+        // device no longer touches the memory (a peer's work request still
+        // in flight to it fails with a remote access error, as with a kernel
+        // MR that was freed); only then is `_mem`'s handle dropped.
         unsafe { sys::ibv_dereg_mr(self.mr) };
     }
 }
 
-/// A local buffer registered for the duration of one RDMA operation.
-pub(crate) struct LocalMr(*mut sys::ibv_mr);
+/// A local buffer registered for the duration of one RDMA operation; the
+/// memory stays alive until the registration is gone.
+pub(crate) struct LocalMr {
+    mr: *mut sys::ibv_mr,
+    _mem: RdmaSeg,
+}
 
 impl LocalMr {
     pub(crate) fn lkey(&self) -> u32 {
-        // SAFETY: a live registration.
-        unsafe { (*self.0).lkey }
+        // SAFETY: a live registration (released only in drop).
+        unsafe { (*self.mr).lkey }
     }
 }
 
 impl Drop for LocalMr {
     fn drop(&mut self) {
-        // SAFETY: a live registration; the work requests using it completed
-        // or the QP is gone.
-        unsafe { sys::ibv_dereg_mr(self.0) };
+        // SAFETY: a live registration, released once. The work requests
+        // using it completed, or their QP is gone, or (if the op is dropped
+        // early) the device fails them with a protection error from now on:
+        // after deregistration it does not touch the memory, whose handle
+        // `_mem` is dropped only after this.
+        unsafe { sys::ibv_dereg_mr(self.mr) };
     }
 }
 
-/// Registers `len` bytes at `addr` of this process for a local RDMA work
-/// request (READ writes into it).
-pub(crate) fn register_local(pd: *mut sys::ibv_pd, addr: u64, len: u64) -> io::Result<LocalMr> {
+/// Registers the segment for a local RDMA work request (a READ writes into
+/// it); the registration keeps the segment's buffer alive.
+pub(crate) fn register_local(pd: *mut sys::ibv_pd, seg: &RdmaSeg) -> io::Result<LocalMr> {
+    if seg.is_empty() || seg.len() > u32::MAX as usize {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
     let access = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0 as c_int;
-    // SAFETY: the caller of the RDMA operation promised (RDMA_ARGS) that
-    // the buffer stays valid until the operation's completion; verbs pin it.
-    let mr = unsafe { sys::ibv_reg_mr(pd, addr as *mut c_void, len as usize, access) };
+    // SAFETY: the segment is `len` bytes of live memory inside its
+    // RdmaBuf (checked when it was formed), accessed by Rust only through
+    // atomics while shared; the LocalMr holds a handle to it until it is
+    // deregistered, so the device never reaches freed memory. `pd` is the
+    // connection's live PD.
+    let mr = unsafe { sys::ibv_reg_mr(pd, seg.addr() as *mut c_void, seg.len(), access) };
     if mr.is_null() {
         return Err(errno());
     }
-    Ok(LocalMr(mr))
+    Ok(LocalMr { mr, _mem: seg.clone() })
+}
+
+/// The length checks of `__rds_rdma_map`: EINVAL for an empty segment,
+/// EMSGSIZE above [`MAX_MR_BYTES`]. (A segment is inside its buffer by
+/// construction, so its range neither wraps nor leaves the buffer.)
+pub fn check_mr_seg(seg: &RdmaSeg) -> io::Result<()> {
+    let len = seg.len() as u64;
+    if len == 0 || seg.addr().checked_add(len).is_none() {
+        return Err(io::Error::from_raw_os_error(libc::EINVAL));
+    }
+    if len > MAX_MR_BYTES {
+        return Err(io::Error::from_raw_os_error(libc::EMSGSIZE));
+    }
+    Ok(())
 }
 
 /// The MRs of a transport, keyed by rkey.
@@ -125,20 +162,16 @@ impl MrTable {
         self.mrs.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// `__rds_rdma_map`: registers `len` bytes at `addr` (this process's
-    /// memory, readable and writable by the peer) for the socket `owner`
-    /// bound to `local`; returns the cookie. EINVAL for an empty or
-    /// wrapping vector, EMSGSIZE above [`MAX_MR_BYTES`], ENOMEM beyond
-    /// [`MAX_MRS`], ENODEV when no device serves `local`, EFAULT when the
-    /// memory cannot be registered.
-    pub fn get_mr(&self, local: Ipv4Addr, owner: u64, addr: u64, len: u64, flags: u64) -> io::Result<u64> {
+    /// `__rds_rdma_map`: registers the segment (readable and writable by
+    /// the peer) for the socket `owner` bound to `local`; returns the
+    /// cookie. The MR keeps the segment's buffer alive until it is
+    /// released. EINVAL for an empty segment, EMSGSIZE above
+    /// [`MAX_MR_BYTES`], ENOMEM beyond [`MAX_MRS`], ENODEV when no device
+    /// serves `local`, EFAULT when the memory cannot be registered.
+    pub fn get_mr(&self, local: Ipv4Addr, owner: u64, seg: &RdmaSeg, flags: u64) -> io::Result<u64> {
         let e = io::Error::from_raw_os_error;
-        if len == 0 || addr.checked_add(len).is_none() || len > u64::from(u32::MAX) {
-            return Err(e(libc::EINVAL));
-        }
-        if len > MAX_MR_BYTES {
-            return Err(e(libc::EMSGSIZE));
-        }
+        check_mr_seg(seg)?;
+        let (addr, len) = (seg.addr(), seg.len() as u64);
         if self.lock().len() >= MAX_MRS {
             return Err(e(libc::ENOMEM));
         }
@@ -147,9 +180,12 @@ impl MrTable {
         let access = (sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0
             | sys::ibv_access_flags::IBV_ACCESS_REMOTE_READ.0
             | sys::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE.0) as c_int;
-        // SAFETY: the caller hands this memory to the peer until FREE_MR (as
-        // with the kernel's pinned pages); verbs pin it. iova = in-page
-        // offset makes the MR's addresses the kernel's zero-based ones.
+        // SAFETY: `len` bytes at `addr` are live memory inside the segment's
+        // RdmaBuf, which Rust accesses only through atomics while shared;
+        // the UserMr below holds a handle to it until the MR is
+        // deregistered, so the peer never reaches freed memory. `pd` is a
+        // live PD of the transport. iova = in-page offset makes the MR's
+        // addresses the kernel's zero-based ones.
         let mr = unsafe { sys::ibv_reg_mr_iova(pd, addr as *mut c_void, len as usize, offset, access) };
         if mr.is_null() {
             let err = errno();
@@ -159,10 +195,13 @@ impl MrTable {
             });
         }
         let _ = flags & READWRITE;
-        let m = UserMr { mr, owner, use_once: flags & USE_ONCE != 0 };
+        let m = UserMr { mr, owner, use_once: flags & USE_ONCE != 0, _mem: seg.clone() };
         // SAFETY: a live registration.
         let rkey = unsafe { (*mr).rkey };
-        self.lock().insert(rkey, m);
+        // A live rkey is never handed out twice; were it, the old entry
+        // would be deregistered (then its memory released) here.
+        let old = self.lock().insert(rkey, m);
+        drop(old);
         Ok(make_cookie(rkey, offset as u32))
     }
 
@@ -223,8 +262,8 @@ impl MrTable {
     fn pd_for_addr(&self, local: Ipv4Addr) -> io::Result<*mut sys::ibv_pd> {
         let ch = Channel::new()?;
         let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
-        // SAFETY: ch is live; id is an out pointer.
         check(
+            // SAFETY: ch is live; id is an out pointer.
             unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) },
             "rdma_create_id",
         )?;
@@ -247,5 +286,30 @@ impl MrTable {
 impl Drop for MrTable {
     fn drop(&mut self) {
         self.lock().clear();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rds_core::RdmaBuf;
+
+    #[test]
+    fn mr_lengths_are_checked_before_registration() {
+        let b = RdmaBuf::new(MAX_MR_BYTES as usize + 1);
+        let errno = |off, len| check_mr_seg(&b.seg(off, len).unwrap()).err().and_then(|e| e.raw_os_error());
+        assert_eq!(errno(0, 1), None);
+        assert_eq!(errno(0, MAX_MR_BYTES as usize), None);
+        assert_eq!(errno(5, 0), Some(libc::EINVAL));
+        assert_eq!(errno(0, MAX_MR_BYTES as usize + 1), Some(libc::EMSGSIZE));
+        assert_eq!(b.handles(), 1);
+    }
+
+    #[test]
+    fn cookies_carry_the_in_page_offset() {
+        let b = RdmaBuf::new(3 * PAGE_SIZE as usize);
+        let seg = b.seg(PAGE_SIZE as usize + 100, 10).unwrap();
+        let c = make_cookie(0xabcd, seg.in_page_offset() as u32);
+        assert_eq!((cookie_key(c), cookie_offset(c)), (0xabcd, 100));
     }
 }

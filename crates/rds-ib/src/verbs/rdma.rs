@@ -7,8 +7,11 @@
 //!   READWRITE in the op's flags is a WRITE, otherwise a READ;
 //! * the remote address is the op's `remote_addr` plus the cookie's
 //!   offset, the rkey the cookie's low 32 bits;
-//! * each local buffer is registered (`ibv_reg_mr`) for the op's duration
-//!   and released when its last work request completed (or with the QP);
+//! * each local buffer (a segment of an `RdmaBuf`) is registered
+//!   (`ibv_reg_mr`) for the op's duration and released when its last work
+//!   request completed (or with the QP); the registration holds a handle
+//!   to the buffer, so the memory cannot be freed while the device may
+//!   still read or write it, whatever the caller or the core drop first;
 //! * FENCE puts `IBV_SEND_FENCE` on the message's first SEND (the SEND waits
 //!   for the READ, as `rds_ib_xmit` fences the data after an RDMA);
 //! * the op's status once its last work request completed is
@@ -36,6 +39,9 @@ struct Pending {
     left: usize,
     status: i32,
     flushed: bool,
+    /// The local buffers' registrations, each holding its buffer alive;
+    /// deregistered when the op's last work request completed, or with the
+    /// connection (after its QP is destroyed).
     _mrs: Vec<LocalMr>,
 }
 
@@ -50,6 +56,9 @@ pub(crate) struct RdmaState {
     fence_next: bool,
     /// Ops completed: (success, failed).
     pub completed: (u64, u64),
+    /// Registrations of ops whose post failed part way: kept for the
+    /// connection's life (dropped after its QP is destroyed).
+    failed_posts: Vec<Vec<LocalMr>>,
 }
 
 impl RdmaState {
@@ -98,8 +107,8 @@ impl Conn {
         if !self.up {
             return Err(self.failure_error());
         }
-        let bufs: Vec<(u64, u64)> = op.local.iter().copied().filter(|(_, l)| *l > 0).collect();
-        if bufs.is_empty() || bufs.len() > MAX_RDMA_SGES {
+        let bufs: Vec<&rds_core::RdmaSeg> = op.local.iter().filter(|s| !s.is_empty()).collect();
+        if bufs.is_empty() || bufs.len() > MAX_RDMA_SGES || bufs.iter().any(|s| s.len() > u32::MAX as usize) {
             // The socket layer refuses these (EINVAL / EMSGSIZE); never
             // reached from it, and never a reason to end the connection.
             self.rdma.completed.1 += 1;
@@ -113,8 +122,8 @@ impl Conn {
         // SAFETY: the QP is live; its pd is the connection's PD.
         let pd = unsafe { (*self.qp()).pd };
         let mut mrs = Vec::with_capacity(bufs.len());
-        for &(addr, len) in &bufs {
-            match register_local(pd, addr, len) {
+        for seg in &bufs {
+            match register_local(pd, seg) {
                 Ok(m) => mrs.push(m),
                 Err(_) => {
                     self.rdma.completed.1 += 1;
@@ -131,7 +140,7 @@ impl Conn {
         let mut sges: Vec<sys::ibv_sge> = bufs
             .iter()
             .zip(&mrs)
-            .map(|(&(addr, len), m)| sys::ibv_sge { addr, length: len as u32, lkey: m.lkey() })
+            .map(|(seg, m)| sys::ibv_sge { addr: seg.addr(), length: seg.len() as u32, lkey: m.lkey() })
             .collect();
         // SAFETY: an all-zero ibv_send_wr is valid (null pointers, no flags).
         let mut wrs: Vec<sys::ibv_send_wr> = (0..n).map(|_| unsafe { std::mem::zeroed() }).collect();
@@ -145,7 +154,7 @@ impl Conn {
             wrs[k].opcode = opcode;
             wrs[k].send_flags = sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
             wrs[k].wr.rdma = sys::rdma_t { remote_addr: raddr, rkey };
-            raddr = raddr.wrapping_add(bufs[k].1);
+            raddr = raddr.wrapping_add(bufs[k].len() as u64);
         }
         for k in 1..n {
             let next: *mut sys::ibv_send_wr = &mut wrs[k];
@@ -153,10 +162,15 @@ impl Conn {
         }
         let mut bad: *mut sys::ibv_send_wr = ptr::null_mut();
         // SAFETY: the QP is live; the chained WRs and SGEs are valid for the
-        // call and the SGEs name buffers registered above (kept until the
-        // work requests complete).
+        // call, and each SGE names exactly a segment registered above, whose
+        // registration (and with it the memory) is kept in `Pending` until
+        // the work requests complete or the QP is destroyed.
         let ret = unsafe { sys::ibv_post_send(self.qp(), wrs.as_mut_ptr(), &mut bad) };
         if ret != 0 {
+            // The work requests before `bad` may have been posted: their
+            // registrations (and memory) stay until the connection, whose
+            // QP goes first, is dropped; the error ends the connection.
+            self.rdma.failed_posts.push(mrs);
             self.tx_free.extend(slots);
             return Err(err(ret, "ibv_post_send (RDMA)"));
         }

@@ -19,10 +19,13 @@
 //! rds-rdma-peer [--kernel] initiator LOCAL LPORT PEER PPORT N
 //!     receives "MR" and "MR1" with their cookies; RDMA READ of A (N bytes,
 //!     remote address 0) with "R", NOTIFY_ME token 1: the status must be
-//!     0 and the local buffer pattern 1; RDMA WRITE of pattern 2 over A with
+//!     0 and the local buffer pattern 1 (ours: the op held a handle to the
+//!     buffer while in flight and none once acked: `HOLD R during n after
+//!     m`); RDMA WRITE of pattern 2 over A with
 //!     "W" (token 2); a FENCEd WRITE of 1000 bytes of pattern 3 at remote
 //!     address 37 from two local buffers with "W2 37 1000" (token 3); a
-//!     WRITE of 64 bytes of pattern 4 to B with "W3" (token 4); "DONE".
+//!     WRITE of 64 bytes of pattern 4 to B with "W3" (token 4; ours drops
+//!     its handle to the buffer right after the send); "DONE".
 //! ```
 //!
 //! Lines: `BOUND`, `COOKIE name 0x.. offset o`, `DEST name 0x..`,
@@ -36,8 +39,7 @@ use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
 use rds_core::message::rdma_flags as F;
-use rds_core::RdmaOp;
-use rds_sock::{RdsSocket, RecvFlags, SendFlags, TransportKind};
+use rds_sock::{RdmaBuf, RdmaOp, RdmaSeg, RdsSocket, RecvFlags, SendFlags, TransportKind};
 
 const OFF: usize = 100;
 const TIMEOUT: Duration = Duration::from_secs(90);
@@ -53,29 +55,14 @@ fn barrier() {
     }
 }
 
-/// A page-aligned heap area; `at(off, n)` is n bytes at offset off.
-struct Area(Vec<u8>, usize);
-
-impl Area {
-    fn new(n: usize) -> Area {
-        let v = vec![0u8; n + 2 * 4096];
-        let start = (4096 - (v.as_ptr() as usize % 4096)) % 4096;
-        Area(v, start)
-    }
-    fn at(&mut self, off: usize, n: usize) -> &mut [u8] {
-        let s = self.1 + off;
-        &mut self.0[s..s + n]
-    }
-}
-
 enum Got {
     Data { msg: Vec<u8>, dest: Option<u64> },
     Status { token: u64, status: i32 },
 }
 
 trait Ep {
-    /// Registers `len` bytes at `addr` and announces the cookie in `msg`.
-    fn map_send(&self, addr: u64, len: u64, flags: u32, msg: &[u8], dst: SocketAddr) -> io::Result<u64>;
+    /// Registers the segment and announces the cookie in `msg`.
+    fn map_send(&self, seg: &RdmaSeg, flags: u32, msg: &[u8], dst: SocketAddr) -> io::Result<u64>;
     fn send(&self, msg: &[u8], dst: SocketAddr, op: Option<RdmaOp>) -> io::Result<()>;
     fn recv(&self) -> io::Result<Got>;
     fn free(&self, cookie: u64) -> io::Result<()>;
@@ -87,6 +74,11 @@ trait Ep {
     fn late_statuses(&self) -> Vec<(u64, i32)> {
         Vec::new()
     }
+    /// Whether an op holds handles to its RdmaBufs (ours; the kernel takes
+    /// addresses and pins the pages itself).
+    fn holds(&self) -> bool {
+        false
+    }
 }
 
 // ---- ours ----------------------------------------------------------------
@@ -94,9 +86,8 @@ trait Ep {
 struct Ours(RdsSocket);
 
 impl Ep for Ours {
-    fn map_send(&self, addr: u64, len: u64, flags: u32, msg: &[u8], dst: SocketAddr) -> io::Result<u64> {
-        // SAFETY: the areas live until the end of main (the socket closes first).
-        let cookie = unsafe { self.0.get_mr(addr, len, flags)? };
+    fn map_send(&self, seg: &RdmaSeg, flags: u32, msg: &[u8], dst: SocketAddr) -> io::Result<u64> {
+        let cookie = self.0.get_mr(seg, flags)?;
         self.0.send_msg(msg, Some(dst), &SendFlags { rdma_dest: Some(cookie), ..SendFlags::default() })?;
         Ok(cookie)
     }
@@ -119,6 +110,9 @@ impl Ep for Ours {
         if !self.0.flush(Duration::from_secs(10)) {
             println!("FLUSH timed out");
         }
+    }
+    fn holds(&self) -> bool {
+        true
     }
     fn late_statuses(&self) -> Vec<(u64, i32)> {
         let _ = self.0.set_read_timeout(Some(Duration::from_secs(3)));
@@ -222,16 +216,19 @@ impl Kernel {
 }
 
 impl Ep for Kernel {
-    fn map_send(&self, addr: u64, len: u64, flags: u32, msg: &[u8], dst: SocketAddr) -> io::Result<u64> {
+    fn map_send(&self, seg: &RdmaSeg, flags: u32, msg: &[u8], dst: SocketAddr) -> io::Result<u64> {
+        // The kernel pins the pages; the caller keeps the buffer until the
+        // socket closes (target's buffers live to its end).
         let mut cookie: u64 = 0;
-        let args = u64s(&[addr, len, &mut cookie as *mut u64 as u64, u64::from(flags)]);
+        let args = u64s(&[seg.addr(), seg.len() as u64, &mut cookie as *mut u64 as u64, u64::from(flags)]);
         self.sendmsg(msg, dst, Some((CMSG_RDMA_MAP, args)))?;
         // SAFETY: written by the kernel through its address during sendmsg.
         Ok(unsafe { std::ptr::read_volatile(&cookie) })
     }
     fn send(&self, msg: &[u8], dst: SocketAddr, op: Option<RdmaOp>) -> io::Result<()> {
         let Some(op) = op else { return self.sendmsg(msg, dst, None) };
-        let vecs: Vec<u64> = op.local.iter().flat_map(|(a, l)| [*a, *l]).collect();
+        // The initiator keeps the op's buffers until its status arrived.
+        let vecs: Vec<u64> = op.local.iter().flat_map(|s| [s.addr(), s.len() as u64]).collect();
         let args = u64s(&[
             op.remote_cookie,
             op.remote_addr,
@@ -246,6 +243,7 @@ impl Ep for Kernel {
     fn recv(&self) -> io::Result<Got> {
         let mut buf = vec![0u8; 1 << 16];
         let mut ctl = vec![0u64; 64];
+        // SAFETY: all-zero is a valid sockaddr_in.
         let mut sa: libc::sockaddr_in = unsafe { std::mem::zeroed() };
         let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
         let mut dest = None;
@@ -332,20 +330,28 @@ fn verify(name: &str, got: &[u8], want: &[u8]) -> bool {
     }
 }
 
+/// A copy of the segment's bytes.
+fn contents(seg: &RdmaSeg) -> Vec<u8> {
+    let mut v = vec![0u8; seg.len()];
+    seg.buf().read_at(seg.offset(), &mut v).expect("a segment is inside its buffer");
+    v
+}
+
 fn target(ep: &dyn Ep, kernel: bool, peer: SocketAddr, n: usize) -> Result<(), String> {
-    let mut a = Area::new(n + OFF);
-    a.at(OFF, n).copy_from_slice(&pattern(1, n));
-    let mut b = Area::new(4096);
-    let a_addr = a.at(OFF, n).as_ptr() as u64;
-    let b_addr = b.at(0, 4096).as_ptr() as u64;
+    // A starts OFF bytes into a page (RdmaBuf::new is page-aligned).
+    let a_buf = RdmaBuf::new(n + OFF);
+    a_buf.write_at(OFF, &pattern(1, n)).map_err(|e| e.to_string())?;
+    let b_buf = RdmaBuf::new(4096);
+    let a = a_buf.seg(OFF, n).map_err(|e| e.to_string())?;
+    let b = b_buf.all();
     barrier();
     // A first message brings the connection up (the kernel registers an
     // RDMA_MAP region on the connection's QP).
     ep.send(b"HI", peer, None).map_err(|e| format!("send HI: {e}"))?;
     std::thread::sleep(Duration::from_secs(2));
-    let ca = ep.map_send(a_addr, n as u64, 0, b"MR", peer).map_err(|e| format!("map A: {e}"))?;
+    let ca = ep.map_send(&a, 0, b"MR", peer).map_err(|e| format!("map A: {e}"))?;
     println!("COOKIE A {ca:#x} offset {}", ca >> 32);
-    let cb = ep.map_send(b_addr, 4096, F::USE_ONCE, b"MR1", peer).map_err(|e| format!("map B: {e}"))?;
+    let cb = ep.map_send(&b, F::USE_ONCE, b"MR1", peer).map_err(|e| format!("map B: {e}"))?;
     println!("COOKIE B {cb:#x} offset {}", cb >> 32);
     let mut bad = 0;
     let mut st = Vec::new();
@@ -356,18 +362,18 @@ fn target(ep: &dyn Ep, kernel: bool, peer: SocketAddr, n: usize) -> Result<(), S
         let w: Vec<&str> = text.split_whitespace().collect();
         let step = w.first().copied().unwrap_or("");
         match w.first().copied() {
-            Some("W") => bad += !verify("W", a.at(OFF, n), &pattern(2, n)) as u32,
+            Some("W") => bad += !verify("W", &contents(&a), &pattern(2, n)) as u32,
             Some("W2") => {
                 let off: usize = w[1].parse().unwrap_or(0);
                 let len: usize = w[2].parse().unwrap_or(0);
                 let mut want = pattern(2, n);
                 want[off..off + len].copy_from_slice(&pattern(3, len));
-                bad += !verify("W2", a.at(OFF, n), &want) as u32;
+                bad += !verify("W2", &contents(&a), &want) as u32;
             }
             Some("W3") => {
                 let mut want = vec![0u8; 4096];
                 want[..64].copy_from_slice(&pattern(4, 64));
-                bad += !verify("W3", b.at(0, 4096), &want) as u32;
+                bad += !verify("W3", &contents(&b), &want) as u32;
                 if !kernel {
                     match ep.free(cb) {
                         Err(e) if e.raw_os_error() == Some(libc::EINVAL) => println!("USEONCE released ok"),
@@ -434,7 +440,7 @@ fn initiator(ep: &dyn Ep, peer: SocketAddr, n: usize) -> Result<(), String> {
     println!("DEST A {ca:#x}");
     println!("DEST B {cb:#x}");
     let mut bad = 0;
-    let op = |cookie, raddr, rlen, local: Vec<(u64, u64)>, flags, token| RdmaOp {
+    let op = |cookie, raddr, rlen, local: Vec<RdmaSeg>, flags, token| RdmaOp {
         remote_cookie: cookie,
         remote_addr: raddr,
         remote_len: rlen,
@@ -443,25 +449,34 @@ fn initiator(ep: &dyn Ep, peer: SocketAddr, n: usize) -> Result<(), String> {
         user_token: token,
     };
     // READ A.
-    let mut l = Area::new(n);
-    let la = l.at(0, n).as_mut_ptr() as u64;
-    ep.send(b"R", peer, Some(op(ca, 0, n as u64, vec![(la, n as u64)], 0, 1))).map_err(|e| format!("send R: {e}"))?;
+    let l = RdmaBuf::new(n);
+    ep.send(b"R", peer, Some(op(ca, 0, n as u64, vec![l.all()], 0, 1))).map_err(|e| format!("send R: {e}"))?;
+    // Ours: the op holds the buffer (queued, then registered) until its
+    // work request completed and its message was acked.
+    let held = l.handles();
     let s = wait_status(ep, &mut st, &mut early, 1)?;
     println!("READ status {s}");
-    bad += (s != 0 || !verify("R", l.at(0, n), &pattern(1, n))) as u32;
+    bad += (s != 0 || !verify("R", &l.to_vec(), &pattern(1, n))) as u32;
     wait_ok(ep, &mut st, &mut early, "R")?;
+    if ep.holds() {
+        ep.finish();
+        let t0 = Instant::now();
+        while l.handles() > 1 && t0.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        println!("HOLD R during {held} after {}", l.handles());
+        bad += (held < 2 || l.handles() != 1) as u32;
+    }
     // WRITE A.
-    let mut w = pattern(2, n);
-    let wa = w.as_mut_ptr() as u64;
-    ep.send(b"W", peer, Some(op(ca, 0, n as u64, vec![(wa, n as u64)], F::READWRITE, 2))).map_err(|e| format!("send W: {e}"))?;
+    let w = RdmaBuf::from_slice(&pattern(2, n));
+    ep.send(b"W", peer, Some(op(ca, 0, n as u64, vec![w.all()], F::READWRITE, 2))).map_err(|e| format!("send W: {e}"))?;
     let s = wait_status(ep, &mut st, &mut early, 2)?;
     println!("WRITE status {s}");
     bad += (s != 0) as u32;
     wait_ok(ep, &mut st, &mut early, "W")?;
     // FENCEd WRITE of two local buffers at remote offset 37.
-    let p3 = pattern(3, 1000);
-    let (x, y) = p3.split_at(500);
-    let local = vec![(x.as_ptr() as u64, 500), (y.as_ptr() as u64, 500)];
+    let p3 = RdmaBuf::from_slice(&pattern(3, 1000));
+    let local = vec![p3.seg(0, 500).map_err(|e| e.to_string())?, p3.seg(500, 500).map_err(|e| e.to_string())?];
     ep.send(b"W2 37 1000", peer, Some(op(ca, 37, 1000, local, F::READWRITE | F::FENCE, 3)))
         .map_err(|e| format!("send W2: {e}"))?;
     let s = wait_status(ep, &mut st, &mut early, 3)?;
@@ -469,9 +484,12 @@ fn initiator(ep: &dyn Ep, peer: SocketAddr, n: usize) -> Result<(), String> {
     bad += (s != 0) as u32;
     wait_ok(ep, &mut st, &mut early, "W2")?;
     // WRITE B (use-once).
-    let p4 = pattern(4, 64);
-    ep.send(b"W3", peer, Some(op(cb, 0, 64, vec![(p4.as_ptr() as u64, 64)], F::READWRITE, 4)))
+    let p4 = RdmaBuf::from_slice(&pattern(4, 64));
+    ep.send(b"W3", peer, Some(op(cb, 0, 64, vec![p4.all()], F::READWRITE, 4)))
         .map_err(|e| format!("send W3: {e}"))?;
+    // Ours: the caller's handle goes at once; the op keeps the memory
+    // alive, and the target still checks the bytes it got.
+    let p4 = if ep.holds() { None } else { Some(p4) };
     let s = wait_status(ep, &mut st, &mut early, 4)?;
     println!("WRITE3 status {s}");
     bad += (s != 0) as u32;
@@ -481,8 +499,8 @@ fn initiator(ep: &dyn Ep, peer: SocketAddr, n: usize) -> Result<(), String> {
     // message is dropped, never retransmitted, and not notified again).
     let badkey = std::env::var("BADKEY").is_ok_and(|v| v == "1");
     if badkey {
-        let p5 = pattern(5, 64);
-        ep.send(b"BAD", peer, Some(op(ca ^ 0xff, 0, 64, vec![(p5.as_ptr() as u64, 64)], F::READWRITE, 5)))
+        let p5 = RdmaBuf::from_slice(&pattern(5, 64));
+        ep.send(b"BAD", peer, Some(op(ca ^ 0xff, 0, 64, vec![p5.all()], F::READWRITE, 5)))
             .map_err(|e| format!("send BAD: {e}"))?;
         let s = wait_status(ep, &mut st, &mut early, 5)?;
         println!("BADKEY status {s}");
@@ -493,7 +511,8 @@ fn initiator(ep: &dyn Ep, peer: SocketAddr, n: usize) -> Result<(), String> {
     let late = ep.late_statuses();
     println!("LATE statuses {}", late.len());
     bad += !late.is_empty() as u32;
-    drop(w);
+    // The kernel's ops used these buffers by address until their statuses.
+    drop((l, w, p3, p4));
     if bad > 0 { Err(format!("{bad} bad")) } else { Ok(()) }
 }
 

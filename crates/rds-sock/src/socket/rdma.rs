@@ -1,19 +1,23 @@
 //! RDMA through the socket API (`RDS_GET_MR`, `RDS_GET_MR_FOR_DEST`,
 //! `RDS_FREE_MR`, `RDS_CMSG_RDMA_MAP`, the checks of `RDS_CMSG_RDMA_ARGS`
 //! and `RDS_CMSG_RDMA_DEST`, use-once releases on receive), with the
-//! kernel's errno values. Only sockets bound over IB (rds-ib, feature
-//! `ib`) can register memory; elsewhere GET_MR is EOPNOTSUPP as in the
-//! kernel for a transport without `get_mr` (TCP), FREE_MR EINVAL, and an
-//! RDMA_ARGS send EOPNOTSUPP.
+//! kernel's errno values. Memory a peer or the device may read or write is
+//! always an [`RdmaBuf`] (ranges of it: [`RdmaSeg`]), which every
+//! registration keeps alive until the device is done with it, so safe code
+//! cannot hand a peer memory it does not own; the raw forms for a C ABI
+//! ([`RdsSocket::get_mr_raw`], [`RdmaBuf::from_raw`]) are `unsafe fn`s
+//! with the kernel's contract written down. Only sockets bound over IB
+//! (rds-ib, feature `ib`) can register memory; elsewhere GET_MR is
+//! EOPNOTSUPP as in the kernel for a transport without `get_mr` (TCP),
+//! FREE_MR EINVAL, and an RDMA_ARGS send EOPNOTSUPP.
 
 use std::io;
 use std::net::SocketAddr;
 
 use rds_core::wire::Header;
-use rds_core::{Errno, RdmaOp, TransportKind};
+use rds_core::{Errno, RdmaBuf, RdmaOp, RdmaSeg, TransportKind};
 
 use super::{err, RdsSocket};
-
 
 impl RdsSocket {
     /// The bound address and transport, ENOTCONN if unbound.
@@ -27,44 +31,75 @@ impl RdsSocket {
         .ok_or_else(|| err(Errno::ENOTCONN))
     }
 
-    /// `RDS_GET_MR`: registers `len` bytes at `addr` in this process for
+    /// `RDS_GET_MR`: registers the segment (a range of an [`RdmaBuf`]) for
     /// RDMA by peers; returns the cookie (`rkey | in-page offset << 32`) to
     /// send them (with [`crate::SendFlags::rdma_dest`]). A peer addresses
-    /// the buffer's byte `k` as `remote_addr` `k` with this cookie. `flags`:
-    /// `USE_ONCE` (released when the message of the RDMA that used it
-    /// arrives), `READWRITE`, `INVALIDATE` (accepted, no effect).
+    /// the segment's byte `k` as `remote_addr` `k` with this cookie, and
+    /// may read and write it until the MR is released: by
+    /// [`RdsSocket::free_mr`], by the arrival of the message of an RDMA
+    /// that used it when `flags` has `USE_ONCE`, or by the socket's close
+    /// (after the engine's shutdown no connection reaches it any more, but
+    /// it stays registered until then). The MR holds a handle to the
+    /// buffer until it is deregistered, so the memory outlives every access
+    /// of the peer whatever the caller drops; read the peer's writes with
+    /// [`RdmaBuf::read_at`].
+    /// `flags`: `USE_ONCE`, `READWRITE`, `INVALIDATE` (accepted, no effect).
     ///
     /// Errors: ENOTCONN unbound; EOPNOTSUPP when the socket's transport is
-    /// not IB (TCP); EINVAL for an empty or wrapping buffer; EMSGSIZE above
+    /// not IB (TCP); EINVAL for an empty segment (a range beyond its
+    /// buffer cannot be formed: [`RdmaBuf::seg`] is EINVAL); EMSGSIZE above
     /// 1 MiB (plus partial pages); ENOMEM beyond the MR limit; EFAULT when
     /// the memory cannot be registered.
     ///
-    /// # Safety
+    /// Raw addresses are not accepted (a safe caller could name memory it
+    /// does not own):
     ///
-    /// `addr..addr + len` must stay valid memory of this process until the
-    /// MR is released ([`RdsSocket::free_mr`], a use-once release, or the
-    /// socket's close): the peer reads and writes it at any time until then.
-    pub unsafe fn get_mr(&self, addr: u64, len: u64, flags: u32) -> io::Result<u64> {
+    /// ```compile_fail
+    /// # let sock = rds_sock::RdsSocket::new().unwrap();
+    /// let cookie = sock.get_mr(0xdead_0000u64, 4096u64, 0);
+    /// ```
+    ///
+    /// The C ABI's raw form is [`RdsSocket::get_mr_raw`].
+    pub fn get_mr(&self, seg: &RdmaSeg, flags: u32) -> io::Result<u64> {
         let (local, t) = self.rdma_binding()?;
         #[cfg(feature = "ib")]
         if t == Some(TransportKind::Ib) {
             if let Some(ib) = self.engine.ib() {
-                return ib.get_mr(local.ip(), self.id.number(), addr, len, u64::from(flags));
+                return ib.get_mr(local.ip(), self.id.number(), seg, u64::from(flags));
             }
         }
-        let _ = (local, t, addr, len, flags);
+        let _ = (local, t, seg, flags);
         Err(err(Errno::EOPNOTSUPP))
+    }
+
+    /// `RDS_GET_MR` with a raw address, as the kernel's AF_RDS takes it
+    /// (for a C ABI / LD_PRELOAD shim): registers `len` bytes at `addr`.
+    ///
+    /// # Safety
+    ///
+    /// `addr..addr + len` must be memory of this process, valid for reads
+    /// and writes, that nothing frees, unmaps or reuses and that Rust code
+    /// does not access through references until the MR is released:
+    /// [`RdsSocket::free_mr`] of its cookie returned, or the message of an
+    /// RDMA that used a `USE_ONCE` MR was received, or the socket was
+    /// dropped (each deregisters before it returns; after that the device
+    /// never touches the memory; an engine's shutdown alone does not). Until
+    /// then the peer may read and write it at any time. This is the
+    /// kernel's contract for `RDS_GET_MR` (see [`RdmaBuf::from_raw`]).
+    pub unsafe fn get_mr_raw(&self, addr: u64, len: u64, flags: u32) -> io::Result<u64> {
+        if addr.checked_add(len).is_none() {
+            return Err(err(Errno::EINVAL));
+        }
+        // SAFETY: the caller's promise, which covers every handle the MR
+        // holds (it drops them when released).
+        let buf = unsafe { RdmaBuf::from_raw(addr, len) };
+        self.get_mr(&buf.all(), flags)
     }
 
     /// `RDS_GET_MR_FOR_DEST`: as [`RdsSocket::get_mr`] (the kernel ignores
     /// the destination too).
-    ///
-    /// # Safety
-    ///
-    /// As [`RdsSocket::get_mr`].
-    pub unsafe fn get_mr_for_dest(&self, _dest: SocketAddr, addr: u64, len: u64, flags: u32) -> io::Result<u64> {
-        // SAFETY: the caller's promise, passed on.
-        unsafe { self.get_mr(addr, len, flags) }
+    pub fn get_mr_for_dest(&self, _dest: SocketAddr, seg: &RdmaSeg, flags: u32) -> io::Result<u64> {
+        self.get_mr(seg, flags)
     }
 
     /// `RDS_FREE_MR`: releases this socket's MR named by `cookie`. EINVAL
@@ -83,20 +118,16 @@ impl RdsSocket {
         Err(err(Errno::EINVAL))
     }
 
-    /// `sendmsg` with `RDS_CMSG_RDMA_MAP`: registers `len` bytes at `addr`
-    /// (as [`RdsSocket::get_mr`]) and sends `buf` to `dst` announcing the
-    /// cookie (an RDMA_DEST extension); returns (bytes sent, cookie). The
-    /// MR is released again when the send fails.
-    ///
-    /// # Safety
-    ///
-    /// As [`RdsSocket::get_mr`].
-    pub unsafe fn send_rdma_map(
+    /// `sendmsg` with `RDS_CMSG_RDMA_MAP`: registers the segment (as
+    /// [`RdsSocket::get_mr`], which see for how long the peer may use it)
+    /// and sends `buf` to `dst` announcing the cookie (an RDMA_DEST
+    /// extension); returns (bytes sent, cookie). The MR is released again
+    /// when the send fails.
+    pub fn send_rdma_map(
         &self,
         buf: &[u8],
         dst: Option<SocketAddr>,
-        addr: u64,
-        len: u64,
+        seg: &RdmaSeg,
         map_flags: u32,
         flags: &crate::SendFlags,
     ) -> io::Result<(usize, u64)> {
@@ -104,8 +135,7 @@ impl RdsSocket {
             // Only one cookie per message (rds_cmsg_rdma_map / _dest).
             return Err(err(Errno::EINVAL));
         }
-        // SAFETY: the caller's promise, passed on.
-        let cookie = unsafe { self.get_mr(addr, len, map_flags)? };
+        let cookie = self.get_mr(seg, map_flags)?;
         let f = crate::SendFlags { rdma_dest: Some(cookie), ..flags.clone() };
         match self.send_msg(buf, dst, &f) {
             Ok(n) => Ok((n, cookie)),
@@ -119,7 +149,8 @@ impl RdsSocket {
     /// The IB-side checks of a send's RDMA ancillary data
     /// (`rds_cmsg_rdma_args`, `rds_cmsg_rdma_dest`): an RDMA_DEST cookie
     /// must name an MR of this socket (EINVAL); an op needs at least one
-    /// local buffer, none empty or wrapping (EINVAL), at most
+    /// local buffer, none empty (EINVAL; a segment is always inside its
+    /// buffer), at most
     /// `rds_ib::verbs::MAX_RDMA_SGES` of them (EMSGSIZE; the kernel allows
     /// 1024), and no more local bytes than the remote length (EINVAL).
     /// Other transports are left to the core (EOPNOTSUPP / EINVAL).
@@ -137,17 +168,11 @@ impl RdsSocket {
             }
         }
         if let Some(op) = rdma {
-            if op.local.is_empty() || op.local.iter().any(|(a, l)| *l == 0 || a.checked_add(*l).is_none()) {
-                return Err(err(Errno::EINVAL));
-            }
             #[cfg(feature = "ib")]
-            if op.local.len() > rds_ib::verbs::MAX_RDMA_SGES {
-                return Err(err(Errno::EMSGSIZE));
-            }
-            let total = op.local.iter().fold(0u64, |t, (_, l)| t.saturating_add(*l));
-            if total > op.remote_len {
-                return Err(err(Errno::EINVAL));
-            }
+            let max = rds_ib::verbs::MAX_RDMA_SGES;
+            #[cfg(not(feature = "ib"))]
+            let max = usize::MAX;
+            check_rdma_args(op, max).map_err(err)?;
         }
         Ok(())
     }
@@ -172,5 +197,50 @@ impl RdsSocket {
         if let Some(ib) = self.engine.ib() {
             ib.drop_mrs(self.id.number());
         }
+    }
+}
+
+/// The local-vector checks of an RDMA_ARGS op (`rds_cmsg_rdma_args`): at
+/// least one buffer, none empty (EINVAL), at most `max_sges` (EMSGSIZE), no
+/// more local bytes than the remote length (EINVAL). A segment beyond its
+/// buffer cannot exist ([`RdmaBuf::seg`] refuses it with EINVAL).
+fn check_rdma_args(op: &RdmaOp, max_sges: usize) -> Result<(), Errno> {
+    if op.local.is_empty() || op.local.iter().any(|s| s.is_empty()) {
+        return Err(Errno::EINVAL);
+    }
+    if op.local.len() > max_sges {
+        return Err(Errno::EMSGSIZE);
+    }
+    let total = op.local.iter().fold(0u64, |t, s| t.saturating_add(s.len() as u64));
+    if total > op.remote_len {
+        return Err(Errno::EINVAL);
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn op(local: Vec<RdmaSeg>, remote_len: u64) -> RdmaOp {
+        RdmaOp { remote_cookie: 1, remote_addr: 0, remote_len, local, flags: 0, user_token: 0 }
+    }
+
+    #[test]
+    fn rdma_args_are_checked_as_the_kernel_does() {
+        let b = RdmaBuf::new(4096);
+        let seg = |o, l| b.seg(o, l).unwrap();
+        assert_eq!(check_rdma_args(&op(vec![seg(0, 4096)], 4096), 64), Ok(()));
+        assert_eq!(check_rdma_args(&op(vec![seg(0, 100), seg(100, 100)], 4096), 64), Ok(()));
+        assert_eq!(check_rdma_args(&op(vec![], 4096), 64), Err(Errno::EINVAL), "no local buffer");
+        assert_eq!(check_rdma_args(&op(vec![seg(0, 8), seg(8, 0)], 4096), 64), Err(Errno::EINVAL), "an empty one");
+        assert_eq!(check_rdma_args(&op(vec![seg(0, 4096)], 4095), 64), Err(Errno::EINVAL), "more local than remote");
+        let many: Vec<RdmaSeg> = (0..65).map(|i| seg(i, 1)).collect();
+        assert_eq!(check_rdma_args(&op(many, 4096), 64), Err(Errno::EMSGSIZE), "too many buffers");
+        // Beyond the buffer: no segment to pass at all.
+        assert_eq!(b.seg(4000, 97).unwrap_err(), Errno::EINVAL);
+        assert_eq!(b.seg(4097, 0).unwrap_err(), Errno::EINVAL);
+        // None of this kept a handle.
+        assert_eq!(b.handles(), 1);
     }
 }

@@ -11,8 +11,7 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rds_core::message::rdma_flags;
-use rds_core::RdmaOp;
-use rds_sock::{Engine, RdsSocket, RecvFlags, SendFlags};
+use rds_sock::{Engine, RdmaBuf, RdmaOp, RdmaSeg, RdsSocket, RecvFlags, SendFlags};
 use rds_tools::stress::{
     bucket, check_pattern, is_version_string, pattern, stats_header, stats_line, Header, WireOptions, HEADER_SIZE,
     MAX_BUCKETS, MAX_MSG_SIZE, OPTIONS_V1_SIZE, OPTIONS_V2_SIZE, OP_ACK, OP_REQ, RDMA_OP_READ, RDMA_OP_WRITE,
@@ -619,33 +618,32 @@ struct Peer {
 struct RdmaSlots {
     /// As requester: the buffer the peer reads or writes, and its cookie
     /// (0 when none is registered).
-    buf: Vec<Vec<u8>>,
+    buf: Vec<RdmaBuf>,
     cookie: Vec<u64>,
     /// As responder: the local buffer of the op we run, whether it is in
     /// flight, and (op, pattern) to check a READ with `-v`.
-    local: Vec<Vec<u8>>,
+    local: Vec<RdmaBuf>,
     inflight: Vec<bool>,
     issued: Vec<(u8, u64)>,
     next_op: u8,
 }
 
 /// Fills `buf` with the original's 64-bit RDMA pattern.
-fn rdma_fill(buf: &mut [u8], pattern: u64) {
-    for w in buf.chunks_exact_mut(8) {
-        w.copy_from_slice(&pattern.to_ne_bytes());
-    }
+fn rdma_fill(buf: &RdmaBuf, pattern: u64) {
+    let words: Vec<u8> = pattern.to_ne_bytes().iter().copied().cycle().take(buf.len() / 8 * 8).collect();
+    buf.write_at(0, &words).expect("in range");
 }
 
 /// The offset of the first word of `buf` that is not `pattern`.
-fn rdma_check(buf: &[u8], pattern: u64) -> Option<usize> {
-    buf.chunks_exact(8).position(|w| w != pattern.to_ne_bytes()).map(|i| i * 8)
+fn rdma_check(buf: &RdmaBuf, pattern: u64) -> Option<usize> {
+    buf.to_vec().chunks_exact(8).position(|w| w != pattern.to_ne_bytes()).map(|i| i * 8)
 }
 
 /// Ancillary data of one send.
 enum Extra {
     None,
-    /// RDMA_MAP of (address, length, flags).
-    Map(u64, u64, u32),
+    /// RDMA_MAP of a buffer, with its flags.
+    Map(RdmaSeg, u32),
     /// RDMA_DEST cookie.
     Dest(u64),
     /// RDMA_ARGS.
@@ -735,9 +733,9 @@ impl Task {
                 rdma: (o.rdma_size != 0).then(|| {
                     let len = o.rdma_size as usize * o.rdma_vector as usize;
                     RdmaSlots {
-                        buf: vec![vec![0u8; len]; depth],
+                        buf: (0..depth).map(|_| RdmaBuf::new(len)).collect(),
                         cookie: vec![0; depth],
-                        local: vec![vec![0u8; len]; depth],
+                        local: (0..depth).map(|_| RdmaBuf::new(len)).collect(),
                         inflight: vec![false; depth],
                         issued: vec![(0, 0); depth],
                         next_op: if o.rw_mode == 2 { RDMA_OP_WRITE } else { RDMA_OP_READ },
@@ -901,23 +899,22 @@ impl Task {
             _ => RDMA_OP_WRITE,
         };
         h.rdma_pattern = (u64::from(seq) << 32) | u64::from(std::process::id());
-        h.rdma_addr = r.buf[q].as_ptr() as u64;
+        h.rdma_addr = r.buf[q].addr();
         h.rdma_size = size;
         h.rdma_vector = vector;
         if verify {
             let fill = if h.rdma_op == RDMA_OP_READ { h.rdma_pattern } else { 0 };
-            rdma_fill(&mut r.buf[q], fill);
+            rdma_fill(&r.buf[q], fill);
         }
         let len = r.buf[q].len() as u64;
         let flags = rdma_flags::READWRITE | if use_once { rdma_flags::USE_ONCE } else { 0 };
+        let _ = len;
         if !get_mr {
-            return Extra::Map(h.rdma_addr, len, flags);
+            return Extra::Map(r.buf[q].all(), flags);
         }
         if r.cookie[q] == 0 {
-            // SAFETY: the slot's buffer lives as long as the task (the
-            // socket, and with it its MRs, goes first); it is not touched
-            // while the peer may use it (until the ack).
-            r.cookie[q] = unsafe { self.sock.get_mr(h.rdma_addr, len, flags) }
+            // The MR keeps the slot's buffer alive until it is released.
+            r.cookie[q] = self.sock.get_mr(&r.buf[q].all(), flags)
                 .unwrap_or_else(|e| rdma_die("setsockopt(RDS_GET_MR) failed", &e));
         }
         Extra::Dest(r.cookie[q])
@@ -934,13 +931,24 @@ impl Task {
             return Err(libc::EAGAIN);
         }
         let size = u64::from(h.rdma_size);
-        let base = r.local[q].as_ptr() as u64;
-        let local = (0..u64::from(h.rdma_vector)).map(|v| (base + size * v, size)).collect();
+        // The peer's header sizes our vector: a vector beyond the slot's
+        // buffer (both sides were given the same -D and -I) is the peer's
+        // bug, never memory outside the buffer.
+        let local = (0..h.rdma_vector as usize)
+            .map(|v| r.local[q].seg(size as usize * v, size as usize))
+            .collect::<Result<Vec<RdmaSeg>, _>>()
+            .unwrap_or_else(|_| {
+                die(&format!(
+                    "a request asks for an RDMA of {} x {size} bytes, beyond the slot's {} (-D / -I differ?)",
+                    h.rdma_vector,
+                    r.local[q].len()
+                ))
+            });
         let mut flags = rdma_flags::NOTIFY_ME;
         if h.rdma_op == RDMA_OP_WRITE {
             flags |= rdma_flags::READWRITE;
             if verify {
-                rdma_fill(&mut r.local[q], h.rdma_pattern);
+                rdma_fill(&r.local[q], h.rdma_pattern);
             }
         } else if fence {
             flags |= rdma_flags::FENCE;
@@ -968,9 +976,8 @@ impl Task {
             Extra::None => self.sock.send_to(&self.sbuf[..size], dst),
             Extra::Dest(c) => self.sock.send_msg(&self.sbuf[..size], Some(dst), &SendFlags { rdma_dest: Some(c), ..SendFlags::default() }),
             Extra::Op(op) => self.sock.send_msg(&self.sbuf[..size], Some(dst), &SendFlags { rdma: Some(op), ..SendFlags::default() }),
-            Extra::Map(addr, len, flags) => {
-                // SAFETY: as in rdma_req.
-                match unsafe { self.sock.send_rdma_map(&self.sbuf[..size], Some(dst), addr, len, flags, &SendFlags::default()) } {
+            Extra::Map(seg, flags) => {
+                match self.sock.send_rdma_map(&self.sbuf[..size], Some(dst), &seg, flags, &SendFlags::default()) {
                     Ok((n, cookie)) => {
                         if let Some(r) = p.rdma.as_mut() {
                             r.cookie[q] = cookie;
