@@ -620,6 +620,53 @@ fn congestion_map_of_the_wrong_length_closes_the_connection() {
     bed.finish();
 }
 
+/// Streams of random bytes (16 seeds, 64 KiB each): the node resets each
+/// connection at its first header (a random `h_len` is above 1 MiB but for
+/// one chance in 4096; seeds where it is not are skipped, so the count is
+/// exact), counts it in `recv_drop_bad_frame`, delivers nothing, keeps its
+/// memory bounded, and keeps serving the honest peer and valid connections
+/// from the same address.
+#[test]
+fn random_byte_streams_reset_their_connections() {
+    let _g = serial();
+    let bed = Bed::new("random bytes");
+    let rss0 = rss();
+    let mut streams = 0u64;
+    for seed in 1..100u64 {
+        if streams == 16 {
+            break;
+        }
+        let mut bytes = vec![0u8; 64 << 10];
+        fill(0x5eed_0000 + seed, &mut bytes);
+        let h = Header::from_bytes(bytes[..HEADER_LEN].try_into().unwrap());
+        if h.len as usize <= MAX_MSG_SIZE {
+            continue;
+        }
+        streams += 1;
+        let before = bed.counts();
+        let mut raw = bed.raw();
+        // The node may reset the connection before it took everything.
+        let _ = raw.write(&bytes);
+        let end = raw.ended(WAIT).unwrap_or_else(|| panic!("seed {seed}: the connection is still open after {WAIT:?}"));
+        assert!(matches!(end, End::Eof | End::Reset), "seed {seed}: {end:?}");
+        assert_eq!(wait_delta(&bed.node, &before, "conn_reset", 1), 1, "seed {seed}");
+        let after = bed.counts();
+        assert_eq!(after.delta(&before, "recv_drop_bad_frame"), 1, "seed {seed}: the reason is counted once");
+        assert_eq!((bed.queued(TARGET), bed.queued(CHECK)), ((0, 0), (0, 0)), "seed {seed}: nothing was delivered");
+        assert!(bed.node.tcp_connections().iter().all(|c| c.peer != Some(raw.local())), "seed {seed}: connection kept");
+        drop(raw);
+        if streams % 4 == 0 {
+            bed.valid_again(seed);
+        }
+    }
+    assert_eq!(streams, 16, "16 seeds with a random h_len above 1 MiB");
+    assert_eq!(bed.queued(TARGET), (0, 0), "nothing is delivered");
+    let grew = rss().saturating_sub(rss0);
+    assert!(grew < 64 << 20, "memory grew by {grew} bytes");
+    println!("random bytes: {streams} connections reset, memory grew by {} KiB", grew >> 10);
+    bed.finish();
+}
+
 /// A value of `key=` in a connection's detail string.
 fn detail(c: &rds_core::TransportConnInfo, key: &str) -> u64 {
     let v = c.detail.split_whitespace().find_map(|kv| kv.strip_prefix(key)).unwrap_or_else(|| panic!("no {key} in {}", c.detail));
