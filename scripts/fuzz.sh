@@ -13,7 +13,12 @@
 # Targets: header (Header::decode), exthdr (Header::extensions and
 # push_extension), frame (FrameDecoder::feed and direct reads), congmap
 # (CongMap::from_wire, update_from), node_recv (a Node's whole receive path
-# fed TCP byte streams). The corpus grows in fuzz/corpus/TARGET (kept
+# fed TCP byte streams); ib_private (rds-ib's RDMA CM private data and the
+# version negotiation), ib_frag (rds-ib's fragment reassembler), ib_side
+# (rds-ib's verbs-only side channel: header, parameters, handshake);
+# info_codec (rds-info's request, response header and snapshot body),
+# info_ipc (rds-info's exchange: a hostile client, a hostile node). The
+# README's Fuzzing section says what each checks. The corpus grows in fuzz/corpus/TARGET (kept
 # between runs, not committed); a crash leaves its input in
 # fuzz/artifacts/TARGET/ and fails the run. Reproduce one with
 #   RUSTC_BOOTSTRAP=1 cargo fuzz run -O TARGET fuzz/artifacts/TARGET/crash-...
@@ -29,7 +34,7 @@ export PATH="$HOME/.cargo/bin:$PATH"
 secs="${1:-5}"
 shift || true
 targets=("$@")
-[ ${#targets[@]} -gt 0 ] || targets=(header exthdr frame congmap node_recv)
+[ ${#targets[@]} -gt 0 ] || targets=(header exthdr frame congmap node_recv ib_private ib_frag ib_side info_codec info_ipc)
 
 if ! cargo fuzz --version >/dev/null 2>&1; then
     echo "fuzz: installing cargo-fuzz from crates.io"

@@ -283,6 +283,14 @@ fn serve_one(mut s: UnixStream, me: u32, answer: &Answer) -> io::Result<()> {
     if !peer_allowed(peer_uid(&s)?, me) {
         return s.write_all(&codec::encode_response_header(Status::Denied, 0));
     }
+    serve_request(&mut s, &**answer)
+}
+
+/// The server's half of one exchange with an allowed client: reads its
+/// request and writes the answer `answer` builds for the wanted sections
+/// (nothing when it gives `None`). Public for the fuzz targets only.
+#[doc(hidden)]
+pub fn serve_request<S: Read + Write>(s: &mut S, answer: &dyn Fn(u32) -> Option<Vec<u8>>) -> io::Result<()> {
     let mut req = [0u8; codec::HEADER_LEN];
     s.read_exact(&mut req)?;
     let want = match codec::decode_request(&req) {
@@ -388,6 +396,14 @@ pub fn list(dir: &Path) -> io::Result<Vec<NodeEntry>> {
     Ok(out)
 }
 
+/// An I/O error of an exchange: the node went away, or something else.
+fn io(e: io::Error) -> QueryError {
+    match e.kind() {
+        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => QueryError::Gone,
+        _ => QueryError::Io(e),
+    }
+}
+
 /// Asks one node for the `sections` of its snapshot; trusts only a node
 /// running as us or root.
 pub fn query(path: &Path, sections: u32) -> Result<Snapshot, QueryError> {
@@ -416,16 +432,20 @@ fn query_as(path: &Path, sections: u32, owner: u32) -> Result<Snapshot, QueryErr
         Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(QueryError::Gone),
         Err(e) => return Err(QueryError::Io(e)),
     };
-    let io = |e: io::Error| match e.kind() {
-        io::ErrorKind::UnexpectedEof | io::ErrorKind::ConnectionReset | io::ErrorKind::BrokenPipe => QueryError::Gone,
-        _ => QueryError::Io(e),
-    };
     let server = peer_uid(&s).map_err(io)?;
     if !peer_allowed(server, euid()) && server != owner {
         return Err(QueryError::Denied);
     }
     s.set_read_timeout(Some(IO_TIMEOUT)).map_err(io)?;
     s.set_write_timeout(Some(IO_TIMEOUT)).map_err(io)?;
+    exchange(&mut s, sections)
+}
+
+/// The client's half of one exchange with a node it trusts: sends the
+/// request for `sections` and reads the answer. Public for the fuzz
+/// targets only.
+#[doc(hidden)]
+pub fn exchange<S: Read + Write>(s: &mut S, sections: u32) -> Result<Snapshot, QueryError> {
     s.write_all(&codec::encode_request(sections)).map_err(io)?;
     let mut hdr = [0u8; codec::HEADER_LEN];
     s.read_exact(&mut hdr).map_err(io)?;
@@ -436,8 +456,13 @@ fn query_as(path: &Path, sections: u32, owner: u32) -> Result<Snapshot, QueryErr
         Status::Version => return Err(QueryError::Version(version)),
         Status::BadRequest => return Err(QueryError::Decode(DecodeError("the node did not understand us".into()))),
     }
-    let mut body = vec![0u8; len];
-    s.read_exact(&mut body).map_err(io)?;
+    // The buffer grows with the bytes that arrive: the header's length is
+    // the node's word, not a reason to allocate up to MAX_BODY at once.
+    let mut body = Vec::new();
+    s.take(len as u64).read_to_end(&mut body).map_err(io)?;
+    if body.len() < len {
+        return Err(QueryError::Gone);
+    }
     codec::decode_snapshot(&body).map_err(QueryError::Decode)
 }
 
@@ -543,6 +568,57 @@ mod tests {
         assert!(matches!(query(&stale, 1), Err(QueryError::Gone)));
         assert!(!stale.exists(), "stale socket removed by the reader");
         std::fs::remove_dir_all(&d).unwrap();
+    }
+
+    /// A node answering with the bytes of `answer`, recording the largest
+    /// buffer the client asks it to fill.
+    struct Answering {
+        answer: Vec<u8>,
+        at: usize,
+        largest_read: usize,
+    }
+
+    impl Read for Answering {
+        fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+            self.largest_read = self.largest_read.max(buf.len());
+            let n = buf.len().min(self.answer.len() - self.at);
+            buf[..n].copy_from_slice(&self.answer[self.at..self.at + n]);
+            self.at += n;
+            Ok(n)
+        }
+    }
+
+    impl Write for Answering {
+        fn write(&mut self, b: &[u8]) -> io::Result<usize> {
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> io::Result<()> {
+            Ok(())
+        }
+    }
+
+    /// A 12-byte header claiming the largest body, then 100 bytes and the
+    /// end: the node went away, and the client's buffer grew with what
+    /// arrived. (It used to allocate the claimed 256 MiB at once and read
+    /// into it: the fuzz target info_ipc found it.)
+    #[test]
+    fn an_answer_claiming_a_huge_body_costs_what_arrived() {
+        let mut answer = codec::encode_response_header(Status::Ok, codec::MAX_BODY).to_vec();
+        answer.extend_from_slice(&[0; 100]);
+        let mut node = Answering { answer, at: 0, largest_read: 0 };
+        assert!(matches!(exchange(&mut node, super::super::sections::ALL), Err(QueryError::Gone)));
+        assert_eq!(node.at, codec::HEADER_LEN + 100, "everything sent was read");
+        assert!(node.largest_read <= 64 << 10, "the client offered a {}-byte buffer", node.largest_read);
+        // A whole answer still decodes, in pieces that grow with it.
+        let s = Snapshot { counters: vec![("x".repeat(300_000), 1)], ..Snapshot::default() };
+        let body = codec::encode_snapshot(&s, super::super::sections::ALL);
+        let mut answer = codec::encode_response_header(Status::Ok, body.len()).to_vec();
+        answer.extend_from_slice(&body);
+        answer.extend_from_slice(b"trailing bytes are not read");
+        let mut node = Answering { answer, at: 0, largest_read: 0 };
+        assert_eq!(exchange(&mut node, super::super::sections::ALL).unwrap(), s);
+        assert_eq!(node.at, codec::HEADER_LEN + body.len());
+        assert!(node.largest_read <= body.len(), "the client offered a {}-byte buffer", node.largest_read);
     }
 
     #[test]
