@@ -81,6 +81,18 @@ counters! {
         /// Retransmissions that arrived on a path's first connection: sent
         /// to a previous instance of this node, dropped.
         recv_drop_stale,
+        /// Inbound connections refused because the node already serves
+        /// `NodeConfig::max_peers` peers (none of them evictable).
+        conn_refused_peer_limit,
+        /// Peers that never sent a message, evicted to admit a new peer at
+        /// the peer limit.
+        conn_evicted_silent,
+        /// Connections collected after staying down and idle
+        /// (`NodeConfig::conn_idle_gc`).
+        conn_collected,
+        /// Pongs not queued because one to the same port was still
+        /// waiting on the path (a ping flood against a closed window).
+        send_pong_coalesced,
     }
 }
 
