@@ -311,7 +311,11 @@ fn listener_and_address_checks() {
             "tcp_listen_closed_stale",
             "tcp_rx_partial_discarded",
             "tcp_tx_partial",
-            "tcp_rx_lane_deferred"
+            "tcp_rx_lane_deferred",
+            "tcp_deferred_expired",
+            "tcp_deferred_replaced",
+            "tcp_accept_no_resources",
+            "tcp_accept_shed"
         ]
     );
     t1.close();
