@@ -503,10 +503,18 @@ impl Node {
 
     /// Room for one more peer: at the limit the oldest peer that never sent
     /// a message and has nothing queued is evicted (its paths are shut
-    /// down; it is collected once down). False when none can be.
+    /// down; it is collected once down). False when none can be, or when a
+    /// quarter of the limit is already being evicted.
     pub(crate) fn make_room(&mut self) -> bool {
         if self.peers() < self.cfg.max_peers {
             return true;
+        }
+        // Evicted peers hold their connections until their drain ends: at
+        // most a quarter of the limit at a time, or a flood of new peers
+        // would turn into a flood of draining connections.
+        let evicting = self.conns.iter().filter(|c| c.evicted).count();
+        if evicting >= (self.cfg.max_peers / 4).max(1) {
+            return false;
         }
         let victim = self
             .conns

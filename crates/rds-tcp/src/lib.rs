@@ -23,7 +23,17 @@
 //!   reset (`SO_LINGER` 0) and reported down with
 //!   [`DownReason::DirectionRule`], so that the peer connects to us.
 //! * Accepted connections are offered to [`TransportSink::accept`]; a
-//!   rejected one is reset.
+//!   rejected one is reset. One the core defers (its slot still holds a
+//!   connection going away) is kept unread and offered again (at once when
+//!   a path of its peer goes down, else after 5 ms doubling to 100 ms), at
+//!   most [`TcpConfig::defer_per_peer`] per peer (a further one replaces
+//!   the oldest: `tcp_deferred_replaced`), for at most
+//!   [`TcpConfig::defer_max`], never less than the drain plus 1 s
+//!   (`tcp_deferred_expired`).
+//! * When `accept` fails for lack of descriptors, a descriptor held in
+//!   reserve is released to accept the oldest queued connection and reset
+//!   it at once (`tcp_accept_shed`), so the backlog drains; other failures
+//!   back off from 10 ms to 1 s (`tcp_accept_no_resources` counts both).
 //!
 //! ## Threads
 //!
