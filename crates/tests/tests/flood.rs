@@ -453,6 +453,86 @@ fn descriptor_exhaustion_sheds_the_backlog_without_spinning() {
 }
 
 // ----------------------------------------------------------------------
+// Ping flood against a closed window
+// ----------------------------------------------------------------------
+
+/// A raw peer (the smaller address) sends up to 20,000 pings from 4 source
+/// ports and never reads: the node's TCP send buffer (16 KiB here) and the
+/// peer's window fill, and pongs wait in the node's send queue. At most
+/// one waits per source port (the rest are coalesced, counted: every ping
+/// read is answered or coalesced); memory stays flat.
+#[test]
+fn ping_flood_against_a_closed_window_queues_one_pong_per_port() {
+    let ip = addr_block(65);
+    let (peer_ip, node_ip) = (ip(1), ip(2));
+    let mut cfg = EngineConfig::default();
+    cfg.tcp.sndbuf = Some(16 << 10);
+    let node = Engine::new(cfg).unwrap();
+    let rx = node.socket().unwrap();
+    rx.bind(SocketAddr::new(node_ip, 4000)).unwrap();
+    let s = connect_nb(peer_ip, SocketAddr::new(node_ip, RDS_TCP_PORT)).unwrap();
+    // A small window, set before the handshake.
+    let small: libc::c_int = 4096;
+    // SAFETY: setsockopt reads one int.
+    unsafe {
+        libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVBUF, (&raw const small).cast(), 4);
+    }
+    assert!(wait_until(WAIT, || s.peer_addr().is_ok()), "connect");
+    s.set_nonblocking(false).unwrap();
+    let rss0 = rss_of("self");
+    let ports = [7001u16, 7002, 7003, 7004];
+    let pings = 20_000u64;
+    // The writer may block for good once both windows are closed (the
+    // node's window updates then ride on segments outside the peer's
+    // window, which its TCP drops): it runs on its own, and the node is
+    // judged on the pings it did read.
+    let ws = s.try_clone().unwrap();
+    let writer = std::thread::spawn(move || {
+        let mut batch = Vec::new();
+        for i in 0..pings {
+            batch.extend(frame(Header::data(ports[(i % 4) as usize], 0, 0), i + 1, &[]));
+        }
+        let _ = (&ws).write_all(&batch);
+    });
+    let mut last = 0;
+    let until = Instant::now() + WAIT;
+    loop {
+        std::thread::sleep(Duration::from_millis(300));
+        let n = counter(&node, "recv_ping");
+        if n == pings || (n == last && n >= 2000) || Instant::now() > until {
+            break;
+        }
+        last = n;
+    }
+    let read = counter(&node, "recv_ping");
+    assert!(read >= 2000, "only {read} pings read");
+    let snap = node.snapshot();
+    let pongs: Vec<u16> = snap.send.iter().filter(|m| m.faddr == peer_ip && m.lport == 0 && m.len == 0).map(|m| m.fport).collect();
+    let c = counters(&node);
+    let grew = rss_of("self").saturating_sub(rss0);
+    println!(
+        "ping flood: {} pings, {} pongs queued {:?}, {} coalesced, {} on the wire unacked, RSS +{} KiB",
+        c["recv_ping"],
+        pongs.len(),
+        pongs,
+        c["send_pong_coalesced"],
+        snap.retrans.iter().filter(|m| m.faddr == peer_ip).count(),
+        grew >> 10
+    );
+    let mut sorted = pongs.clone();
+    sorted.sort();
+    sorted.dedup();
+    assert_eq!(sorted.len(), pongs.len(), "one pending pong per port: {pongs:?}");
+    assert!(pongs.iter().all(|p| ports.contains(p)), "{pongs:?}");
+    assert!(c["send_pong_coalesced"] > read / 2, "{c:?}");
+    assert_eq!(c["send_pong"] + c["send_pong_coalesced"], c["recv_ping"] + c["mprds_probe_sent"]);
+    assert!(grew < 16 << 20, "RSS grew {grew}");
+    let _ = s.shutdown(Shutdown::Both);
+    writer.join().unwrap();
+    node.shutdown(Duration::ZERO);
+}
+
+// ----------------------------------------------------------------------
 // Deferred connections
 // ----------------------------------------------------------------------
 
