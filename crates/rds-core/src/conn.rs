@@ -380,20 +380,17 @@ impl Conn {
         self.heard = m.heard;
     }
 
-    /// Nothing queued, owed or scheduled on any path, every path down.
+    /// No socket's message queued, nothing scheduled, every path down
+    /// (probes and pongs still queued go with the connection).
     pub(crate) fn idle(&self) -> bool {
-        self.paths.iter().all(|p| {
-                p.state == PathState::Down
-                    && p.send_queue.is_empty()
-                    && p.retrans.is_empty()
-                    && p.reconnect_at.is_none()
-                    && p.lane0_wire.is_empty()
-            })
+        !self.has_queued()
+            && self.paths.iter().all(|p| p.state == PathState::Down && p.reconnect_at.is_none() && p.lane0_wire.is_empty())
     }
 
-    /// Messages queued or unacked on any path.
+    /// Messages of sockets queued or unacked on any path (not probes and
+    /// pongs: a peer is not worth reconnecting to, or keeping, for those).
     pub(crate) fn has_queued(&self) -> bool {
-        self.paths.iter().any(|p| !p.send_queue.is_empty() || !p.retrans.is_empty())
+        self.paths.iter().any(|p| p.send_queue.iter().chain(p.retrans.iter()).any(|m| m.sock.is_some()))
     }
 }
 

@@ -527,6 +527,10 @@ impl Node {
         for i in 0..self.conns[v].paths.len() {
             self.drop_path(PathId { conn: v, index: i as u8 });
         }
+        // (Already down, e.g. a larger peer's poke we answered: at once.)
+        if self.conns[v].idle() {
+            self.collect(v);
+        }
         true
     }
 
@@ -562,6 +566,11 @@ impl Node {
             }
             return;
         }
+        self.collect(c);
+    }
+
+    /// Removes an idle connection, remembering its sequence state.
+    fn collect(&mut self, c: ConnId) {
         let conn = self.conns.remove(c).unwrap();
         self.counters.conn_collected += 1;
         let key = (conn.laddr, conn.faddr, conn.kind, conn.tos);

@@ -87,6 +87,8 @@ impl Node {
                 c
             }
         };
+        // Our own sends are not limited: a peer evicted meanwhile is kept.
+        self.conn_mut(conn).evicted = false;
         let caps = self.caps_of(self.conn(conn).kind);
         if opts.rdma.is_some() && !caps.rdma {
             return Err(Errno::EOPNOTSUPP);
@@ -254,11 +256,20 @@ impl Node {
         if self.maps.get(&faddr).is_some_and(|m| m.test(dport)) {
             return;
         }
-        // A pong not yet transmitted answers every ping from that port
+        // A pong never transmitted yet answers every ping from that port
         // (a ping flood against a closed window must not grow the queue).
+        // Not one that was on a wire before: a restart of the peer flushes
+        // those, and a handshake pong must still reach its new instance.
         if sport == 0
             && self.path(pid).is_some_and(|p| {
-                p.send_queue.iter().any(|m| m.sock.is_none() && m.hdr.sport == 0 && m.hdr.dport == dport && m.payload.is_empty())
+                p.send_queue.iter().any(|m| {
+                    m.sock.is_none()
+                        && m.hdr.sport == 0
+                        && m.hdr.dport == dport
+                        && m.payload.is_empty()
+                        && !m.flags.retransmitted
+                        && !m.flags.flush
+                })
             })
         {
             self.counters.send_pong_coalesced += 1;
@@ -733,11 +744,15 @@ impl Node {
         if !self.is_local(&laddr) || self.is_local(&faddr) {
             return Accept::Reject;
         }
-        if self.find_conn(laddr, faddr, kind).is_none() && !self.make_room() {
+        // A new peer, or one evicted meanwhile, needs room.
+        let known = self.find_conn(laddr, faddr, kind);
+        let evicted = known.is_some_and(|c| self.conn(c).evicted);
+        if (known.is_none() || evicted) && !self.make_room() {
             self.counters.conn_refused_peer_limit += 1;
             return Accept::Reject;
         }
         let conn = self.conn_for(laddr, faddr, kind, 0);
+        self.conn_mut(conn).evicted = false;
         let c = self.conn(conn);
         let caps = self.caps_of(c.kind);
         if caps.smaller_connects && Node::is_smaller(&laddr, &faddr) {
@@ -836,15 +851,18 @@ impl Node {
                 self.drop_path(PathId { conn, index: k as u8 });
             }
         }
-        // Reconnect only for something to send: a peer we have nothing
-        // for connects (or, if larger, pokes us) when it has something
-        // (the kernel reconnects forever, to peers gone for good too).
-        // A congestion map we owe the peer also brings the connection back
-        // (unless the peer cannot be reached), and so does a peer still
-        // connected on another path (the larger side's lanes need ours).
+        // A failed connect is tried again only for something to send (a
+        // socket's messages, a map owed) or while another path of the peer
+        // is up: a peer that vanished is not retried for ever (the kernel
+        // does), and one that comes back connects, or pokes us, when it
+        // has something. A connection that closed reconnects as in the
+        // kernel (once, if the peer is gone). An evicted peer's connection
+        // stays down (`Node::make_room`).
         let c = self.conn(conn);
         let others_up = c.paths.iter().any(|p| p.state == PathState::Up);
-        if c.has_queued() || others_up || (c.map_queued && reason != DownReason::ConnectFailed) {
+        let retry = reason != DownReason::ConnectFailed || c.has_queued() || others_up || c.map_queued;
+        let poke_only = reason == DownReason::DirectionRule && self.path(pid).unwrap().send_queue.is_empty();
+        if retry && !poke_only && !self.conn(conn).evicted {
             self.queue_reconnect(pid, now);
         }
         if self.conn(conn).all_down() {

@@ -159,3 +159,54 @@ fn a_collected_peer_returns_and_nothing_is_lost_or_duplicated() {
     let tx_after = net.nodes[0].info_connections()[0].paths[0].next_tx_seq;
     assert!(tx_after > tx_before, "numbering continues: {tx_before} -> {tx_after}");
 }
+
+/// At the peer limit, a new peer evicts the oldest peer that never sent a
+/// message (a silent connection), which is collected once down; a peer
+/// that spoke is never evicted.
+#[test]
+fn the_peer_limit_evicts_the_oldest_silent_peer() {
+    use std::net::{IpAddr, Ipv4Addr};
+    let mut cfgs: Vec<NodeConfig> = (0..4).map(config).collect();
+    cfgs[3].max_peers = 3;
+    let mut net = Net::with_configs(cfgs, TransportKind::Tcp);
+    let srv = net.bound(3, 4000);
+    let node = common::ip(4);
+    // A peer that speaks, then two raw connections that never send.
+    let a = net.bound(0, 5000);
+    net.send(0, a, sa(4, 4000), b"spoke").unwrap();
+    net.run();
+    let silent: Vec<PathInfo> = [1u8, 2]
+        .iter()
+        .map(|k| match net.nodes[3].accept(TransportKind::Tcp, node, IpAddr::V4(Ipv4Addr::new(126, 0, 0, *k)), 40000) {
+            Accept::Path(info) => info,
+            other => panic!("{other:?}"),
+        })
+        .collect();
+    net.run();
+    assert_eq!(net.nodes[3].conn_count(), 3);
+    // A new peer: the oldest silent one goes (its path is shut down).
+    let b = net.bound(1, 5000);
+    let mark = net.shutdowns.len();
+    net.send(1, b, sa(4, 4000), b"new").unwrap();
+    net.run();
+    assert_eq!(net.nodes[3].counters().conn_evicted_silent, 1);
+    assert_eq!(net.nodes[3].counters().conn_refused_peer_limit, 0);
+    let shut: Vec<PathId> = net.shutdowns[mark..].iter().filter(|s| s.0 == 3).map(|s| s.1.id).collect();
+    assert_eq!(shut, [silent[0].id]);
+    let now = net.now;
+    net.nodes[3].path_down(silent[0].id, silent[0].inst, DownReason::ShutdownDone, now);
+    net.run();
+    assert_eq!(net.nodes[3].counters().conn_collected, 1, "collected at once, not after the idle time");
+    assert_eq!(net.nodes[3].conn_count(), 3);
+    assert_eq!(net.drain_payloads(3, srv), [b"spoke".to_vec(), b"new".to_vec()]);
+    // Full again, and only peers that spoke or the remaining silent one:
+    // the next new peer evicts the second silent one, the one after that
+    // is refused.
+    let c = net.bound(2, 5000);
+    net.send(2, c, sa(4, 4000), b"third").unwrap();
+    net.run();
+    assert_eq!(net.nodes[3].counters().conn_evicted_silent, 2);
+    let raw = net.nodes[3].accept(TransportKind::Tcp, node, IpAddr::V4(Ipv4Addr::new(126, 0, 0, 3)), 40000);
+    assert_eq!(raw, Accept::Reject);
+    assert_eq!(net.nodes[3].counters().conn_refused_peer_limit, 1);
+}
