@@ -645,10 +645,8 @@ impl Node {
     pub(crate) fn queue_reconnect(&mut self, pid: PathId, now: Instant) {
         let c = self.conn(pid.conn);
         let caps = self.caps_of(c.kind);
-        if caps.smaller_connects && !Node::is_smaller(&c.laddr, &c.faddr) {
-            if pid.index != 0 || !c.has_queued() {
-                return;
-            }
+        if caps.smaller_connects && !Node::is_smaller(&c.laddr, &c.faddr) && (pid.index != 0 || !c.has_queued()) {
+            return;
         }
         if pid.index > 0 && usize::from(pid.index) >= c.active_paths() {
             return;
