@@ -42,7 +42,10 @@ pub struct EngineConfig {
 impl Default for EngineConfig {
     /// Kernel defaults; buffer limits read from this host's
     /// `net.core.{w,r}mem_{default,max}`; a random generation number; the TCP
-    /// port from `RDS_TCP_PORT` if set.
+    /// port from `RDS_TCP_PORT` if set; `NodeConfig::max_peers` within this
+    /// process's descriptor limit ([`peers_for_fds`] of [`nofile_limit`],
+    /// read now: set the limit before); deferred connections per peer
+    /// (`TcpConfig::defer_per_peer`) = the path count.
     fn default() -> Self {
         let mut node = NodeConfig::default();
         let read = |name: &str, dflt: u32| {

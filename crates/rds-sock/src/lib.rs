@@ -61,7 +61,7 @@ pub mod info;
 mod readiness;
 mod socket;
 
-pub use engine::{Engine, EngineConfig, ShutdownReport};
+pub use engine::{nofile_limit, peers_for_fds, Engine, EngineConfig, ShutdownReport, RESERVED_FDS};
 pub use rds_core::{Errno, HandshakeExts, NodeConfig, Payload, Readiness, TransportKind};
 pub use rds_tcp::TcpConfig;
 pub use socket::{RdsSocket, RecvFlags, RecvMeta, SendFlags};
