@@ -3,9 +3,10 @@
 //!
 //! States and transitions are the kernel's: any state -> ERROR,
 //! UP -> DISCONNECTING, ERROR -> DISCONNECTING, DISCONNECTING -> DOWN,
-//! DOWN -> CONNECTING, CONNECTING -> UP. A connection is never destroyed
-//! while the node lives, so its sequence numbers and retransmit queues
-//! survive transport reconnects.
+//! DOWN -> CONNECTING, CONNECTING -> UP. Sequence numbers and retransmit queues survive transport reconnects; a
+//! connection that stays down with nothing queued is collected after
+//! `NodeConfig::conn_idle_gc`, leaving its sequence state behind
+//! (`ConnMemo`).
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
@@ -194,6 +195,12 @@ pub(crate) struct Conn {
     pub gen_up_seq: u64,
     /// Congestion maps received from the peer (`Path::confirmed`).
     pub maps_rx: u64,
+    /// When the idle collection looks at this connection next
+    /// (`Node::collect_idle`); set when every path went down.
+    pub gc_at: Option<Instant>,
+    /// Evicted to make room for another peer (`NodeConfig::max_peers`): no
+    /// longer counted, collected as soon as it is idle.
+    pub evicted: bool,
 }
 
 impl Conn {
@@ -228,6 +235,162 @@ impl Conn {
 
     pub fn all_down(&self) -> bool {
         self.paths.iter().all(|p| p.state == PathState::Down)
+    }
+}
+
+/// The node's connections by id. Ids grow and are never reused, so a
+/// stale id (a socket's cached connection, a transport event, a timer) of
+/// a collected connection finds nothing instead of another peer's; ids
+/// iterate in creation order.
+#[derive(Debug, Default)]
+pub(crate) struct ConnTable {
+    map: std::collections::BTreeMap<ConnId, Conn>,
+    next: u32,
+}
+
+impl ConnTable {
+    pub fn get(&self, id: ConnId) -> Option<&Conn> {
+        self.map.get(&id)
+    }
+
+    pub fn get_mut(&mut self, id: ConnId) -> Option<&mut Conn> {
+        self.map.get_mut(&id)
+    }
+
+    pub fn contains(&self, id: ConnId) -> bool {
+        self.map.contains_key(&id)
+    }
+
+    /// The id the next inserted connection gets.
+    pub fn next_id(&self) -> ConnId {
+        ConnId(self.next)
+    }
+
+    pub fn insert(&mut self, c: Conn) {
+        debug_assert_eq!(c.id, self.next_id());
+        self.next = self.next.wrapping_add(1);
+        self.map.insert(c.id, c);
+    }
+
+    pub fn remove(&mut self, id: ConnId) -> Option<Conn> {
+        self.map.remove(&id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Conn> {
+        self.map.values()
+    }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Conn> {
+        self.map.values_mut()
+    }
+}
+
+impl std::ops::Index<ConnId> for ConnTable {
+    type Output = Conn;
+    fn index(&self, id: ConnId) -> &Conn {
+        &self.map[&id]
+    }
+}
+
+impl std::ops::IndexMut<ConnId> for ConnTable {
+    fn index_mut(&mut self, id: ConnId) -> &mut Conn {
+        self.map.get_mut(&id).expect("connection exists")
+    }
+}
+
+impl<'a> IntoIterator for &'a ConnTable {
+    type Item = &'a Conn;
+    type IntoIter = std::collections::btree_map::Values<'a, ConnId, Conn>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.map.values()
+    }
+}
+
+/// What a collected connection leaves behind (`Node::collect_idle`): the
+/// sequence state that the peer may still rely on. Its next transmit
+/// numbers keep ours growing (a retransmission numbered below what the
+/// peer already received would be dropped by its duplicate rule: lost),
+/// its receive state keeps the duplicate and stale rules working for what
+/// the peer still retransmits, and its generation tells whether the peer
+/// restarted meanwhile.
+#[derive(Clone, Debug)]
+pub(crate) struct ConnMemo {
+    pub paths: Vec<PathMemo>,
+    pub peer_gen: u32,
+    pub peer_gen_maps: bool,
+    pub with_sport_idx: bool,
+    pub heard: bool,
+    /// `Node::map_versions` of the peer's address, if this was its last
+    /// connection.
+    pub map_version: Option<(u32, u64)>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PathMemo {
+    pub next_tx_seq: u64,
+    pub next_rx_seq: u64,
+    pub rx_reset: bool,
+    pub rx_any: bool,
+    pub rx_conns: u64,
+    pub inst: u64,
+}
+
+impl Conn {
+    pub(crate) fn memo(&self) -> ConnMemo {
+        ConnMemo {
+            paths: self
+                .paths
+                .iter()
+                .map(|p| PathMemo {
+                    next_tx_seq: p.next_tx_seq,
+                    next_rx_seq: p.next_rx_seq,
+                    rx_reset: p.rx_reset,
+                    rx_any: p.rx_any,
+                    rx_conns: p.rx_conns,
+                    inst: p.inst,
+                })
+                .collect(),
+            peer_gen: self.peer_gen,
+            peer_gen_maps: self.peer_gen_maps,
+            with_sport_idx: self.with_sport_idx,
+            heard: self.heard,
+            map_version: None,
+        }
+    }
+
+    /// Restores what a collected predecessor left (`Conn::memo`).
+    pub(crate) fn restore(&mut self, m: &ConnMemo) {
+        for (p, pm) in self.paths.iter_mut().zip(&m.paths) {
+            p.next_tx_seq = pm.next_tx_seq;
+            p.next_rx_seq = pm.next_rx_seq;
+            p.rx_reset = pm.rx_reset;
+            p.rx_any = pm.rx_any;
+            p.rx_conns = pm.rx_conns;
+            // Instances keep growing too: a transport event of the
+            // predecessor's connection must not match the new one.
+            p.inst = pm.inst;
+        }
+        self.peer_gen = m.peer_gen;
+        self.peer_gen_maps = m.peer_gen_maps;
+        self.with_sport_idx = m.with_sport_idx;
+        self.heard = m.heard;
+    }
+
+    /// No socket's message queued, nothing scheduled, every path down
+    /// (probes and pongs still queued go with the connection).
+    pub(crate) fn idle(&self) -> bool {
+        !self.has_queued()
+            && self.paths.iter().all(|p| p.state == PathState::Down && p.reconnect_at.is_none() && p.lane0_wire.is_empty())
+    }
+
+    /// Messages of sockets queued or unacked on any path (not probes and
+    /// pongs: a peer is not worth reconnecting to, or keeping, for those).
+    pub(crate) fn has_queued(&self) -> bool {
+        self.paths.iter().any(|p| p.send_queue.iter().chain(p.retrans.iter()).any(|m| m.sock.is_some()))
     }
 }
 

@@ -13,7 +13,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use crate::cong::CongMap;
-use crate::conn::{Conn, Path, PathInfo, PathState};
+use crate::conn::{Conn, ConnMemo, ConnTable, Path, PathInfo, PathState};
 use crate::message::Received;
 use crate::sock::{bufs, Readiness, Sock};
 use crate::stats::Counters;
@@ -95,6 +95,22 @@ pub struct NodeConfig {
     pub rcv_budget: u64,
     /// Seed of the node's PRNG (backoff jitter, port choice).
     pub seed: u64,
+    /// Peers (connection objects of a transport other than loopback) the
+    /// node keeps at most. An inbound connection from a new peer beyond it
+    /// evicts the oldest peer that never sent a message
+    /// (`conn_evicted_silent`), or is refused (`conn_refused_peer_limit`).
+    /// The kernel has no bound. Sends to new destinations are not limited.
+    pub max_peers: usize,
+    /// A connection whose paths are all down with nothing queued is
+    /// collected after this long (`conn_collected`); its sequence numbers
+    /// are remembered (at most `conn_memo_max` of them) so that the peer's
+    /// retransmissions are still recognised and ours keep growing when it
+    /// returns. `None`: never (the kernel frees connections only with the
+    /// namespace).
+    pub conn_idle_gc: Option<Duration>,
+    /// Collected connections whose sequence state is remembered; the oldest
+    /// is forgotten beyond this.
+    pub conn_memo_max: usize,
 }
 
 impl Default for NodeConfig {
@@ -116,6 +132,9 @@ impl Default for NodeConfig {
             rcv_hard_factor: 16,
             rcv_budget: 1 << 30,
             seed: 0,
+            max_peers: 4096,
+            conn_idle_gc: Some(Duration::from_secs(60)),
+            conn_memo_max: 65536,
         }
     }
 }
@@ -184,6 +203,8 @@ pub enum SockOpt {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Timer {
     Reconnect(PathId),
+    /// Idle collection of a connection (`Conn::gc_at`).
+    Collect(ConnId),
 }
 
 pub(crate) struct SockSlot {
@@ -201,7 +222,7 @@ pub struct Node {
     pub(crate) socks: Vec<SockSlot>,
     pub(crate) free_socks: Vec<u32>,
     pub(crate) bound: HashMap<SocketAddr, SockId>,
-    pub(crate) conns: Vec<Conn>,
+    pub(crate) conns: ConnTable,
     pub(crate) conn_index: HashMap<(IpAddr, IpAddr, TransportKind, u8), ConnId>,
     /// Congestion maps by address: ours (maintained by our sockets) and
     /// peers' (from their updates).
@@ -222,6 +243,10 @@ pub struct Node {
     pub(crate) rx_paused: HashMap<PathId, crate::recv::RxPause>,
     /// Sequence of `Output::RxFlow`.
     pub(crate) rx_flow_seq: u64,
+    /// Sequence state of collected connections (`ConnMemo`), with their
+    /// order of collection (oldest first) for the bound.
+    pub(crate) memos: HashMap<(IpAddr, IpAddr, TransportKind, u8), ConnMemo>,
+    pub(crate) memo_order: VecDeque<(IpAddr, IpAddr, TransportKind, u8)>,
 }
 
 impl Node {
@@ -235,7 +260,7 @@ impl Node {
             socks: Vec::new(),
             free_socks: Vec::new(),
             bound: HashMap::new(),
-            conns: Vec::new(),
+            conns: ConnTable::default(),
             conn_index: HashMap::new(),
             maps: HashMap::new(),
             map_versions: HashMap::new(),
@@ -246,6 +271,8 @@ impl Node {
             rx_held: 0,
             rx_paused: HashMap::new(),
             rx_flow_seq: 0,
+            memos: HashMap::new(),
+            memo_order: VecDeque::new(),
         }
     }
 
@@ -326,6 +353,7 @@ impl Node {
     fn timer_live(&self, at: Instant, t: Timer) -> bool {
         match t {
             Timer::Reconnect(p) => self.path(p).is_some_and(|path| path.reconnect_at == Some(at)),
+            Timer::Collect(c) => self.conns.get(c).is_some_and(|c| c.gc_at == Some(at)),
         }
     }
 
@@ -346,6 +374,10 @@ impl Node {
                     }
                     self.connect_worker(p);
                 }
+                Timer::Collect(c) => {
+                    self.conns[c].gc_at = None;
+                    self.collect_idle(c, now);
+                }
             }
         }
     }
@@ -355,7 +387,7 @@ impl Node {
     }
 
     pub(crate) fn kick(&mut self, p: PathId) {
-        let Some(c) = self.conns.get(p.conn.0 as usize) else { return };
+        let Some(c) = self.conns.get(p.conn) else { return };
         let Some(path) = c.paths.get(usize::from(p.index)) else { return };
         let map_due = (c.map_queued && c.map_lane() == Some(usize::from(p.index))) || (path.hello_owed && c.peer_gen_maps);
         if path.kick_queued || path.state != PathState::Up || (path.send_queue.is_empty() && !map_due) {
@@ -374,8 +406,12 @@ impl Node {
             c.map_queued = true;
             self.counters.cong_update_queued += 1;
         }
-        if let Some(lane) = self.conn(conn).map_lane() {
-            self.kick(PathId { conn, index: lane as u8 });
+        match self.conn(conn).map_lane() {
+            Some(lane) => self.kick(PathId { conn, index: lane as u8 }),
+            // No path up: connect (reconnects are only for something to
+            // send, and the map is).
+            None if self.conn(conn).kind != TransportKind::Loop => self.connect_if_down(PathId { conn, index: 0 }),
+            None => {}
         }
     }
 
@@ -425,19 +461,19 @@ impl Node {
     }
 
     pub(crate) fn path(&self, p: PathId) -> Option<&Path> {
-        self.conns.get(p.conn.0 as usize)?.paths.get(usize::from(p.index))
+        self.conns.get(p.conn)?.paths.get(usize::from(p.index))
     }
 
     pub(crate) fn path_mut(&mut self, p: PathId) -> Option<&mut Path> {
-        self.conns.get_mut(p.conn.0 as usize)?.paths.get_mut(usize::from(p.index))
+        self.conns.get_mut(p.conn)?.paths.get_mut(usize::from(p.index))
     }
 
     pub(crate) fn conn(&self, c: ConnId) -> &Conn {
-        &self.conns[c.0 as usize]
+        &self.conns[c]
     }
 
     pub(crate) fn conn_mut(&mut self, c: ConnId) -> &mut Conn {
-        &mut self.conns[c.0 as usize]
+        &mut self.conns[c]
     }
 
     /// Finds or creates the connection (`rds_conn_create`). A peer address
@@ -449,9 +485,9 @@ impl Node {
         }
         let caps = self.caps_of(kind);
         let n = if caps.mp_capable { usize::from(self.cfg.npaths.clamp(1, 8)) } else { 1 };
-        let id = ConnId(self.conns.len() as u32);
+        let id = self.conns.next_id();
         let paths = (0..n).map(|_| Path::new()).collect();
-        self.conns.push(Conn {
+        self.conns.insert(Conn {
             id,
             laddr,
             faddr,
@@ -468,10 +504,20 @@ impl Node {
             ups: 0,
             gen_up_seq: 0,
             maps_rx: 0,
+            gc_at: None,
+            evicted: false,
         });
+        let key = (laddr, faddr, kind, tos);
+        if let Some(m) = self.memos.remove(&key) {
+            self.memo_order.retain(|k| *k != key);
+            if let Some(v) = m.map_version {
+                self.map_versions.entry(faddr).or_insert(v);
+            }
+            self.conns[id].restore(&m);
+        }
         if kind == TransportKind::Loop {
             // Loopback paths need no connection: they are up from the start.
-            let p = &mut self.conns[id.0 as usize].paths[0];
+            let p = &mut self.conns[id].paths[0];
             p.state = PathState::Up;
             p.inst = 1;
             p.confirmed = true;
@@ -481,6 +527,125 @@ impl Node {
         id
     }
 
+    /// Peers counted against `NodeConfig::max_peers`.
+    pub(crate) fn peers(&self) -> usize {
+        self.conns.iter().filter(|c| c.kind != TransportKind::Loop && !c.evicted).count()
+    }
+
+    /// Room for one more peer: at the limit the oldest peer that never sent
+    /// a message and has nothing queued is evicted (its paths are shut
+    /// down; it is collected once down). False when none can be, or when a
+    /// quarter of the limit is already being evicted.
+    pub(crate) fn make_room(&mut self) -> bool {
+        if self.peers() < self.cfg.max_peers {
+            return true;
+        }
+        // Evicted peers hold their connections until their drain ends: at
+        // most a quarter of the limit at a time, or a flood of new peers
+        // would turn into a flood of draining connections.
+        let evicting = self.conns.iter().filter(|c| c.evicted).count();
+        if evicting >= (self.cfg.max_peers / 4).max(1) {
+            return false;
+        }
+        let victim = self
+            .conns
+            .iter()
+            .find(|c| c.kind != TransportKind::Loop && !c.evicted && !c.heard && !c.has_queued())
+            .map(|c| c.id);
+        let Some(v) = victim else { return false };
+        self.counters.conn_evicted_silent += 1;
+        self.conns[v].evicted = true;
+        for i in 0..self.conns[v].paths.len() {
+            self.drop_path(PathId { conn: v, index: i as u8 });
+        }
+        // (Already down, e.g. a larger peer's poke we answered: at once.)
+        if self.conns[v].idle() {
+            self.collect(v);
+        }
+        true
+    }
+
+    /// Every path of the connection went down: collect it once idle.
+    pub(crate) fn conn_all_down(&mut self, c: ConnId, now: Instant) {
+        let conn = &self.conns[c];
+        if conn.kind == TransportKind::Loop {
+            return;
+        }
+        if conn.evicted {
+            self.collect_idle(c, now);
+            return;
+        }
+        if let Some(idle) = self.cfg.conn_idle_gc {
+            if conn.gc_at.is_none() {
+                let at = now + idle;
+                self.conns[c].gc_at = Some(at);
+                self.schedule(at, Timer::Collect(c));
+            }
+        }
+    }
+
+    /// Collects the connection if it is idle (every path down, nothing
+    /// queued or scheduled), remembering its sequence state; otherwise
+    /// looks again after another idle period.
+    pub(crate) fn collect_idle(&mut self, c: ConnId, now: Instant) {
+        let Some(conn) = self.conns.get(c) else { return };
+        if !conn.idle() {
+            if conn.all_down() {
+                let at = now + self.cfg.conn_idle_gc.unwrap_or(Duration::from_secs(1));
+                self.conns[c].gc_at = Some(at);
+                self.schedule(at, Timer::Collect(c));
+            }
+            return;
+        }
+        self.collect(c);
+    }
+
+    /// Removes an idle connection, remembering its sequence state.
+    fn collect(&mut self, c: ConnId) {
+        // Receive flow control ends with the connection: the transport
+        // forgets the pause (a later connection of the peer has a new id and
+        // is paused again, if need be, by its first delivery).
+        let mut paused: Vec<PathId> = self.rx_paused.keys().copied().filter(|p| p.conn == c).collect();
+        paused.sort();
+        for pid in paused {
+            self.rx_paused.remove(&pid);
+            if let Some(info) = self.path_info(pid) {
+                self.rx_flow_seq += 1;
+                self.outputs.push_back(Output::RxFlow { path: info, paused: false, seq: self.rx_flow_seq });
+            }
+        }
+        let conn = self.conns.remove(c).unwrap();
+        self.counters.conn_collected += 1;
+        let key = (conn.laddr, conn.faddr, conn.kind, conn.tos);
+        self.conn_index.remove(&key);
+        let mut memo = conn.memo();
+        let last = !self.conns.iter().any(|o| o.faddr == conn.faddr);
+        if last && !self.is_local(&conn.faddr) {
+            // The peer's congestion map (8 KiB) goes with its last
+            // connection; it sends it again on every new connection.
+            self.maps.remove(&conn.faddr);
+            memo.map_version = self.map_versions.remove(&conn.faddr);
+        }
+        for slot in self.socks.iter_mut() {
+            if let Some(k) = slot.sock.as_mut() {
+                k.lane0_backlog.retain(|(lc, _)| *lc != c);
+            }
+        }
+        if self.cfg.conn_memo_max > 0 {
+            while self.memos.len() >= self.cfg.conn_memo_max {
+                let Some(old) = self.memo_order.pop_front() else { break };
+                self.memos.remove(&old);
+            }
+            self.memos.insert(key, memo);
+            self.memo_order.push_back(key);
+        }
+    }
+
+    /// Connections the node holds (all transports, loopback included).
+    pub fn conn_count(&self) -> usize {
+        self.conns.len()
+    }
+
     /// The connection for (laddr, faddr, kind), if one exists.
     pub fn find_conn(&self, laddr: IpAddr, faddr: IpAddr, kind: TransportKind) -> Option<ConnId> {
         self.conn_index.get(&(laddr, faddr, kind, 0)).copied()
@@ -488,7 +653,7 @@ impl Node {
 
     /// Path information for a driver.
     pub fn path_info(&self, p: PathId) -> Option<PathInfo> {
-        let c = self.conns.get(p.conn.0 as usize)?;
+        let c = self.conns.get(p.conn)?;
         (usize::from(p.index) < c.paths.len()).then(|| c.info(usize::from(p.index)))
     }
 

@@ -79,13 +79,16 @@ impl Node {
         let kind = sock.transport.unwrap_or(TransportKind::Tcp);
         let tos = sock.tos;
         let conn = match sock.last_conn {
-            Some((f, c)) if f == dst.ip() => c,
+            // (A collected connection's id finds nothing: look it up again.)
+            Some((f, c)) if f == dst.ip() && self.conns.contains(c) => c,
             _ => {
                 let c = self.conn_for(bound.ip(), dst.ip(), kind, tos);
                 self.sock_mut(s).unwrap().last_conn = Some((dst.ip(), c));
                 c
             }
         };
+        // Our own sends are not limited: a peer evicted meanwhile is kept.
+        self.conn_mut(conn).evicted = false;
         let caps = self.caps_of(self.conn(conn).kind);
         if opts.rdma.is_some() && !caps.rdma {
             return Err(Errno::EOPNOTSUPP);
@@ -253,6 +256,25 @@ impl Node {
         if self.maps.get(&faddr).is_some_and(|m| m.test(dport)) {
             return;
         }
+        // A pong never transmitted yet answers every ping from that port
+        // (a ping flood against a closed window must not grow the queue).
+        // Not one that was on a wire before: a restart of the peer flushes
+        // those, and a handshake pong must still reach its new instance.
+        if sport == 0
+            && self.path(pid).is_some_and(|p| {
+                p.send_queue.iter().any(|m| {
+                    m.sock.is_none()
+                        && m.hdr.sport == 0
+                        && m.hdr.dport == dport
+                        && m.payload.is_empty()
+                        && !m.flags.retransmitted
+                        && !m.flags.flush
+                })
+            })
+        {
+            self.counters.send_pong_coalesced += 1;
+            return;
+        }
         // s_send_pong counts every probe queued: probe pings and all pongs.
         self.counters.send_pong += 1;
         let mut hdr = Header::data(sport, dport, 0);
@@ -280,7 +302,7 @@ impl Node {
     /// a pending congestion-map update goes first. At most about `budget`
     /// payload bytes. Returns whether more remain queued.
     pub fn pull(&mut self, pid: PathId, inst: u64, budget: usize, out: &mut Vec<TxMessage>) -> bool {
-        let Some(c) = self.conns.get(pid.conn.0 as usize) else { return false };
+        let Some(c) = self.conns.get(pid.conn) else { return false };
         let Some(path) = c.paths.get(usize::from(pid.index)) else { return false };
         if path.inst != inst || path.state != PathState::Up {
             return false;
@@ -329,7 +351,7 @@ impl Node {
                     break;
                 }
             }
-            let path = &mut self.conns[conn.0 as usize].paths[usize::from(pid.index)];
+            let path = &mut self.conns[conn].paths[usize::from(pid.index)];
             let mut m = path.send_queue.pop_front().unwrap();
             m.gated = false;
             // A restarted peer must not get messages meant for its previous
@@ -619,15 +641,12 @@ impl Node {
     /// `rds_queue_reconnect`: first attempt at once, then after a random
     /// delay below a bound that doubles up to `reconnect_max`. Over TCP only
     /// the smaller address reconnects; the larger one re-pokes path 0 (with
-    /// the same backoff) while it has messages queued there.
+    /// the same backoff) while it has messages queued on any path.
     pub(crate) fn queue_reconnect(&mut self, pid: PathId, now: Instant) {
         let c = self.conn(pid.conn);
         let caps = self.caps_of(c.kind);
-        if caps.smaller_connects && !Node::is_smaller(&c.laddr, &c.faddr) {
-            let path = &c.paths[usize::from(pid.index)];
-            if pid.index != 0 || path.send_queue.is_empty() {
-                return;
-            }
+        if caps.smaller_connects && !Node::is_smaller(&c.laddr, &c.faddr) && (pid.index != 0 || !c.has_queued()) {
+            return;
         }
         if pid.index > 0 && usize::from(pid.index) >= c.active_paths() {
             return;
@@ -723,11 +742,22 @@ impl Node {
         if !self.is_local(&laddr) || self.is_local(&faddr) {
             return Accept::Reject;
         }
+        // A new peer, or one evicted meanwhile, needs room.
+        let known = self.find_conn(laddr, faddr, kind);
+        let evicted = known.is_some_and(|c| self.conn(c).evicted);
+        if (known.is_none() || evicted) && !self.make_room() {
+            self.counters.conn_refused_peer_limit += 1;
+            return Accept::Reject;
+        }
         let conn = self.conn_for(laddr, faddr, kind, 0);
+        self.conn_mut(conn).evicted = false;
         let c = self.conn(conn);
         let caps = self.caps_of(c.kind);
         if caps.smaller_connects && Node::is_smaller(&laddr, &faddr) {
+            // The poke: the larger peer has something for us on some path.
+            // Path 0 connects, and the others too once their count is known.
             self.connect_if_down(PathId { conn, index: 0 });
+            self.start_mprds(conn);
             return Accept::RejectPeerLarger;
         }
         // The slot: the one the peer's source port names when it encodes
@@ -819,8 +849,22 @@ impl Node {
                 self.drop_path(PathId { conn, index: k as u8 });
             }
         }
-        if reason != DownReason::DirectionRule || !self.path(pid).unwrap().send_queue.is_empty() {
+        // A failed connect is tried again only for something to send (a
+        // socket's messages, a map owed) or while another path of the peer
+        // is up: a peer that vanished is not retried for ever (the kernel
+        // does), and one that comes back connects, or pokes us, when it
+        // has something. A connection that closed reconnects as in the
+        // kernel (once, if the peer is gone). An evicted peer's connection
+        // stays down (`Node::make_room`).
+        let c = self.conn(conn);
+        let others_up = c.paths.iter().any(|p| p.state == PathState::Up);
+        let retry = reason != DownReason::ConnectFailed || c.has_queued() || others_up || c.map_queued;
+        let poke_only = reason == DownReason::DirectionRule && self.path(pid).unwrap().send_queue.is_empty();
+        if retry && !poke_only && !self.conn(conn).evicted {
             self.queue_reconnect(pid, now);
+        }
+        if self.conn(conn).all_down() {
+            self.conn_all_down(conn, now);
         }
         // Senders blocked on this path may need to see the change.
         self.wake_writers();

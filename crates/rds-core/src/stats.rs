@@ -89,6 +89,18 @@ counters! {
         recv_pause,
         /// Paused paths resumed by the application's reads.
         recv_resume,
+        /// Inbound connections refused because the node already serves
+        /// `NodeConfig::max_peers` peers (none of them evictable).
+        conn_refused_peer_limit,
+        /// Peers that never sent a message, evicted to admit a new peer at
+        /// the peer limit.
+        conn_evicted_silent,
+        /// Connections collected after staying down and idle
+        /// (`NodeConfig::conn_idle_gc`).
+        conn_collected,
+        /// Pongs not queued because one to the same port was still
+        /// waiting on the path (a ping flood against a closed window).
+        send_pong_coalesced,
     }
 }
 

@@ -113,7 +113,9 @@ fn only_the_smaller_address_reconnects() {
     // only and, after the new handshake, the others.
     let mark = net.connects.len();
     net.cut_all(0);
-    assert_eq!(net.nodes[1].poll_timeout(), None);
+    // (Only the idle collection, a minute away.)
+    let soon = net.now + Duration::from_secs(1);
+    assert!(net.nodes[1].poll_timeout().is_none_or(|t| t > soon));
     net.advance(0);
     net.run();
     let again: Vec<(usize, u8)> = net.connects[mark..].iter().map(|c| (c.0, c.1.id.index)).collect();

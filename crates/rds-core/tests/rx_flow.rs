@@ -170,3 +170,34 @@ fn loopback_pauses_the_sending_path() {
     assert_eq!(paused.map(|p| p.id), Some(PathId { conn: via, index: 0 }));
     assert_eq!(paused.unwrap().kind, TransportKind::Loop);
 }
+
+/// A connection collected while a path of it is paused (every path down,
+/// nothing queued to send, idle for `conn_idle_gc`) ends the pause: the
+/// transport is told to forget it (an RxFlow resume) and the node keeps no
+/// entry for a connection that no longer exists.
+#[test]
+fn collecting_a_connection_ends_its_pause() {
+    use std::time::{Duration, Instant};
+    const LEN: usize = 64 << 10;
+    let budget = 1u64 << 20;
+    let gc = Duration::from_secs(5);
+    let (mut n, paths, _s) = node(NodeConfig { rcv_budget: budget, conn_idle_gc: Some(gc), ..config(1) });
+    let p = paths[0];
+    let mut i = 0u64;
+    while !n.rx_paused(p.id) {
+        i += 1;
+        assert!(i < 1000, "never paused");
+        n.received(p.id, p.inst, data(i + 1, 5000, Payload::new(vec![1; LEN])));
+    }
+    assert_eq!(flows(&mut n), [(p.id, true, 1)]);
+    let now = Instant::now();
+    for q in &paths {
+        n.path_down(q.id, q.inst, DownReason::Closed, now);
+    }
+    while n.poll_output().is_some() {}
+    let conns = n.conn_count();
+    n.handle_timeout(now + gc + Duration::from_secs(1));
+    assert_eq!(n.conn_count(), conns - 1, "the idle connection was collected");
+    assert_eq!(flows(&mut n), [(p.id, false, 2)], "the transport forgets the pause");
+    assert!(!n.rx_paused(p.id));
+}

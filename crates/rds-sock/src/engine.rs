@@ -57,7 +57,10 @@ impl Default for EngineConfig {
     /// Kernel defaults; buffer limits read from this host's
     /// `net.core.{w,r}mem_{default,max}`; a random generation number; the TCP
     /// port from `RDS_TCP_PORT` if set; [`EngineConfig::ib_psk_tcp`] from
-    /// `RDS_IB_PSK_TCP`.
+    /// `RDS_IB_PSK_TCP`; `NodeConfig::max_peers` within this
+    /// process's descriptor limit ([`peers_for_fds`] of [`nofile_limit`],
+    /// read now: set the limit before); deferred connections per peer
+    /// (`TcpConfig::defer_per_peer`) = the path count.
     fn default() -> Self {
         let mut node = NodeConfig::default();
         let read = |name: &str, dflt: u32| {
@@ -75,13 +78,41 @@ impl Default for EngineConfig {
         node.seed = r;
         // Reconnects in order after a reset of all paths (see the field).
         node.reconnect_settle = Duration::from_millis(50);
+        // Peers within the descriptors: a peer holds one connection per
+        // path and may have as many deferred; RESERVED_FDS stay for the
+        // process's own sockets, rds-info and the like.
+        node.max_peers = node.max_peers.min(peers_for_fds(nofile_limit()));
         let mut tcp = TcpConfig::default();
         if let Some(p) = std::env::var("RDS_TCP_PORT").ok().and_then(|v| v.parse().ok()) {
             tcp.port = p;
         }
+        tcp.defer_per_peer = usize::from(node.npaths.max(1));
         let ib_psk_tcp = std::env::var(ENV_IB_PSK_TCP).is_ok_and(|v| v.trim() == "1");
         EngineConfig { node, tcp, info_dir: Some(ipc::runtime_dir()), ib_psk_tcp }
     }
+}
+
+/// Descriptors [`EngineConfig::default`] keeps out of the peers' reach
+/// (`NodeConfig::max_peers`): sockets (`RdsSocket::new`), rds-info's
+/// connections, the application's own files.
+pub const RESERVED_FDS: u64 = 256;
+
+/// The soft `RLIMIT_NOFILE` of this process.
+pub fn nofile_limit() -> u64 {
+    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit writes one rlimit into `r`.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 || r.rlim_cur == libc::RLIM_INFINITY {
+        return u64::from(u32::MAX);
+    }
+    r.rlim_cur
+}
+
+/// The peer limit for a descriptor limit: a quarter of what is left after
+/// [`RESERVED_FDS`] (most peers use one or two connections; a peer of 8
+/// paths uses 8, and what goes beyond is shed by the listener, not fatal),
+/// at least 16.
+pub fn peers_for_fds(nofile: u64) -> usize {
+    usize::try_from((nofile.saturating_sub(RESERVED_FDS) / 4).max(16)).unwrap_or(usize::MAX)
 }
 
 /// 64 random bits from the kernel.

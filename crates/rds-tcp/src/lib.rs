@@ -23,7 +23,17 @@
 //!   reset (`SO_LINGER` 0) and reported down with
 //!   [`DownReason::DirectionRule`], so that the peer connects to us.
 //! * Accepted connections are offered to [`TransportSink::accept`]; a
-//!   rejected one is reset.
+//!   rejected one is reset. One the core defers (its slot still holds a
+//!   connection going away) is kept unread and offered again (at once when
+//!   a path of its peer goes down, else after 5 ms doubling to 100 ms), at
+//!   most [`TcpConfig::defer_per_peer`] per peer (a further one replaces
+//!   the oldest: `tcp_deferred_replaced`), for at most
+//!   [`TcpConfig::defer_max`], never less than the drain plus 1 s
+//!   (`tcp_deferred_expired`).
+//! * When `accept` fails for lack of descriptors, a descriptor held in
+//!   reserve is released to accept the oldest queued connection and reset
+//!   it at once (`tcp_accept_shed`), so the backlog drains; other failures
+//!   back off from 10 ms to 1 s (`tcp_accept_no_resources` counts both).
 //!
 //! ## Threads
 //!
@@ -194,6 +204,17 @@ pub struct TcpConfig {
     pub ack_poll_max: Duration,
     /// How long a shutdown keeps reading while waiting for the peer's FIN.
     pub shutdown_drain: Duration,
+    /// An accepted connection the core deferred (its slot still holds a
+    /// connection that is going away) is reset after waiting this long; at
+    /// least `shutdown_drain` plus one second is used, so that the old
+    /// connection's drain always ends (and frees the slot) first: what the
+    /// peer wrote on the new one was acked by our TCP and must not be lost.
+    pub defer_max: Duration,
+    /// Deferred connections kept per peer address (the engine sets the
+    /// node's path count): a further one replaces the oldest of that peer
+    /// (`tcp_deferred_replaced`), as the kernel lets a new connection
+    /// replace a path's old one.
+    pub defer_per_peer: usize,
     /// Write coalescing: an application thread that finds the connection
     /// written less than this long ago leaves its message queued, and the
     /// messages of the window go out in one `writev` (by the next send after
@@ -226,6 +247,8 @@ impl Default for TcpConfig {
             ack_poll_min: Duration::from_micros(100),
             ack_poll_max: Duration::from_millis(4),
             shutdown_drain: Duration::from_secs(2),
+            defer_max: Duration::from_secs(5),
+            defer_per_peer: 8,
             coalesce: Duration::from_micros(
                 std::env::var("RDS_TCP_COALESCE_US").ok().and_then(|v| v.parse().ok()).unwrap_or(20),
             ),
@@ -263,6 +286,16 @@ pub(crate) struct Stats {
     /// Reads skipped because the core paused the path (receive flow
     /// control, [`RdsTransport::rx_flow`]).
     pub rx_paused: AtomicU64,
+    /// Deferred connections reset because they waited `defer_max`.
+    pub deferred_expired: AtomicU64,
+    /// Deferred connections reset to make room for a newer one of the
+    /// same peer (`defer_per_peer`).
+    pub deferred_replaced: AtomicU64,
+    /// `accept` failed for lack of descriptors (EMFILE/ENFILE) or memory.
+    pub accept_no_resources: AtomicU64,
+    /// Connections accepted and closed at once with the reserve descriptor
+    /// while the process was out of descriptors.
+    pub accept_shed: AtomicU64,
 }
 
 pub(crate) fn inc(c: &AtomicU64) {
@@ -715,6 +748,10 @@ impl RdsTransport for TcpTransport {
             ("tcp_rx_lane_deferred", s.rx_lane_deferred.load(Relaxed)),
             ("tcp_rx_frame_stalled", s.rx_frame_stalled.load(Relaxed)),
             ("tcp_rx_paused", s.rx_paused.load(Relaxed)),
+            ("tcp_deferred_expired", s.deferred_expired.load(Relaxed)),
+            ("tcp_deferred_replaced", s.deferred_replaced.load(Relaxed)),
+            ("tcp_accept_no_resources", s.accept_no_resources.load(Relaxed)),
+            ("tcp_accept_shed", s.accept_shed.load(Relaxed)),
         ]
     }
 }

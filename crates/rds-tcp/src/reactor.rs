@@ -198,15 +198,45 @@ struct Reactor {
     /// Next look for partial messages that stalled
     /// (`TcpConfig::rx_frame_timeout`).
     next_stall_sweep: Option<Instant>,
-    /// Accepted connections the core deferred (`Accept::Defer`), with the
-    /// time they were first offered: kept unread (what the peer wrote was
-    /// acked by our TCP and must not be lost), offered again at
-    /// `accept_retry`, reset after `shutdown_drain`.
-    deferred: Vec<(Instant, TcpStream, SocketAddr)>,
+    /// The current pause after such a failure (doubles up to
+    /// `ACCEPT_BACKOFF_MAX`, back to the minimum after an accept).
+    accept_backoff: Duration,
+    /// A descriptor held in reserve (of /dev/null): when `accept` finds the
+    /// process out of descriptors, it is closed to accept the oldest queued
+    /// connection and close that at once, then taken again. The backlog
+    /// drains (each peer sees its connection closed instead of hanging
+    /// unanswered) and the listener never spins on a full backlog.
+    reserve_fd: Option<std::fs::File>,
+    /// Accepted connections the core deferred (`Accept::Defer`): kept
+    /// unread (what the peer wrote was acked by our TCP and must not be
+    /// lost), offered again with a growing pause, reset after `defer_max`.
+    deferred: Vec<Deferred>,
+    /// When the next deferred connection is due to be offered.
+    defer_at: Option<Instant>,
 }
 
-/// How soon a deferred connection is offered to the core again.
+struct Deferred {
+    /// When the core first deferred it.
+    since: Instant,
+    /// When it is offered again, and the pause before that.
+    next: Instant,
+    pause: Duration,
+    stream: TcpStream,
+    peer: SocketAddr,
+}
+
+/// How soon a deferred connection is offered to the core again at first;
+/// the pause doubles up to `DEFER_RETRY_MAX` (each offer takes the node's
+/// lock).
 const DEFER_RETRY: Duration = Duration::from_millis(5);
+const DEFER_RETRY_MAX: Duration = Duration::from_millis(100);
+/// Pauses of the listener after `accept` found no resources.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
+
+fn reserve() -> Option<std::fs::File> {
+    std::fs::File::open("/dev/null").ok()
+}
 
 pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
     ON_REACTOR.with(|c| c.set(true));
@@ -226,7 +256,10 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         rbuf: vec![0; RBUF],
         accept_retry: None,
         next_stall_sweep: None,
+        accept_backoff: ACCEPT_BACKOFF_MIN,
+        reserve_fd: reserve(),
         deferred: Vec::new(),
+        defer_at: None,
     };
     let mut events = Events::with_capacity(1024);
     loop {
@@ -299,9 +332,11 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         if r.next_stall_sweep.is_some_and(|t| t <= now) {
             r.sweep_stalls(now);
         }
+        if r.defer_at.is_some_and(|t| t <= now) {
+            r.offer_deferred(now);
+        }
         if r.accept_retry.is_some_and(|t| t <= now) {
             r.accept_retry = None;
-            r.offer_deferred(now);
             let toks: Vec<Token> = r.listeners.keys().copied().collect();
             for tok in toks {
                 r.accept_all(tok);
@@ -358,6 +393,7 @@ impl Reactor {
             self.next_stall_sweep,
             self.drains.iter().map(|d| d.0).min(),
             self.accept_retry,
+            self.defer_at,
             self.flushes.iter().map(|f| f.0).min(),
         ]
             .into_iter()
@@ -531,19 +567,56 @@ impl Reactor {
                 None => return,
             };
             match res {
-                Ok((stream, peer)) => self.accepted(stream, peer),
+                Ok((stream, peer)) => {
+                    self.accept_backoff = ACCEPT_BACKOFF_MIN;
+                    if self.reserve_fd.is_none() {
+                        self.reserve_fd = reserve();
+                    }
+                    self.accepted(stream, peer);
+                }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                // ECONNABORTED and the like concern one connection; EMFILE
-                // and ENOBUFS leave it queued: try again on the next event.
+                // ECONNABORTED and the like concern one connection.
                 Err(e) if e.raw_os_error() == Some(libc::ECONNABORTED) => {}
-                Err(_) => {
-                    // The edge is consumed: come back for the queued ones.
-                    self.accept_retry = Some(Instant::now() + Duration::from_millis(100));
+                Err(e) => {
+                    inc(&self.inner.stats.accept_no_resources);
+                    let fds = matches!(e.raw_os_error(), Some(libc::EMFILE) | Some(libc::ENFILE));
+                    if fds && self.shed(tok) {
+                        continue;
+                    }
+                    // The edge is consumed: come back for the queued ones,
+                    // after a pause that grows while the shortage lasts.
+                    self.accept_retry = Some(Instant::now() + self.accept_backoff);
+                    self.accept_backoff = (self.accept_backoff * 2).min(ACCEPT_BACKOFF_MAX);
                     return;
                 }
             }
         }
+    }
+
+    /// Out of descriptors: gives up the reserve descriptor to accept the
+    /// oldest queued connection and close it at once (reset, counted), then
+    /// takes the reserve again. Returns whether one was shed (the caller
+    /// goes on: the backlog drains instead of filling for ever).
+    fn shed(&mut self, tok: Token) -> bool {
+        if self.reserve_fd.take().is_none() {
+            return false;
+        }
+        let res = match self.listeners.get(&tok) {
+            Some((_, l)) => l.accept(),
+            None => Err(io::Error::from(io::ErrorKind::NotFound)),
+        };
+        let shed = match res {
+            Ok((stream, _)) => {
+                let _ = SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+                drop(stream);
+                inc(&self.inner.stats.accept_shed);
+                true
+            }
+            Err(_) => false,
+        };
+        self.reserve_fd = reserve();
+        shed && self.reserve_fd.is_some()
     }
 
     fn accepted(&mut self, stream: TcpStream, peer: SocketAddr) {
@@ -574,29 +647,82 @@ impl Reactor {
             }
             Accept::Defer => {
                 let now = Instant::now();
-                self.deferred.push((now, stream, peer));
-                let at = now + DEFER_RETRY;
-                if self.accept_retry.is_none_or(|t| t > at) {
-                    self.accept_retry = Some(at);
-                }
+                self.defer(Deferred { since: now, next: now + DEFER_RETRY, pause: DEFER_RETRY, stream, peer });
             }
         }
     }
 
-    /// Offers the deferred connections to the core again; resets those
-    /// that waited longer than `shutdown_drain`.
+    /// Keeps a deferred connection, at most `defer_per_peer` per peer
+    /// address: beyond, the peer's oldest is reset (a peer only connects
+    /// again when its earlier connection is dead to it).
+    fn defer(&mut self, d: Deferred) {
+        let ip = d.peer.ip();
+        let max = self.inner.cfg.defer_per_peer.max(1);
+        while self.deferred.iter().filter(|o| o.peer.ip() == ip).count() >= max {
+            let oldest = self
+                .deferred
+                .iter()
+                .enumerate()
+                .filter(|(_, o)| o.peer.ip() == ip)
+                .min_by_key(|(_, o)| o.since)
+                .map(|(i, _)| i)
+                .unwrap();
+            let old = self.deferred.swap_remove(oldest);
+            inc(&self.inner.stats.deferred_replaced);
+            inc(&self.inner.stats.listen_closed_stale);
+            let _ = SockRef::from(&old.stream).set_linger(Some(Duration::ZERO));
+        }
+        if self.defer_at.is_none_or(|t| t > d.next) {
+            self.defer_at = Some(d.next);
+        }
+        self.deferred.push(d);
+    }
+
+    /// How long a deferred connection may wait: past the old connection's
+    /// drain with a margin.
+    fn defer_max(&self) -> Duration {
+        self.inner.cfg.defer_max.max(self.inner.cfg.shutdown_drain + Duration::from_secs(1))
+    }
+
+    /// Offers the due deferred connections to the core again; resets those
+    /// that waited longer than `defer_max`.
     fn offer_deferred(&mut self, now: Instant) {
-        for (since, stream, peer) in std::mem::take(&mut self.deferred) {
-            if now.duration_since(since) > self.inner.cfg.shutdown_drain {
+        let max = self.defer_max();
+        let (due, later): (Vec<Deferred>, Vec<Deferred>) =
+            std::mem::take(&mut self.deferred).into_iter().partition(|d| d.next <= now);
+        self.deferred = later;
+        for d in due {
+            if now.duration_since(d.since) > max {
+                inc(&self.inner.stats.deferred_expired);
                 inc(&self.inner.stats.listen_closed_stale);
-                let _ = SockRef::from(&stream).set_linger(Some(Duration::ZERO));
+                let _ = SockRef::from(&d.stream).set_linger(Some(Duration::ZERO));
                 continue;
             }
             let n = self.deferred.len();
-            self.accepted(stream, peer);
+            self.accepted(d.stream, d.peer);
             if self.deferred.len() > n {
-                self.deferred.last_mut().unwrap().0 = since;
+                // Deferred again: keep its age, back off.
+                let e = self.deferred.last_mut().unwrap();
+                e.since = d.since;
+                e.pause = (d.pause * 2).min(DEFER_RETRY_MAX);
+                e.next = now + e.pause;
             }
+        }
+        self.defer_at = self.deferred.iter().map(|d| d.next).min();
+    }
+
+    /// A path of `faddr` went down: its deferred connections are offered
+    /// at once (the slot they wait for may be free now).
+    fn deferred_due(&mut self, faddr: IpAddr) {
+        let now = Instant::now();
+        let mut any = false;
+        for d in self.deferred.iter_mut().filter(|d| d.peer.ip() == faddr) {
+            d.next = now;
+            d.pause = DEFER_RETRY;
+            any = true;
+        }
+        if any {
+            self.defer_at = Some(now);
         }
     }
 
@@ -966,5 +1092,6 @@ impl Reactor {
             }
             sink.path_down(conn.info.id, conn.info.inst, why);
         }
+        self.deferred_due(conn.info.faddr);
     }
 }

@@ -313,7 +313,11 @@ fn listener_and_address_checks() {
             "tcp_tx_partial",
             "tcp_rx_lane_deferred",
             "tcp_rx_frame_stalled",
-            "tcp_rx_paused"
+            "tcp_rx_paused",
+            "tcp_deferred_expired",
+            "tcp_deferred_replaced",
+            "tcp_accept_no_resources",
+            "tcp_accept_shed"
         ]
     );
     t1.close();

@@ -152,8 +152,22 @@ pub fn bind_error(addr: std::net::SocketAddr, e: &std::io::Error) -> String {
 /// Set by SIGINT/SIGTERM once [`catch_signals`] ran.
 pub static STOP: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-extern "C" fn on_signal(_: libc::c_int) {
+/// The signal that set [`STOP`] (0: none yet).
+pub static STOP_SIGNAL: std::sync::atomic::AtomicI32 = std::sync::atomic::AtomicI32::new(0);
+
+extern "C" fn on_signal(sig: libc::c_int) {
+    STOP_SIGNAL.store(sig, std::sync::atomic::Ordering::SeqCst);
     STOP.store(true, std::sync::atomic::Ordering::SeqCst);
+}
+
+/// The name of the signal that stopped the program, if one did.
+pub fn stop_signal() -> Option<&'static str> {
+    match STOP_SIGNAL.load(std::sync::atomic::Ordering::SeqCst) {
+        0 => None,
+        libc::SIGINT => Some("SIGINT"),
+        libc::SIGTERM => Some("SIGTERM"),
+        _ => Some("a signal"),
+    }
 }
 
 /// Makes SIGINT and SIGTERM set [`STOP`] instead of killing the process.

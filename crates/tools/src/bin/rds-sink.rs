@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use rds_sock::RdsSocket;
-use rds_tools::{bind_error, catch_signals, parse, FlowDigest, STOP};
+use rds_tools::{bind_error, catch_signals, parse, stop_signal, FlowDigest, STOP};
 
 const HELP: &str = "\
 usage: rds-sink -s addr:port [--digest] [-l count] [-t seconds] [--transport tcp|ib]
@@ -18,7 +18,9 @@ source:
     <addr>:<port> <messages> <bytes> <sha256 of the concatenated payloads>
 
 (the digest column is '-' without --digest). rds-gen prints the same line
-for what it sent, so the two can be compared by a script.
+for what it sent, so the two can be compared by a script. On stderr it
+says why it stopped (the signal, -l or -t) and how many messages from how
+many sources it received; any other end is an error message and status 1.
 
   -s addr:port   where to receive (this process serves addr as an RDS node)
   --digest       compute the SHA-256 of each source's payloads
@@ -66,6 +68,7 @@ fn main() {
     let mut flows: BTreeMap<SocketAddr, FlowDigest> = BTreeMap::new();
     let mut total = 0u64;
     let mut quiet = Duration::ZERO;
+    let mut idle_out = false;
     while !STOP.load(std::sync::atomic::Ordering::SeqCst) && limit.is_none_or(|l| total < l) {
         match sock.recv_payload() {
             Ok((p, from)) => {
@@ -76,6 +79,7 @@ fn main() {
             Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => {
                 quiet += Duration::from_millis(100);
                 if idle.is_some_and(|i| quiet >= i) {
+                    idle_out = true;
                     break;
                 }
             }
@@ -85,6 +89,14 @@ fn main() {
     for (from, d) in &flows {
         println!("{}", d.line(*from));
     }
+    // Every way out says why on stderr: an exit that looks like a crash
+    // (no output: no message arrived) must be told from one.
+    let why = match (stop_signal(), idle_out) {
+        (Some(sig), _) => format!("stopped by {sig}"),
+        (None, true) => format!("no message for {:.1} s (-t)", quiet.as_secs_f64()),
+        (None, false) => format!("{total} messages received (-l)"),
+    };
+    eprintln!("rds-sink: {why}: {total} messages from {} sources", flows.len());
     // This process is the RDS node: end its connections cleanly, so that
     // the senders' TCP sees everything we read acknowledged (an exit with
     // bytes in flight would reset the connections and leave the senders'
