@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 use rdma_sys as sys;
 use rds_core::wire::{self, Header, HEADER_LEN, PROTOCOL_3_1};
 
-use crate::credits::FlowControl;
+use crate::credits::{FlowControl, RxGate};
 use crate::frag::{ack_only_header, OutFrame, OutMessage, Reassembler, RecvError, RxKind, SignalState, FRAG_SIZE};
 mod side;
 pub use side::{PortInfo, SideEvent, SideListener};
@@ -501,6 +501,9 @@ pub struct Conn {
     /// Posted sends in order: slot and whether it is an ack-only frame.
     tx_inflight: VecDeque<(usize, bool)>,
     fc: FlowControl,
+    /// Receive flow control: completed buffers held, not reposted, while
+    /// the core has the path paused ([`Conn::set_rx_paused`]).
+    gate: RxGate,
     sig: SignalState,
     reasm: Reassembler,
     next_seq: u64,
@@ -614,6 +617,7 @@ impl Conn {
             tx_free: (0..SEND_WR).rev().collect(),
             tx_inflight: VecDeque::new(),
             fc: FlowControl::new(false),
+            gate: RxGate::default(),
             sig: SignalState::default(),
             reasm: Reassembler::default(),
             next_seq: 1,
@@ -1085,9 +1089,13 @@ impl Conn {
                         continue;
                     }
                 };
-                match self.post_recv(i) {
-                    Ok(()) => self.fc.on_refill(1),
-                    Err(e) => self.fail(false, e.to_string()),
+                // Paused: the bytes are copied out (the message is held in
+                // `ready`), the buffer waits for the resume.
+                if self.gate.completed(i) {
+                    match self.post_recv(i) {
+                        Ok(()) => self.fc.on_refill(1),
+                        Err(e) => self.fail(false, e.to_string()),
+                    }
                 }
                 self.fc.on_frame(frame.ack, frame.credit);
                 match frame.kind {
@@ -1190,6 +1198,52 @@ impl Conn {
             }
         }
         Ok(r? | s?)
+    }
+
+    /// Receive flow control ([`rds_core::RdsTransport::rx_flow`]): while
+    /// paused, receive buffers that complete are reassembled (the messages
+    /// wait in [`Conn::take_ready`], the owner does not take them) but not
+    /// reposted, so the peer runs out of credits, or without credit flow
+    /// control meets RNR and retries (see [`crate::credits`]); at most one
+    /// ring ([`RECV_WR`] fragments) is held. Resuming reposts the held
+    /// buffers and grants them (an ack-only credit update when due).
+    pub fn set_rx_paused(&mut self, paused: bool) -> io::Result<()> {
+        if paused == self.gate.paused() {
+            return Ok(());
+        }
+        let bufs = self.gate.set(paused);
+        if self.failed.is_some() || bufs.is_empty() {
+            return Ok(());
+        }
+        let n = bufs.len() as u32;
+        for i in bufs {
+            if let Err(e) = self.post_recv(i) {
+                self.fail(false, e.to_string());
+                return Err(self.failure_error());
+            }
+        }
+        self.fc.on_refill(n);
+        if let Some(a) = self.fc.attempt_ack() {
+            self.post_ack(a.ack, a.credit)?;
+        }
+        Ok(())
+    }
+
+    /// Receive flow control: (times paused, receive buffers held now, most
+    /// held at once).
+    pub fn rx_gate(&self) -> (u64, usize, usize) {
+        (self.gate.pauses, self.gate.held(), self.gate.peak)
+    }
+
+    /// Whether receiving is paused ([`Conn::set_rx_paused`]).
+    pub fn rx_gate_paused(&self) -> bool {
+        self.gate.paused()
+    }
+
+    /// Bytes of the complete messages waiting in [`Conn::take_ready`]
+    /// (payload plus header).
+    pub fn ready_bytes(&self) -> usize {
+        self.ready.iter().map(|r| r.payload.len() + HEADER_LEN).sum()
     }
 
     /// Complete messages received so far, in order.
