@@ -57,6 +57,10 @@
 //!
 //! Both print `DELTA name d` (counters at the end minus just after bind);
 //! `END_BARRIER` names a barrier run before the counters and the shutdown.
+//! `RCV_BUDGET=bytes` starts the engine with that node receive budget
+//! (`NodeConfig::rcv_budget`); with `HOLD_S=s` stream-recv reads nothing
+//! for that long after the barrier (receive flow control pauses the path),
+//! then prints `HOLD name d` (the same counters then) and reads.
 //!
 //! Env: `GAP_MS` sleeps that long between sends; `PAUSE_AT=k` runs
 //! `barrier pause-k 120` before sending message k (a test cuts the link
@@ -250,7 +254,15 @@ fn stream_msg(k: usize) -> Vec<u8> {
 fn stream(a: &[String], local: SocketAddr, peer: SocketAddr) -> Result<(), String> {
     let n: usize = a.get(5).and_then(|v| v.parse().ok()).ok_or("N missing")?;
     let env_u64 = |name: &str, dflt: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(dflt);
-    let engine = Engine::global().map_err(|e| format!("engine: {e}"))?;
+    let engine = match std::env::var("RCV_BUDGET").ok().and_then(|v| v.parse::<u64>().ok()) {
+        Some(b) => {
+            let mut cfg = rds_sock::EngineConfig::default();
+            cfg.node.rcv_budget = b;
+            Engine::new(cfg)
+        }
+        None => Engine::global(),
+    }
+    .map_err(|e| format!("engine: {e}"))?;
     let s = engine.socket().map_err(|e| format!("socket: {e}"))?;
     s.set_transport(TransportKind::Ib).map_err(|e| format!("SO_RDS_TRANSPORT=IB: {e}"))?;
     s.set_send_buffer_size_force(8 << 20).map_err(|e| e.to_string())?;
@@ -307,6 +319,11 @@ fn stream(a: &[String], local: SocketAddr, peer: SocketAddr) -> Result<(), Strin
             }
         };
         let mut next = 0usize;
+        let hold = env_u64("HOLD_S", 0);
+        if hold > 0 {
+            std::thread::sleep(Duration::from_secs(hold));
+            print_ctrs(&engine, &before, "HOLD");
+        }
         s.set_read_timeout(Some(Duration::from_secs(env_u64("WAIT_S", 60)))).map_err(|e| e.to_string())?;
         let mut straggling = false;
         loop {
@@ -354,16 +371,26 @@ fn stream(a: &[String], local: SocketAddr, peer: SocketAddr) -> Result<(), Strin
             println!("CONN {c:?}");
         }
     }
-    let after = engine.counters();
-    for (name, v) in &after {
-        if name.starts_with("ib_") || name.contains("conn_reset") || name.contains("retrans") || name.contains("drop") {
-            let b = before.iter().find(|(m, _)| m == name).map_or(0, |(_, x)| *x);
-            println!("DELTA {name} {}", v.saturating_sub(b));
-        }
-    }
+    print_ctrs(&engine, &before, "DELTA");
     let rep = engine.shutdown(Duration::from_secs(5));
     println!("UNSENT {}", rep.messages());
     res
+}
+
+/// `TAG name d`: the counters of interest now minus `before`.
+fn print_ctrs(engine: &Engine, before: &[(String, u64)], tag: &str) {
+    for (name, v) in &engine.counters() {
+        if name.starts_with("ib_")
+            || name.contains("conn_reset")
+            || name.contains("retrans")
+            || name.contains("drop")
+            || name.starts_with("recv_pause")
+            || name.starts_with("recv_resume")
+        {
+            let b = before.iter().find(|(m, _)| m == name).map_or(0, |(_, x)| *x);
+            println!("{tag} {name} {}", v.saturating_sub(b));
+        }
+    }
 }
 
 /// A raw TCP connection to the peer's RDS-TCP port (see the module docs).
