@@ -16,7 +16,10 @@
 //!   hands the established connection to the event thread;
 //! * one listener thread per served address (RDMA CM port 18634 for IPv4,
 //!   16385 for IPv6), which
-//!   asks the core ([`TransportSink::accept`]) before accepting; in the
+//!   asks the core ([`TransportSink::accept`]) before accepting and never
+//!   waits on one peer (RDMA CM: accepted requests wait for ESTABLISHED
+//!   side by side, each for at most [`crate::verbs::ESTABLISH_TIMEOUT`],
+//!   see [`Listener`]); in the
 //!   verbs-only setup (side channel port 18635) it only accepts, counts
 //!   and asks the core, while each connection's handshake and QP setup
 //!   runs on a thread of its own ([`SideListener`]), whose outcome comes
@@ -176,6 +179,9 @@ struct Counters {
     rdma_failed: u64,
     /// Connections whose receiving was paused (receive flow control).
     rx_paused: u64,
+    /// RDMA CM: admitted connect requests that failed to set up or to
+    /// become ESTABLISHED in time.
+    establish_failed: u64,
     /// Resumes applied to a paused connection.
     rx_resumed: u64,
     /// Most bytes of complete messages (payload and header) a paused
@@ -421,6 +427,7 @@ impl RdsTransport for IbTransport {
             ("ib_connect_failed", c.connect_failed),
             ("ib_accepted", c.accepted),
             ("ib_accept_refused", c.refused),
+            ("ib_accept_establish_failed", c.establish_failed),
             ("ib_qp_created", self.verbs.qp_created()),
             ("ib_side_auth_failed", c.side_auth_failed),
             ("ib_side_bad_handshake", c.side_bad_handshake),
@@ -473,7 +480,7 @@ fn hold_back(shared: &Shared, path: PathInfo) -> bool {
 
 /// The listener of either setup mode.
 enum AnyListener {
-    Cm(Listener),
+    Cm(Listener<PathInfo>),
     Side(SideListener<PathInfo>),
 }
 
@@ -509,26 +516,29 @@ fn taken_but_failed(shared: &Shared, info: PathInfo) {
     }
 }
 
-fn cm_listen_loop(l: &mut Listener, stop: &AtomicBool, shared: &Arc<Shared>) {
+fn cm_listen_loop(l: &mut Listener<PathInfo>, stop: &AtomicBool, shared: &Arc<Shared>) {
+    // The listener's counts already added: refusals (the core's, crossed
+    // connects and the pending limits) and failed setups.
+    let mut seen = (l.refused, l.establish_failed);
     while !stop.load(Ordering::Acquire) {
-        let mut taken: Option<PathInfo> = None;
-        let mut refused = 0;
         let deadline = Instant::now() + Duration::from_millis(200);
-        let res = l.accept_with(deadline, &mut |local, peer| {
-            taken = admit(shared, local, peer, &mut refused);
-            taken.is_some()
-        });
-        lock(&shared.counters).refused += refused;
-        match (res, taken) {
-            (Ok(Some(conn)), Some(info)) => {
+        // The listener counts admit's refusals itself.
+        let res = l.accept_with(deadline, &mut |local, peer| admit(shared, local, peer, &mut 0));
+        {
+            let mut c = lock(&shared.counters);
+            c.refused += l.refused - seen.0;
+            c.establish_failed += l.establish_failed - seen.1;
+            seen = (l.refused, l.establish_failed);
+        }
+        match res {
+            Ok(Some(SideEvent::Up(conn, info))) => {
                 lock(&shared.counters).accepted += 1;
-                shared.push(Cmd::Accepted(info, conn));
+                shared.push(Cmd::Accepted(info, *conn));
             }
-            (Ok(None), None) => {}
-            (Ok(Some(_)), None) => {}
-            // Taken by the core but the handshake did not finish.
-            (_, Some(info)) => taken_but_failed(shared, info),
-            (Err(_), None) => std::thread::sleep(Duration::from_millis(50)),
+            // Taken by the core but the connection did not come up.
+            Ok(Some(SideEvent::Failed(_, info))) => taken_but_failed(shared, info),
+            Ok(None) => {}
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
     }
 }
@@ -713,6 +723,12 @@ impl EventLoop {
                     // Resumed: hand up what was held, then go on.
                     self.on_cq(pid);
                 }
+            }
+            Cmd::Accepted(info, conn) if self.conns.get(&info.id).is_some_and(|a| a.info.inst > info.inst) => {
+                // Established after a newer connection took the path (the
+                // listener waits on several at once): the core has moved
+                // on; this one goes (dropping it disconnects it).
+                drop(conn);
             }
             Cmd::Accepted(info, conn) => {
                 lock(&self.shared.connecting).remove(&info.id);

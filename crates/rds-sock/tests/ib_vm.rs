@@ -14,6 +14,9 @@
 //!   second listener expects);
 //! * credit flow control: on between our engines (both grant and receive
 //!   credit updates), off with the kernel (it advertises 0 credits);
+//! * phase G: a connect request that never completes (no QP behind it)
+//!   does not hold up an honest peer's connection to the same listener,
+//!   and expires after 5 s (`ib_accept_establish_failed`);
 //! * phases E and F, receive flow control (`RdsTransport::rx_flow` over
 //!   IB): a receiver with a 1 MiB node budget reads nothing for 4 s while
 //!   1,500 datagrams (about 25 MB) are streamed at it without a gap, by
@@ -97,6 +100,23 @@ fn engine_over_ib_with_itself_and_with_kernel_rds_rdma() {
         assert!(tx > 0 && rx > 0, "node{node}: credits flow between our engines");
     }
     assert_eq!(ctr(&stdout, 2, "B", "ib_rx_credit_updates"), 0, "the kernel grants no credits");
+    // Phase G: a connect request that never completes does not hold up
+    // an honest peer's connection (the listener used to wait up to 5 s
+    // for ESTABLISHED, serving nobody else meanwhile).
+    assert_eq!(node_lines(&stdout, 2, "G STALL "), vec!["accepted", "released"], "phase G: the stalled request");
+    check_rx(&node_lines(&stdout, 1, "G RX "), "10.99.0.2:5400", "phase G, node1");
+    check_rx(&node_lines(&stdout, 2, "G RX "), "10.99.0.1:4400", "phase G, node2");
+    let t = node_lines(&stdout, 2, "G ACKTIME ");
+    assert_eq!(t.len(), 1, "phase G: {t:?}");
+    let secs: f64 = t[0].trim_end_matches(" s").trim().parse().unwrap();
+    let failed = ctr(&stdout, 1, "G", "ib_accept_establish_failed");
+    println!("phase G: honest peer all acked {secs:.2} s after its first send; ib_accept_establish_failed {failed}");
+    assert!(secs < 3.0, "phase G: the honest peer waited {secs} s behind the stalled request");
+    assert!(failed >= 1, "phase G: the stalled request expired");
+    for node in [1, 2] {
+        assert_eq!(node_lines(&stdout, node, "G RESULT ok").len(), if node == 2 { 2 } else { 1 }, "node{node} phase G");
+    }
+
     // Phases E and F: receive flow control over IB.
     for (phase, node) in [("E", 1u8), ("F", 2u8)] {
         let num = |tag: &str, name: &str| -> u64 {

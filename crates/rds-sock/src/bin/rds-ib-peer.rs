@@ -36,6 +36,11 @@
 //!     RDS_IB_PSK_FILE (a wrong one) to PEER:RDS_IB_SIDE_PORT (18635);
 //!     prints `ROGUE closed` when the peer closes the connection without a
 //!     frame, `ROGUE answered` if it answers.
+//! rds-ib-peer stall LOCAL LPORT PEER PPORT
+//!     an RDMA CM connect request to PEER that never completes
+//!     (`rds_ib::verbs::StalledRequest`: no QP, the peer's accept never
+//!     answered): `STALL accepted` or `STALL refused`, then holds it for
+//!     HOLD_S seconds (default 10), `STALL released`.
 //! ```
 //!
 //!
@@ -62,9 +67,10 @@
 //! for that long after the barrier (receive flow control pauses the path),
 //! then prints `HOLD name d` (the same counters then) and reads.
 //!
-//! Env: `GAP_MS` sleeps that long between sends; `PAUSE_AT=k` runs
+//! Env: `END_BARRIER` names a barrier run before the counters; `GAP_MS` sleeps that long between sends; `PAUSE_AT=k` runs
 //! `barrier pause-k 120` before sending message k (a test cuts the link
-//! meanwhile). Output: `BOUND`, `TX k len n`, `ACKED`, `RX k len n from
+//! meanwhile). Output: `BOUND`, `TX k len n`, `ACKED`, `ACKTIME s` (from
+//! the first send), `RX k len n from
 //! A:P ok|BAD`, counters (`CTR name value`), then `RESULT ok|FAIL ...`.
 
 use std::net::SocketAddr;
@@ -94,16 +100,18 @@ fn main() -> ExitCode {
                 | "tcp-send"
                 | "tcp-probe"
                 | "rogue"
+                | "stall"
                 | "stream-send"
                 | "stream-recv"
         ) {
         eprintln!(
-            "usage: rds-ib-peer send-recv|recv-send|recv-none|recv-then-none|send-unacked|tcp-send|tcp-probe|rogue|stream-send|stream-recv LOCAL LPORT PEER PPORT SIZE..."
+            "usage: rds-ib-peer send-recv|recv-send|recv-none|recv-then-none|send-unacked|tcp-send|tcp-probe|rogue|stall|stream-send|stream-recv LOCAL LPORT PEER PPORT SIZE..."
         );
         return ExitCode::from(2);
     }
     let res = match args[0].as_str() {
         "rogue" => rogue(&args),
+        "stall" => stall(&args),
         "tcp-probe" => tcp_probe(&args),
         _ => run(&args),
     };
@@ -148,6 +156,7 @@ fn run(a: &[String]) -> Result<(), String> {
         barrier(&b, 60)?;
     }
     let send = |s: &rds_sock::RdsSocket| -> Result<(), String> {
+        let t_send = Instant::now();
         for (k, &n) in sizes.iter().enumerate() {
             if pause_at == Some(k) {
                 println!("PAUSE {k}");
@@ -173,6 +182,7 @@ fn run(a: &[String]) -> Result<(), String> {
             return Err("not all messages acked in 90 s".into());
         }
         println!("ACKED {}", sizes.len());
+        println!("ACKTIME {:.2} s", t_send.elapsed().as_secs_f64());
         Ok(())
     };
     let recv = |s: &rds_sock::RdsSocket| -> Result<(), String> {
@@ -221,6 +231,9 @@ fn run(a: &[String]) -> Result<(), String> {
         "recv-then-none" => recv(&s).and_then(|()| recv_none(&s)),
         _ => send_unacked(&s),
     };
+    if let Ok(b) = std::env::var("END_BARRIER") {
+        let _ = barrier(&b, 180);
+    }
     for (name, v) in engine.counters() {
         if name.starts_with("ib_") || name.starts_with("recv_drop") || name.contains("conn_reset") || name.contains("retrans") {
             println!("CTR {name} {v}");
@@ -391,6 +404,20 @@ fn print_ctrs(engine: &Engine, before: &[(String, u64)], tag: &str) {
             println!("{tag} {name} {}", v.saturating_sub(b));
         }
     }
+}
+
+/// A connect request that never completes (see the module docs).
+fn stall(a: &[String]) -> Result<(), String> {
+    let local: std::net::IpAddr = a[1].parse().map_err(|e| format!("local: {e}"))?;
+    let peer: std::net::IpAddr = a[3].parse().map_err(|e| format!("peer: {e}"))?;
+    let hold = std::env::var("HOLD_S").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    let r = rds_ib::verbs::StalledRequest::send(local, peer, Instant::now() + Duration::from_secs(10))
+        .map_err(|e| format!("stalled request: {e}"))?;
+    println!("STALL {}", if r.accepted { "accepted" } else { "refused" });
+    std::thread::sleep(Duration::from_secs(hold));
+    drop(r);
+    println!("STALL released");
+    Ok(())
 }
 
 /// A raw TCP connection to the peer's RDS-TCP port (see the module docs).

@@ -14,6 +14,12 @@
 #   node2 (port 5200) streams N_FLOW numbered datagrams without a gap to
 #   node1 (port 4200, RCV_BUDGET 1 MiB), which reads nothing for HOLD_S
 #   seconds (counters then as "HOLD" lines), then reads them all.
+# Phase G: the RDMA CM listener never blocks on one peer: node2 sends a
+#   connect request that never completes (rds-ib-peer stall: no QP, our
+#   accept never answered) to node1 (port 4400, recv-send), then, while it
+#   is pending, its engine sends SIZES from port 5400 ("ACKTIME"); node1
+#   stays until the stalled request is released (8 s, past the 5 s
+#   deadline) and prints its counters.
 # Phase F: the same with the kernel as the sender (node1, port 4300, no
 #   credit flow control: RNR) to ours on node2 (port 5300).
 set -e
@@ -38,6 +44,8 @@ if [ "$VMRIG_NODE" = 1 ]; then
     barrier c-done 120
     flow_recv e-bound "$VMRIG_SELF" 4200 "$VMRIG_PEER" 5200 | sed 's/^/E /' || st=$?
     barrier e-done 180
+    END_BARRIER=g-end BARRIER=g-bound "$A_BIN" recv-send "$VMRIG_SELF" 4400 "$VMRIG_PEER" 5400 $SIZES | sed 's/^/G /' || st=$?
+    barrier g-done 120
     modprobe rds_rdma
     barrier b-kernel 60
     python3 "$KSIDE" recv "$VMRIG_SELF" 4000 "$VMRIG_PEER" 5001 $SIZES | sed 's/^/B /' || st=$?
@@ -58,6 +66,15 @@ else
     barrier c-done 120
     GAP_US=0 FLUSH_S=120 BARRIER=e-bound "$PEER_BIN" stream-send "$VMRIG_SELF" 5200 "$VMRIG_PEER" 4200 "$N_FLOW" | sed 's/^/E /' || st=$?
     barrier e-done 180
+    barrier g-bound 60
+    HOLD_S=8 "$PEER_BIN" stall "$VMRIG_SELF" 0 "$VMRIG_PEER" 0 > /tmp/stall.log 2>&1 &
+    i=0
+    while ! grep -q '^STALL ' /tmp/stall.log && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    "$PEER_BIN" send-recv "$VMRIG_SELF" 5400 "$VMRIG_PEER" 4400 $SIZES | sed 's/^/G /' || st=$?
+    wait
+    sed 's/^/G /' /tmp/stall.log
+    barrier g-end 180
+    barrier g-done 120
     barrier b-kernel 60
     # kernel_side.py recv waits at barrier "bound" for our socket.
     BARRIER=bound "$PEER_BIN" send-recv "$VMRIG_SELF" 5001 "$VMRIG_PEER" 4000 $SIZES | sed 's/^/B /' || st=$?
