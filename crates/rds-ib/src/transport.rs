@@ -16,7 +16,10 @@
 //!   hands the established connection to the event thread;
 //! * one listener thread per served address (RDMA CM port 18634 for IPv4,
 //!   16385 for IPv6), which
-//!   asks the core ([`TransportSink::accept`]) before accepting; in the
+//!   asks the core ([`TransportSink::accept`]) before accepting and never
+//!   waits on one peer (RDMA CM: accepted requests wait for ESTABLISHED
+//!   side by side, each for at most [`crate::verbs::ESTABLISH_TIMEOUT`],
+//!   see [`Listener`]); in the
 //!   verbs-only setup (side channel port 18635) it only accepts, counts
 //!   and asks the core, while each connection's handshake and QP setup
 //!   runs on a thread of its own ([`SideListener`]), whose outcome comes
@@ -34,6 +37,18 @@
 //! whose new connection to us is up drops it when a request of ours
 //! arrives, which reconnects at once on both sides repeat (up to 28 times
 //! in a row in the forced-disconnect VM test before; 1 to 3 with it).
+//!
+//! Receive flow control ([`RdsTransport::rx_flow`], per path, so a
+//! reconnected path stays paused): a paused connection's receive buffers
+//! are not reposted once they complete, and its complete messages stay in
+//! the connection, in order, instead of going up. With credit flow control
+//! the peer runs out of credits; a kernel peer (6.1 advertises no credits)
+//! meets RNR and retries without end (`rnr_retry_count` 7), so it stalls
+//! without an error or a reconnect. Held: at most one receive ring
+//! ([`crate::verbs::RECV_WR`] fragments of 4 KiB) beyond the batch that
+//! caused the pause (`ib_rx_held_peak`). The resume reposts and grants the
+//! buffers, then hands up what was held before anything newer; a
+//! connection that ends while paused hands it up before `path_down`.
 //!
 //! A connection ends on a CM event (DISCONNECTED, DEVICE_REMOVAL, ...), a
 //! failed completion, a protocol error or a shutdown asked by the core: the
@@ -127,6 +142,8 @@ enum Cmd {
     Connected(PathInfo, io::Result<Conn>),
     /// The listener accepted a connection the core took as this path.
     Accepted(PathInfo, Conn),
+    /// The path's receive flow control changed (`Shared::rx_flow`).
+    RxFlow(PathId),
     Close,
 }
 
@@ -139,6 +156,9 @@ struct Shared {
     /// (local, peer) pairs with an outgoing connect under way.
     connecting_pairs: Mutex<HashSet<(IpAddr, IpAddr)>>,
     counters: Mutex<Counters>,
+    /// Receive flow control per path, whatever connection serves it now
+    /// or later: (paused, seq of the last applied `rx_flow`).
+    rx_flow: Mutex<HashMap<PathId, (bool, u64)>>,
     stopped: AtomicBool,
 }
 
@@ -157,6 +177,16 @@ struct Counters {
     tx_flushed: u64,
     rdma_ops: u64,
     rdma_failed: u64,
+    /// Connections whose receiving was paused (receive flow control).
+    rx_paused: u64,
+    /// RDMA CM: admitted connect requests that failed to set up or to
+    /// become ESTABLISHED in time.
+    establish_failed: u64,
+    /// Resumes applied to a paused connection.
+    rx_resumed: u64,
+    /// Most bytes of complete messages (payload and header) a paused
+    /// connection held.
+    rx_held_peak: u64,
     /// Credit and ack counters of every connection so far.
     flow: crate::credits::FlowCounters,
 }
@@ -219,6 +249,7 @@ impl IbTransport {
             connecting: Mutex::new(HashMap::new()),
             connecting_pairs: Mutex::new(HashSet::new()),
             counters: Mutex::new(Counters::default()),
+            rx_flow: Mutex::new(HashMap::new()),
             stopped: AtomicBool::new(false),
         });
         let mut ev = EventLoop::new(shared.clone())?;
@@ -353,6 +384,27 @@ impl RdsTransport for IbTransport {
         self.shared.push(Cmd::Kick(path.id, path.inst));
     }
 
+    /// Receive flow control: a paused path's connection hands nothing up
+    /// and reposts no receive buffer (see [`Conn::set_rx_paused`]): with
+    /// credit flow control the peer stops when its credits run out; a
+    /// kernel peer (no credit flow control) gets RNR NAKs and retries
+    /// without end (`rnr_retry_count` 7). What completes meanwhile (at
+    /// most one receive ring) is held in order and acked, never dropped:
+    /// the resume hands it up first, and a connection that ends while
+    /// paused hands it up before `path_down`. The state is per path, so a
+    /// reconnected path stays paused; a stale `seq` is ignored.
+    fn rx_flow(&self, path: PathInfo, paused: bool, seq: u64) {
+        {
+            let mut flow = lock(&self.shared.rx_flow);
+            let f = flow.entry(path.id).or_insert((false, 0));
+            if seq <= f.1 {
+                return;
+            }
+            *f = (paused, seq);
+        }
+        self.shared.push(Cmd::RxFlow(path.id));
+    }
+
     fn close(&self) {
         let addrs: Vec<IpAddr> = lock(&self.listeners).keys().copied().collect();
         for a in addrs {
@@ -375,6 +427,7 @@ impl RdsTransport for IbTransport {
             ("ib_connect_failed", c.connect_failed),
             ("ib_accepted", c.accepted),
             ("ib_accept_refused", c.refused),
+            ("ib_accept_establish_failed", c.establish_failed),
             ("ib_qp_created", self.verbs.qp_created()),
             ("ib_side_auth_failed", c.side_auth_failed),
             ("ib_side_bad_handshake", c.side_bad_handshake),
@@ -386,6 +439,9 @@ impl RdsTransport for IbTransport {
             ("ib_rdma_ops", c.rdma_ops),
             ("ib_rdma_failed", c.rdma_failed),
             ("ib_rdma_mrs", self.mrs.count() as u64),
+            ("ib_rx_paused", c.rx_paused),
+            ("ib_rx_resumed", c.rx_resumed),
+            ("ib_rx_held_peak", c.rx_held_peak),
         ];
         v.extend(flow);
         v
@@ -424,7 +480,7 @@ fn hold_back(shared: &Shared, path: PathInfo) -> bool {
 
 /// The listener of either setup mode.
 enum AnyListener {
-    Cm(Listener),
+    Cm(Listener<PathInfo>),
     Side(SideListener<PathInfo>),
 }
 
@@ -460,26 +516,29 @@ fn taken_but_failed(shared: &Shared, info: PathInfo) {
     }
 }
 
-fn cm_listen_loop(l: &mut Listener, stop: &AtomicBool, shared: &Arc<Shared>) {
+fn cm_listen_loop(l: &mut Listener<PathInfo>, stop: &AtomicBool, shared: &Arc<Shared>) {
+    // The listener's counts already added: refusals (the core's, crossed
+    // connects and the pending limits) and failed setups.
+    let mut seen = (l.refused, l.establish_failed);
     while !stop.load(Ordering::Acquire) {
-        let mut taken: Option<PathInfo> = None;
-        let mut refused = 0;
         let deadline = Instant::now() + Duration::from_millis(200);
-        let res = l.accept_with(deadline, &mut |local, peer| {
-            taken = admit(shared, local, peer, &mut refused);
-            taken.is_some()
-        });
-        lock(&shared.counters).refused += refused;
-        match (res, taken) {
-            (Ok(Some(conn)), Some(info)) => {
+        // The listener counts admit's refusals itself.
+        let res = l.accept_with(deadline, &mut |local, peer| admit(shared, local, peer, &mut 0));
+        {
+            let mut c = lock(&shared.counters);
+            c.refused += l.refused - seen.0;
+            c.establish_failed += l.establish_failed - seen.1;
+            seen = (l.refused, l.establish_failed);
+        }
+        match res {
+            Ok(Some(SideEvent::Up(conn, info))) => {
                 lock(&shared.counters).accepted += 1;
-                shared.push(Cmd::Accepted(info, conn));
+                shared.push(Cmd::Accepted(info, *conn));
             }
-            (Ok(None), None) => {}
-            (Ok(Some(_)), None) => {}
-            // Taken by the core but the handshake did not finish.
-            (_, Some(info)) => taken_but_failed(shared, info),
-            (Err(_), None) => std::thread::sleep(Duration::from_millis(50)),
+            // Taken by the core but the connection did not come up.
+            Ok(Some(SideEvent::Failed(_, info))) => taken_but_failed(shared, info),
+            Ok(None) => {}
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
         }
     }
 }
@@ -659,6 +718,18 @@ impl EventLoop {
                     }
                 }
             }
+            Cmd::RxFlow(pid) => {
+                if self.conns.contains_key(&pid) && !self.apply_rx_flow(pid) {
+                    // Resumed: hand up what was held, then go on.
+                    self.on_cq(pid);
+                }
+            }
+            Cmd::Accepted(info, conn) if self.conns.get(&info.id).is_some_and(|a| a.info.inst > info.inst) => {
+                // Established after a newer connection took the path (the
+                // listener waits on several at once): the core has moved
+                // on; this one goes (dropping it disconnects it).
+                drop(conn);
+            }
             Cmd::Accepted(info, conn) => {
                 lock(&self.shared.connecting).remove(&info.id);
                 let ack = conn.peer_acked();
@@ -692,14 +763,43 @@ impl EventLoop {
             self.teardown(info.id, DownReason::Closed);
             return false;
         }
+        // A path paused before (an earlier connection) stays paused.
+        self.apply_rx_flow(info.id);
         true
     }
 
+    /// Applies the path's receive flow control to its connection; returns
+    /// whether it is paused. A failed repost ends the connection at its
+    /// next completion (the error is kept in the connection).
+    fn apply_rx_flow(&mut self, pid: PathId) -> bool {
+        let paused = lock(&self.shared.rx_flow).get(&pid).is_some_and(|f| f.0);
+        let Some(a) = self.conns.get_mut(&pid) else { return paused };
+        if a.conn.rx_gate_paused() != paused {
+            let _ = a.conn.set_rx_paused(paused);
+            let mut c = lock(&self.shared.counters);
+            if paused {
+                c.rx_paused += 1;
+            } else {
+                c.rx_resumed += 1;
+            }
+        }
+        paused
+    }
+
     fn on_cq(&mut self, pid: PathId) {
+        let paused = self.apply_rx_flow(pid);
         let Some(a) = self.conns.get_mut(&pid) else { return };
         let res = a.conn.on_cq_event();
         let mut ready = Vec::new();
-        a.conn.take_ready(&mut ready);
+        if paused {
+            // Held in the connection, in order, until the resume (or the
+            // connection's end: teardown hands them up).
+            let held = a.conn.ready_bytes() as u64;
+            let mut c = lock(&self.shared.counters);
+            c.rx_held_peak = c.rx_held_peak.max(held);
+        } else {
+            a.conn.take_ready(&mut ready);
+        }
         let (inst, peer_acked) = (a.info.inst, a.conn.peer_acked());
         let newly_acked = (peer_acked > a.acked).then(|| {
             a.acked = peer_acked;

@@ -52,7 +52,7 @@ use std::time::{Duration, Instant};
 use rdma_sys as sys;
 use rds_core::wire::{self, Header, HEADER_LEN, PROTOCOL_3_1};
 
-use crate::credits::FlowControl;
+use crate::credits::{FlowControl, RxGate};
 use crate::frag::{ack_only_header, OutFrame, OutMessage, Reassembler, RecvError, RxKind, SignalState, FRAG_SIZE};
 mod side;
 pub use side::{PortInfo, SideEvent, SideListener};
@@ -501,6 +501,9 @@ pub struct Conn {
     /// Posted sends in order: slot and whether it is an ack-only frame.
     tx_inflight: VecDeque<(usize, bool)>,
     fc: FlowControl,
+    /// Receive flow control: completed buffers held, not reposted, while
+    /// the core has the path paused ([`Conn::set_rx_paused`]).
+    gate: RxGate,
     sig: SignalState,
     reasm: Reassembler,
     next_seq: u64,
@@ -614,6 +617,7 @@ impl Conn {
             tx_free: (0..SEND_WR).rev().collect(),
             tx_inflight: VecDeque::new(),
             fc: FlowControl::new(false),
+            gate: RxGate::default(),
             sig: SignalState::default(),
             reasm: Reassembler::default(),
             next_seq: 1,
@@ -1085,9 +1089,13 @@ impl Conn {
                         continue;
                     }
                 };
-                match self.post_recv(i) {
-                    Ok(()) => self.fc.on_refill(1),
-                    Err(e) => self.fail(false, e.to_string()),
+                // Paused: the bytes are copied out (the message is held in
+                // `ready`), the buffer waits for the resume.
+                if self.gate.completed(i) {
+                    match self.post_recv(i) {
+                        Ok(()) => self.fc.on_refill(1),
+                        Err(e) => self.fail(false, e.to_string()),
+                    }
                 }
                 self.fc.on_frame(frame.ack, frame.credit);
                 match frame.kind {
@@ -1190,6 +1198,52 @@ impl Conn {
             }
         }
         Ok(r? | s?)
+    }
+
+    /// Receive flow control ([`rds_core::RdsTransport::rx_flow`]): while
+    /// paused, receive buffers that complete are reassembled (the messages
+    /// wait in [`Conn::take_ready`], the owner does not take them) but not
+    /// reposted, so the peer runs out of credits, or without credit flow
+    /// control meets RNR and retries (see [`crate::credits`]); at most one
+    /// ring ([`RECV_WR`] fragments) is held. Resuming reposts the held
+    /// buffers and grants them (an ack-only credit update when due).
+    pub fn set_rx_paused(&mut self, paused: bool) -> io::Result<()> {
+        if paused == self.gate.paused() {
+            return Ok(());
+        }
+        let bufs = self.gate.set(paused);
+        if self.failed.is_some() || bufs.is_empty() {
+            return Ok(());
+        }
+        let n = bufs.len() as u32;
+        for i in bufs {
+            if let Err(e) = self.post_recv(i) {
+                self.fail(false, e.to_string());
+                return Err(self.failure_error());
+            }
+        }
+        self.fc.on_refill(n);
+        if let Some(a) = self.fc.attempt_ack() {
+            self.post_ack(a.ack, a.credit)?;
+        }
+        Ok(())
+    }
+
+    /// Receive flow control: (times paused, receive buffers held now, most
+    /// held at once).
+    pub fn rx_gate(&self) -> (u64, usize, usize) {
+        (self.gate.pauses, self.gate.held(), self.gate.peak)
+    }
+
+    /// Whether receiving is paused ([`Conn::set_rx_paused`]).
+    pub fn rx_gate_paused(&self) -> bool {
+        self.gate.paused()
+    }
+
+    /// Bytes of the complete messages waiting in [`Conn::take_ready`]
+    /// (payload plus header).
+    pub fn ready_bytes(&self) -> usize {
+        self.ready.iter().map(|r| r.payload.len() + HEADER_LEN).sum()
     }
 
     /// Complete messages received so far, in order.
@@ -1487,27 +1541,138 @@ fn conn_param(dp: &[u8]) -> sys::rdma_conn_param {
     }
 }
 
+/// A connect request that never completes (a hostile or broken peer, for
+/// tests): valid private data proposing 4.1, but no QP behind it, so the
+/// peer's accept gets a CONNECT_RESPONSE here that is never answered (no
+/// RTU): the peer's connection never becomes ESTABLISHED. The CM id goes
+/// with the value.
+pub struct StalledRequest {
+    // The id before the channel (field order is drop order).
+    _id: IdGuard,
+    _ch: Channel,
+    /// The peer accepted (CONNECT_RESPONSE) rather than rejected.
+    pub accepted: bool,
+}
+
+impl StalledRequest {
+    /// Sends the request from `local` to `peer`'s RDMA CM port and waits
+    /// until `deadline` for the peer's answer.
+    pub fn send(local: IpAddr, peer: IpAddr, deadline: Instant) -> io::Result<StalledRequest> {
+        let ch = Channel::new()?;
+        let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
+        // SAFETY: ch is live; id is an out pointer.
+        check(unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) }, "rdma_create_id")?;
+        let guard = IdGuard(id);
+        let mut src = sockaddr_ip(local, 0);
+        let mut dst = sockaddr_ip(peer, cm_port(&peer));
+        // SAFETY: id is live; both socket addresses are valid for the call.
+        check(
+            unsafe {
+                sys::rdma_resolve_addr(id, &mut src as *mut _ as *mut libc::sockaddr, &mut dst as *mut _ as *mut libc::sockaddr, RESOLVE_TIMEOUT_MS)
+            },
+            "rdma_resolve_addr",
+        )?;
+        ch.expect(sys::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED, deadline)?;
+        // SAFETY: id is live with a resolved address.
+        check(unsafe { sys::rdma_resolve_route(id, RESOLVE_TIMEOUT_MS) }, "rdma_resolve_route")?;
+        ch.expect(sys::rdma_cm_event_type::RDMA_CM_EVENT_ROUTE_RESOLVED, deadline)?;
+        let addrs = PrivAddrs::new(local, peer).ok_or_else(|| err(libc::EAFNOSUPPORT, "stalled request"))?;
+        let dp = ConnectPrivate::new(addrs, wire::PROTOCOL_4_1, 0, 0, 0).encode();
+        let mut param = conn_param(&dp);
+        // No QP on the id: librdmacm takes the QP number from the
+        // parameters, and the answer is left to us (we never give it).
+        param.qp_num = 0x00c0_ffee;
+        // SAFETY: id is live with a resolved route; param and dp live
+        // across the call.
+        check(unsafe { sys::rdma_connect(id, &mut param) }, "rdma_connect")?;
+        let accepted = match ch.next(deadline)? {
+            Some(ev) => ev.kind == sys::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_RESPONSE,
+            None => false,
+        };
+        Ok(StalledRequest { _id: guard, _ch: ch, accepted })
+    }
+}
+
+/// How long an accepted RDMA CM connection may take to become ESTABLISHED
+/// (after our `rdma_accept`); then it is dropped and counted in
+/// [`Listener::establish_failed`].
+pub const ESTABLISH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Accepted connections a [`Listener`] waits on at once for ESTABLISHED.
+pub const MAX_PENDING_ACCEPTS: usize = 64;
+/// Accepted connections a [`Listener`] waits on at once from one source
+/// address: a peer that sends connect requests and never completes them
+/// cannot take the slots of others (further requests are rejected with
+/// [`REJ_RETRY`] and counted in [`Listener::refused`]).
+pub const MAX_PENDING_ACCEPTS_PER_SOURCE: usize = 2;
+
+/// An accepted connection waiting for ESTABLISHED.
+struct PendingAccept<T> {
+    conn: Conn,
+    tag: T,
+    deadline: Instant,
+}
+
 /// The passive side: an RDMA CM listener on `local`, port [`cm_port`].
-pub struct Listener {
+///
+/// It never blocks on one peer: an accepted request waits for ESTABLISHED
+/// on its own event channel, among up to [`MAX_PENDING_ACCEPTS`] others
+/// ([`MAX_PENDING_ACCEPTS_PER_SOURCE`] per source), each with a deadline
+/// of [`ESTABLISH_TIMEOUT`], while new requests keep being served. Every
+/// connect request's CM id is rejected and destroyed, or owned by a
+/// connection, on every path (errors included).
+pub struct Listener<T = ()> {
     id: *mut sys::rdma_cm_id,
     ch: Channel,
     verbs: Arc<Verbs>,
     local: IpAddr,
+    pending: Vec<PendingAccept<T>>,
     /// Connect requests rejected (incompatible version or no private data).
     pub rejected: u64,
     /// Events other than connect requests seen on the listening id.
     pub other_events: u64,
-    /// Compatible requests the admission check of [`Listener::accept_with`] refused.
+    /// Compatible requests the admission check of [`Listener::accept_with`]
+    /// refused, or over the pending limits.
     pub refused: u64,
+    /// Admitted requests whose setup failed (QP, accept) or that did not
+    /// become ESTABLISHED within [`ESTABLISH_TIMEOUT`].
+    pub establish_failed: u64,
 }
 
 // SAFETY: the listener's id and channel are library objects usable from any
 // thread; the listener is used by one thread at a time (&mut self).
-unsafe impl Send for Listener {}
+unsafe impl<T: Send> Send for Listener<T> {}
 
-impl Listener {
+/// Rejects a connect request with the kernel's reject data for `value` and
+/// destroys its id.
+fn reject_request(id: *mut sys::rdma_cm_id, value: i32) {
+    let rej = reject_data(value);
+    // SAFETY: id is the new id of a connect request whose event was acked;
+    // rej lives across the call; the id is destroyed after, once.
+    unsafe {
+        sys::rdma_reject(id, rej.as_ptr() as *const c_void, rej.len() as u8);
+        sys::rdma_destroy_id(id);
+    }
+}
+
+impl Listener<()> {
+    /// Accepts the next compatible connect request and waits until it is
+    /// established (other requests are served meanwhile). Incompatible
+    /// requests are rejected with the kernel's reject data and counted;
+    /// `None` when `deadline` passes first.
+    pub fn accept(&mut self, deadline: Instant) -> io::Result<Option<Conn>> {
+        loop {
+            match self.accept_with(deadline, &mut |_, _| Some(()))? {
+                Some(SideEvent::Up(conn, ())) => return Ok(Some(*conn)),
+                Some(SideEvent::Failed(..)) => continue,
+                None => return Ok(None),
+            }
+        }
+    }
+}
+
+impl<T> Listener<T> {
     /// Listens on `local` at the kernel's port for its family ([`cm_port`]).
-    pub fn bind(verbs: &Arc<Verbs>, local: IpAddr) -> io::Result<Listener> {
+    pub fn bind(verbs: &Arc<Verbs>, local: IpAddr) -> io::Result<Listener<T>> {
         let ch = Channel::new()?;
         let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
         // SAFETY: ch is live; id is an out pointer.
@@ -1519,90 +1684,187 @@ impl Listener {
         // SAFETY: id is bound.
         check(unsafe { sys::rdma_listen(id, 64) }, "rdma_listen")?;
         std::mem::forget(guard);
-        Ok(Listener { id, ch, verbs: verbs.clone(), local, rejected: 0, other_events: 0, refused: 0 })
+        Ok(Listener {
+            id,
+            ch,
+            verbs: verbs.clone(),
+            local,
+            pending: Vec::new(),
+            rejected: 0,
+            other_events: 0,
+            refused: 0,
+            establish_failed: 0,
+        })
     }
 
-    /// Accepts the next compatible connect request and waits until it is
-    /// established. Incompatible requests are rejected with the kernel's
-    /// reject data and counted; `None` when `deadline` passes first.
-    pub fn accept(&mut self, deadline: Instant) -> io::Result<Option<Conn>> {
-        self.accept_with(deadline, &mut |_, _| true)
+    /// Accepted connections waiting for ESTABLISHED.
+    pub fn pending(&self) -> usize {
+        self.pending.len()
     }
 
-    /// [`Listener::accept`], asking `admit(local, peer)` about every
-    /// compatible request first: a request it refuses is rejected with the
-    /// reject value [`REJ_RETRY`] (the kernel's active side then drops and
-    /// retries) and counted in `refused`.
+    /// Serves connect requests and the accepted connections waiting for
+    /// ESTABLISHED until one of them has an outcome or `deadline` passes
+    /// (`None`). `admit(local, peer)` is asked about every compatible
+    /// request: `None` rejects it with [`REJ_RETRY`] (the kernel's active
+    /// side then drops and retries), counted in `refused`; its `Some(tag)`
+    /// comes back with the outcome: [`SideEvent::Up`] once established,
+    /// [`SideEvent::Failed`] when the setup failed or ESTABLISHED did not
+    /// come within [`ESTABLISH_TIMEOUT`] (the connection, its QP and CM id
+    /// are gone; the caller reports the path down). An `Err` is a failure
+    /// of the listening id's channel itself.
     pub fn accept_with(
         &mut self,
         deadline: Instant,
-        admit: &mut dyn FnMut(IpAddr, IpAddr) -> bool,
-    ) -> io::Result<Option<Conn>> {
-        let fam = family(&self.local);
+        admit: &mut dyn FnMut(IpAddr, IpAddr) -> Option<T>,
+    ) -> io::Result<Option<SideEvent<T>>> {
         loop {
-            let Some(ev) = self.ch.next(deadline)? else { return Ok(None) };
-            if ev.kind != sys::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
-                self.other_events += 1;
+            if let Some(ev) = self.poll_pending() {
+                return Ok(Some(ev));
+            }
+            if let Some(ev) = self.ch.next(Instant::now())? {
+                if let Some(out) = self.on_request(ev, admit) {
+                    return Ok(Some(out));
+                }
                 continue;
             }
-            let data = ev.private.clone().unwrap_or_default();
-            let version = match passive_negotiate(&data, fam) {
-                Ok(v) if version_usable(v) => v,
-                res => {
-                    let rej = reject_data(match res {
+            let now = Instant::now();
+            if now >= deadline {
+                return Ok(None);
+            }
+            let wake = self.pending.iter().map(|p| p.deadline).fold(deadline, Instant::min);
+            let mut fds = Vec::with_capacity(1 + self.pending.len());
+            // SAFETY: the channel is live for the life of self.
+            fds.push(libc::pollfd { fd: unsafe { (*self.ch.0).fd }, events: libc::POLLIN, revents: 0 });
+            fds.extend(self.pending.iter().map(|p| libc::pollfd { fd: p.conn.cm_fd(), events: libc::POLLIN, revents: 0 }));
+            let ms = wake.saturating_duration_since(now).as_millis().clamp(1, 1000) as c_int;
+            // SAFETY: fds is a valid array of pollfds for the call.
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+        }
+    }
+
+    /// The first accepted connection with an outcome: ESTABLISHED, another
+    /// event (a reject, an error), or its deadline passed.
+    fn poll_pending(&mut self) -> Option<SideEvent<T>> {
+        let now = Instant::now();
+        for i in 0..self.pending.len() {
+            let p = &mut self.pending[i];
+            let res = p.conn.cm_channel().and_then(|c| c.next(now));
+            let outcome = match res {
+                Ok(Some(ev)) if ev.kind == sys::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED && ev.status == 0 => Ok(()),
+                Ok(Some(ev)) => Err(io::Error::new(
+                    io::ErrorKind::ConnectionRefused,
+                    format!("RDMA CM: {} (status {}) while waiting for ESTABLISHED", event_name(ev.kind), ev.status),
+                )),
+                Ok(None) if now >= p.deadline => Err(err(libc::ETIMEDOUT, "RDMA CM: no ESTABLISHED")),
+                Ok(None) => continue,
+                Err(e) => Err(e),
+            };
+            let mut p = self.pending.swap_remove(i);
+            return Some(match outcome {
+                Ok(()) => {
+                    p.conn.up = true;
+                    SideEvent::Up(Box::new(p.conn), p.tag)
+                }
+                Err(e) => {
+                    self.establish_failed += 1;
+                    // Dropping the connection destroys its QP and CM id.
+                    drop(p.conn);
+                    SideEvent::Failed(e, p.tag)
+                }
+            });
+        }
+        None
+    }
+
+    /// One event of the listening id. A connect request is rejected (and
+    /// its id destroyed), or accepted and left waiting for ESTABLISHED;
+    /// `Some` when an admitted request failed before that.
+    fn on_request(&mut self, ev: CmEvent, admit: &mut dyn FnMut(IpAddr, IpAddr) -> Option<T>) -> Option<SideEvent<T>> {
+        if ev.kind != sys::rdma_cm_event_type::RDMA_CM_EVENT_CONNECT_REQUEST {
+            self.other_events += 1;
+            return None;
+        }
+        let fam = family(&self.local);
+        let data = ev.private.clone().unwrap_or_default();
+        let negotiated = passive_negotiate(&data, fam);
+        let (version, dp) = match (negotiated, ConnectPrivate::decode(&data, fam)) {
+            (Ok(v), Ok(dp)) if version_usable(v) => (v, dp),
+            (res, _) => {
+                reject_request(
+                    ev.id,
+                    match res {
                         Err(i) => i.reject_value(),
                         Ok(_) => crate::private::REJ_INCOMPAT,
-                    });
-                    // SAFETY: ev.id is the new id of the request; rej lives
-                    // across the call; the id is destroyed after.
-                    unsafe {
-                        sys::rdma_reject(ev.id, rej.as_ptr() as *const c_void, rej.len() as u8);
-                        sys::rdma_destroy_id(ev.id);
-                    }
-                    self.rejected += 1;
-                    continue;
-                }
-            };
-            let dp = ConnectPrivate::decode(&data, fam).map_err(|e| err(libc::EPROTO, &e.to_string()))?;
-            let (la, pa) = id_addrs(ev.id);
-            let unspec = if self.local.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED) };
-            if !admit(la.unwrap_or(self.local), pa.unwrap_or(unspec)) {
-                let rej = reject_data(REJ_RETRY);
-                // SAFETY: as for the incompatible request above.
-                unsafe {
-                    sys::rdma_reject(ev.id, rej.as_ptr() as *const c_void, rej.len() as u8);
-                    sys::rdma_destroy_id(ev.id);
-                }
-                self.refused += 1;
-                continue;
+                    },
+                );
+                self.rejected += 1;
+                return None;
             }
-            let ch = Channel::new()?;
-            // SAFETY: ev.id is live and all its events are acked; it moves to
-            // the connection's own channel.
-            check(unsafe { sys::rdma_migrate_id(ev.id, ch.0) }, "rdma_migrate_id")?;
-            let mut conn = Conn::build(self.verbs.clone(), Link::Cm { id: ev.id, ch }, None)?;
-            conn.local = la.unwrap_or(self.local);
-            conn.peer = pa.unwrap_or(unspec);
-            conn.version = version;
-            conn.peer_credit = dp.credit;
-            conn.peer_proposed = dp.version();
-            let credit = conn.credit_offer(&self.verbs, Some(dp.credit));
-            conn.fc.on_frame(dp.ack_seq, 0);
-            let addrs = PrivAddrs::new(conn.local, conn.peer).ok_or_else(|| err(libc::EPROTO, "RDS-IB accept: address families differ"))?;
-            let rep = ConnectPrivate::new(addrs, version, dp.tos, 0, credit).encode();
-            let mut param = conn_param(&rep);
-            // SAFETY: the id has a QP; param and rep live across the call.
-            check(unsafe { sys::rdma_accept(conn.cm_id(), &mut param) }, "rdma_accept")?;
-            let est_deadline = deadline.max(Instant::now() + Duration::from_secs(5));
-            conn.cm_channel()?.expect(sys::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED, est_deadline)?;
-            conn.up = true;
-            return Ok(Some(conn));
+        };
+        let (la, pa) = id_addrs(ev.id);
+        let unspec = if self.local.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED) };
+        let (local, peer) = (la.unwrap_or(self.local), pa.unwrap_or(unspec));
+        let from_peer = self.pending.iter().filter(|p| p.conn.peer == peer).count();
+        if self.pending.len() >= MAX_PENDING_ACCEPTS || from_peer >= MAX_PENDING_ACCEPTS_PER_SOURCE {
+            reject_request(ev.id, REJ_RETRY);
+            self.refused += 1;
+            return None;
         }
+        let Some(tag) = admit(local, peer) else {
+            reject_request(ev.id, REJ_RETRY);
+            self.refused += 1;
+            return None;
+        };
+        match self.setup(ev.id, local, peer, version, &dp) {
+            Ok(conn) => {
+                self.pending.push(PendingAccept { conn, tag, deadline: Instant::now() + ESTABLISH_TIMEOUT });
+                None
+            }
+            Err(e) => {
+                self.establish_failed += 1;
+                Some(SideEvent::Failed(e, tag))
+            }
+        }
+    }
+
+    /// QP and accept for an admitted request. Owns `id` on every path: on
+    /// an error before the connection owns it, it is rejected and
+    /// destroyed; after, dropping the connection destroys it.
+    fn setup(&self, id: *mut sys::rdma_cm_id, local: IpAddr, peer: IpAddr, version: u16, dp: &ConnectPrivate) -> io::Result<Conn> {
+        let ch = match Channel::new() {
+            Ok(ch) => ch,
+            Err(e) => {
+                reject_request(id, REJ_RETRY);
+                return Err(e);
+            }
+        };
+        // SAFETY: id is live and all its events are acked; it moves to the
+        // connection's own channel.
+        if let Err(e) = check(unsafe { sys::rdma_migrate_id(id, ch.0) }, "rdma_migrate_id") {
+            reject_request(id, REJ_RETRY);
+            return Err(e);
+        }
+        let mut conn = Conn::build(self.verbs.clone(), Link::Cm { id, ch }, None)?;
+        conn.local = local;
+        conn.peer = peer;
+        conn.version = version;
+        conn.peer_credit = dp.credit;
+        conn.peer_proposed = dp.version();
+        let credit = conn.credit_offer(&self.verbs, Some(dp.credit));
+        conn.fc.on_frame(dp.ack_seq, 0);
+        let addrs = PrivAddrs::new(conn.local, conn.peer).ok_or_else(|| err(libc::EPROTO, "RDS-IB accept: address families differ"))?;
+        let rep = ConnectPrivate::new(addrs, version, dp.tos, 0, credit).encode();
+        let mut param = conn_param(&rep);
+        // SAFETY: the id has a QP; param and rep live across the call.
+        check(unsafe { sys::rdma_accept(conn.cm_id(), &mut param) }, "rdma_accept")?;
+        Ok(conn)
     }
 }
 
-impl Drop for Listener {
+impl<T> Drop for Listener<T> {
     fn drop(&mut self) {
+        // Accepted connections still waiting: their QPs and CM ids go.
+        self.pending.clear();
         // SAFETY: the listening id is ours and has no QP.
         unsafe { sys::rdma_destroy_id(self.id) };
     }

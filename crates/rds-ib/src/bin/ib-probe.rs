@@ -127,7 +127,7 @@ fn passive(a: &[String]) -> Result<(), String> {
     let port: u16 = parse(&a[1], "port")?;
     let sizes: Vec<usize> = a[2..].iter().map(|s| parse(s, "size")).collect::<Result<_, _>>()?;
     let verbs = Verbs::new();
-    let mut l = Listener::bind(&verbs, local).map_err(|e| format!("listen: {e}"))?;
+    let mut l: Listener = Listener::bind(&verbs, local).map_err(|e| format!("listen: {e}"))?;
     println!("LISTENING {local}:{}", rds_ib::verbs::RDS_IB_PORT);
     let deadline = Instant::now() + Duration::from_secs(90);
     let mut k = 0;

@@ -36,6 +36,11 @@
 //!     RDS_IB_PSK_FILE (a wrong one) to PEER:RDS_IB_SIDE_PORT (18635);
 //!     prints `ROGUE closed` when the peer closes the connection without a
 //!     frame, `ROGUE answered` if it answers.
+//! rds-ib-peer stall LOCAL LPORT PEER PPORT
+//!     an RDMA CM connect request to PEER that never completes
+//!     (`rds_ib::verbs::StalledRequest`: no QP, the peer's accept never
+//!     answered): `STALL accepted` or `STALL refused`, then holds it for
+//!     HOLD_S seconds (default 10), `STALL released`.
 //! ```
 //!
 //!
@@ -57,10 +62,15 @@
 //!
 //! Both print `DELTA name d` (counters at the end minus just after bind);
 //! `END_BARRIER` names a barrier run before the counters and the shutdown.
+//! `RCV_BUDGET=bytes` starts the engine with that node receive budget
+//! (`NodeConfig::rcv_budget`); with `HOLD_S=s` stream-recv reads nothing
+//! for that long after the barrier (receive flow control pauses the path),
+//! then prints `HOLD name d` (the same counters then) and reads.
 //!
-//! Env: `GAP_MS` sleeps that long between sends; `PAUSE_AT=k` runs
+//! Env: `END_BARRIER` names a barrier run before the counters; `GAP_MS` sleeps that long between sends; `PAUSE_AT=k` runs
 //! `barrier pause-k 120` before sending message k (a test cuts the link
-//! meanwhile). Output: `BOUND`, `TX k len n`, `ACKED`, `RX k len n from
+//! meanwhile). Output: `BOUND`, `TX k len n`, `ACKED`, `ACKTIME s` (from
+//! the first send), `RX k len n from
 //! A:P ok|BAD`, counters (`CTR name value`), then `RESULT ok|FAIL ...`.
 
 use std::net::SocketAddr;
@@ -90,16 +100,18 @@ fn main() -> ExitCode {
                 | "tcp-send"
                 | "tcp-probe"
                 | "rogue"
+                | "stall"
                 | "stream-send"
                 | "stream-recv"
         ) {
         eprintln!(
-            "usage: rds-ib-peer send-recv|recv-send|recv-none|recv-then-none|send-unacked|tcp-send|tcp-probe|rogue|stream-send|stream-recv LOCAL LPORT PEER PPORT SIZE..."
+            "usage: rds-ib-peer send-recv|recv-send|recv-none|recv-then-none|send-unacked|tcp-send|tcp-probe|rogue|stall|stream-send|stream-recv LOCAL LPORT PEER PPORT SIZE..."
         );
         return ExitCode::from(2);
     }
     let res = match args[0].as_str() {
         "rogue" => rogue(&args),
+        "stall" => stall(&args),
         "tcp-probe" => tcp_probe(&args),
         _ => run(&args),
     };
@@ -144,6 +156,7 @@ fn run(a: &[String]) -> Result<(), String> {
         barrier(&b, 60)?;
     }
     let send = |s: &rds_sock::RdsSocket| -> Result<(), String> {
+        let t_send = Instant::now();
         for (k, &n) in sizes.iter().enumerate() {
             if pause_at == Some(k) {
                 println!("PAUSE {k}");
@@ -169,6 +182,7 @@ fn run(a: &[String]) -> Result<(), String> {
             return Err("not all messages acked in 90 s".into());
         }
         println!("ACKED {}", sizes.len());
+        println!("ACKTIME {:.2} s", t_send.elapsed().as_secs_f64());
         Ok(())
     };
     let recv = |s: &rds_sock::RdsSocket| -> Result<(), String> {
@@ -217,6 +231,9 @@ fn run(a: &[String]) -> Result<(), String> {
         "recv-then-none" => recv(&s).and_then(|()| recv_none(&s)),
         _ => send_unacked(&s),
     };
+    if let Ok(b) = std::env::var("END_BARRIER") {
+        let _ = barrier(&b, 180);
+    }
     for (name, v) in engine.counters() {
         if name.starts_with("ib_") || name.starts_with("recv_drop") || name.contains("conn_reset") || name.contains("retrans") {
             println!("CTR {name} {v}");
@@ -250,7 +267,15 @@ fn stream_msg(k: usize) -> Vec<u8> {
 fn stream(a: &[String], local: SocketAddr, peer: SocketAddr) -> Result<(), String> {
     let n: usize = a.get(5).and_then(|v| v.parse().ok()).ok_or("N missing")?;
     let env_u64 = |name: &str, dflt: u64| std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(dflt);
-    let engine = Engine::global().map_err(|e| format!("engine: {e}"))?;
+    let engine = match std::env::var("RCV_BUDGET").ok().and_then(|v| v.parse::<u64>().ok()) {
+        Some(b) => {
+            let mut cfg = rds_sock::EngineConfig::default();
+            cfg.node.rcv_budget = b;
+            Engine::new(cfg)
+        }
+        None => Engine::global(),
+    }
+    .map_err(|e| format!("engine: {e}"))?;
     let s = engine.socket().map_err(|e| format!("socket: {e}"))?;
     s.set_transport(TransportKind::Ib).map_err(|e| format!("SO_RDS_TRANSPORT=IB: {e}"))?;
     s.set_send_buffer_size_force(8 << 20).map_err(|e| e.to_string())?;
@@ -307,6 +332,11 @@ fn stream(a: &[String], local: SocketAddr, peer: SocketAddr) -> Result<(), Strin
             }
         };
         let mut next = 0usize;
+        let hold = env_u64("HOLD_S", 0);
+        if hold > 0 {
+            std::thread::sleep(Duration::from_secs(hold));
+            print_ctrs(&engine, &before, "HOLD");
+        }
         s.set_read_timeout(Some(Duration::from_secs(env_u64("WAIT_S", 60)))).map_err(|e| e.to_string())?;
         let mut straggling = false;
         loop {
@@ -354,16 +384,40 @@ fn stream(a: &[String], local: SocketAddr, peer: SocketAddr) -> Result<(), Strin
             println!("CONN {c:?}");
         }
     }
-    let after = engine.counters();
-    for (name, v) in &after {
-        if name.starts_with("ib_") || name.contains("conn_reset") || name.contains("retrans") || name.contains("drop") {
-            let b = before.iter().find(|(m, _)| m == name).map_or(0, |(_, x)| *x);
-            println!("DELTA {name} {}", v.saturating_sub(b));
-        }
-    }
+    print_ctrs(&engine, &before, "DELTA");
     let rep = engine.shutdown(Duration::from_secs(5));
     println!("UNSENT {}", rep.messages());
     res
+}
+
+/// `TAG name d`: the counters of interest now minus `before`.
+fn print_ctrs(engine: &Engine, before: &[(String, u64)], tag: &str) {
+    for (name, v) in &engine.counters() {
+        if name.starts_with("ib_")
+            || name.contains("conn_reset")
+            || name.contains("retrans")
+            || name.contains("drop")
+            || name.starts_with("recv_pause")
+            || name.starts_with("recv_resume")
+        {
+            let b = before.iter().find(|(m, _)| m == name).map_or(0, |(_, x)| *x);
+            println!("{tag} {name} {}", v.saturating_sub(b));
+        }
+    }
+}
+
+/// A connect request that never completes (see the module docs).
+fn stall(a: &[String]) -> Result<(), String> {
+    let local: std::net::IpAddr = a[1].parse().map_err(|e| format!("local: {e}"))?;
+    let peer: std::net::IpAddr = a[3].parse().map_err(|e| format!("peer: {e}"))?;
+    let hold = std::env::var("HOLD_S").ok().and_then(|v| v.parse().ok()).unwrap_or(10);
+    let r = rds_ib::verbs::StalledRequest::send(local, peer, Instant::now() + Duration::from_secs(10))
+        .map_err(|e| format!("stalled request: {e}"))?;
+    println!("STALL {}", if r.accepted { "accepted" } else { "refused" });
+    std::thread::sleep(Duration::from_secs(hold));
+    drop(r);
+    println!("STALL released");
+    Ok(())
 }
 
 /// A raw TCP connection to the peer's RDS-TCP port (see the module docs).
