@@ -577,7 +577,7 @@ impl Node {
         }
         if let Some(idle) = self.cfg.conn_idle_gc {
             if conn.gc_at.is_none() {
-                let at = now + idle;
+                let at = crate::types::later(now, idle);
                 self.conns[c].gc_at = Some(at);
                 self.schedule(at, Timer::Collect(c));
             }
@@ -591,7 +591,7 @@ impl Node {
         let Some(conn) = self.conns.get(c) else { return };
         if !conn.idle() {
             if conn.all_down() {
-                let at = now + self.cfg.conn_idle_gc.unwrap_or(Duration::from_secs(1));
+                let at = crate::types::later(now, self.cfg.conn_idle_gc.unwrap_or(Duration::from_secs(1)));
                 self.conns[c].gc_at = Some(at);
                 self.schedule(at, Timer::Collect(c));
             }

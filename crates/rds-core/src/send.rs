@@ -661,12 +661,12 @@ impl Node {
         let path = self.path_mut(pid).unwrap();
         let at = if path.reconnect_delay.is_zero() {
             path.reconnect_delay = min;
-            now + settle
+            crate::types::later(now, settle)
         } else {
             let bound = path.reconnect_delay.as_nanos().max(1) as u64;
             let d = Duration::from_nanos(jitter % bound);
-            path.reconnect_delay = (path.reconnect_delay * 2).min(max);
-            now + d
+            path.reconnect_delay = path.reconnect_delay.saturating_mul(2).min(max);
+            crate::types::later(now, d)
         };
         path.reconnect_at = Some(at);
         self.schedule(at, Timer::Reconnect(pid));

@@ -223,7 +223,9 @@ pub trait RdsTransport: Send + Sync {
 
     /// Receive flow control ([`crate::Output::RxFlow`]): with `paused`,
     /// stop reading the path (TCP: leave the bytes in the socket, so the
-    /// window closes) until a call with `paused` false, whatever connection
+    /// window closes; IB: repost no receive buffer and hand nothing up, so
+    /// a credit sender stops and a kernel sender waits in RNR retry;
+    /// loopback: pull nothing from the sending path) until a call with `paused` false, whatever connection
     /// instance serves it now or later. A call whose `seq` is not above the
     /// last applied for the path is stale (outputs of different threads
     /// may arrive out of order): ignore it. What was already read is

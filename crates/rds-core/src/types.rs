@@ -310,3 +310,27 @@ mod tests {
         assert!(a.below(10) < 10);
     }
 }
+
+/// Further than any timer of a node needs to look (about 136 years).
+const FAR: std::time::Duration = std::time::Duration::from_secs(1 << 32);
+
+/// `now + d`, saturating: a configured duration too long to reach
+/// (`Duration::MAX`, say) means "not in this process's lifetime" instead of
+/// a panic on `Instant` overflow. Every deadline computed from a setting
+/// goes through this.
+pub fn later(now: std::time::Instant, d: std::time::Duration) -> std::time::Instant {
+    now.checked_add(d.min(FAR)).unwrap_or(now)
+}
+
+#[cfg(test)]
+mod later_tests {
+    use super::later;
+    use std::time::{Duration, Instant};
+
+    #[test]
+    fn later_saturates() {
+        let now = Instant::now();
+        assert_eq!(later(now, Duration::from_millis(5)), now + Duration::from_millis(5));
+        assert!(later(now, Duration::MAX) > now + Duration::from_secs(100 * 365 * 86400));
+    }
+}

@@ -3,9 +3,10 @@
 //! pair per connection with its completion queues, the receive ring and the
 //! send path, on `rdma-sys`.
 //!
-//! This is the first, blocking cut of the transport: a [`Conn`] is driven by
-//! its owner calling [`Conn::send`] and [`Conn::poll`]; there is no reactor
-//! and no [`rds_core::RdsTransport`] integration yet. What it does follows
+//! A [`Conn`] is driven by its owner calling [`Conn::send`] and
+//! [`Conn::poll`]; [`crate::transport`] owns the connections behind
+//! [`rds_core::RdsTransport`] (its event thread polls them, its listener
+//! threads accept without blocking on any one peer). What it does follows
 //! the kernel's `rds_rdma`:
 //!
 //! * RDMA CM in the TCP port space, port [`RDS_IB_PORT`] (18634) for IPv4

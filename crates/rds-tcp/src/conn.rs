@@ -201,7 +201,7 @@ pub(crate) fn now_ns() -> u64 {
 
 /// The instant of a [`now_ns`] value.
 pub(crate) fn instant_of(ns: u64) -> std::time::Instant {
-    *EPOCH.get_or_init(std::time::Instant::now) + std::time::Duration::from_nanos(ns)
+    rds_core::types::later(*EPOCH.get_or_init(std::time::Instant::now), std::time::Duration::from_nanos(ns))
 }
 
 /// A TCP connection of one path instance.

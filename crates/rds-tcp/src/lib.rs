@@ -380,7 +380,8 @@ impl Inner {
         let on_reactor = reactor::on_reactor();
         if !on_reactor && !self.cfg.coalesce.is_zero() {
             let now = conn::now_ns();
-            let due = conn.last_write.load(SeqCst) + self.cfg.coalesce.as_nanos() as u64;
+            let window = u64::try_from(self.cfg.coalesce.as_nanos()).unwrap_or(u64::MAX);
+            let due = conn.last_write.load(SeqCst).saturating_add(window);
             if now < due {
                 // Written moments ago: let this window's messages go out
                 // together; the reactor flushes at the window's end.

@@ -2,6 +2,7 @@
 //! connections of the address pairs hashed to it, ack polling and
 //! shutdown drains.
 
+use rds_core::types::later;
 use std::cell::Cell;
 use std::collections::HashMap;
 use std::io::{self, Read};
@@ -149,7 +150,7 @@ impl ReactorHandle {
     /// traffic).
     pub fn watch(&self, conn: Arc<Conn>, within: Duration) {
         let now = Instant::now();
-        let at = now + within;
+        let at = later(now, within);
         let armed = {
             let mut t = self.timer.lock();
             t.watch_in.push(conn.clone());
@@ -370,7 +371,7 @@ impl Reactor {
                 }
             }
             self.ack_interval = self.inner.cfg.ack_poll_min;
-            let at = t.at.unwrap_or(now + self.ack_interval);
+            let at = t.at.unwrap_or(later(now, self.ack_interval));
             if self.next_ack_poll.is_none_or(|x| x > at) {
                 self.next_ack_poll = Some(at);
             }
@@ -386,7 +387,7 @@ impl Reactor {
         if self.conns.is_empty() || stall.is_zero() {
             self.next_stall_sweep = None;
         } else if self.next_stall_sweep.is_none() {
-            self.next_stall_sweep = Some(now + (stall / 4).max(Duration::from_millis(10)));
+            self.next_stall_sweep = Some(later(now, (stall / 4).max(Duration::from_millis(10))));
         }
         let next = [
             self.next_ack_poll,
@@ -587,7 +588,7 @@ impl Reactor {
                     // The edge is consumed: come back for the queued ones,
                     // after a pause that grows while the shortage lasts.
                     self.accept_retry = Some(Instant::now() + self.accept_backoff);
-                    self.accept_backoff = (self.accept_backoff * 2).min(ACCEPT_BACKOFF_MAX);
+                    self.accept_backoff = self.accept_backoff.saturating_mul(2).min(ACCEPT_BACKOFF_MAX);
                     return;
                 }
             }
@@ -681,7 +682,7 @@ impl Reactor {
     /// How long a deferred connection may wait: past the old connection's
     /// drain with a margin.
     fn defer_max(&self) -> Duration {
-        self.inner.cfg.defer_max.max(self.inner.cfg.shutdown_drain + Duration::from_secs(1))
+        self.inner.cfg.defer_max.max(self.inner.cfg.shutdown_drain.saturating_add(Duration::from_secs(1)))
     }
 
     /// Offers the due deferred connections to the core again; resets those
@@ -779,7 +780,7 @@ impl Reactor {
                     conn.state.store(DRAINING, SeqCst);
                 }
                 let _ = conn.stream.shutdown(Shutdown::Write);
-                self.drains.push((Instant::now() + self.inner.cfg.shutdown_drain, conn.clone()));
+                self.drains.push((later(Instant::now(), self.inner.cfg.shutdown_drain), conn.clone()));
                 self.read_conn(&conn, false);
             }
             _ => {}
@@ -813,7 +814,7 @@ impl Reactor {
             self.watch.push(conn);
         }
         self.ack_interval = self.inner.cfg.ack_poll_min;
-        let at = Instant::now() + self.ack_interval;
+        let at = later(Instant::now(), self.ack_interval);
         if self.next_ack_poll.is_none_or(|t| t > at) {
             self.next_ack_poll = Some(at);
         }
@@ -846,8 +847,8 @@ impl Reactor {
             }
         }
         let (min, max) = (self.inner.cfg.ack_poll_min, self.inner.cfg.ack_poll_max);
-        self.ack_interval = if progress { min } else { (self.ack_interval * 2).min(max) };
-        self.next_ack_poll = (!self.watch.is_empty()).then(|| Instant::now() + self.ack_interval);
+        self.ack_interval = if progress { min } else { self.ack_interval.saturating_mul(2).min(max) };
+        self.next_ack_poll = (!self.watch.is_empty()).then(|| later(Instant::now(), self.ack_interval));
     }
 
     /// Acks of one connection (after it was readable or writable).

@@ -166,3 +166,56 @@ fn loopback_receiver_that_never_reads_holds_the_sender_back() {
     assert!(c["recv_resume"] >= 1 && c["recv_drop_over_limit"] == 0);
     e.shutdown(Duration::ZERO);
 }
+
+/// Every duration setting at `Duration::MAX` (backoffs, ack polling, the
+/// drain, the stall deadline, write coalescing off, idle collection): two
+/// engines still exchange datagrams over TCP both ways, a connection is
+/// closed and comes back, and shutdown returns, instead of a panic on
+/// `Instant` or `Duration` overflow in the core or on a reactor thread.
+#[test]
+fn duration_settings_at_their_maximum_do_not_overflow() {
+    let ip = addr_block(43);
+    let cfg = || {
+        let mut c = rds_sock::EngineConfig::default();
+        c.node.reconnect_max = Duration::MAX;
+        c.node.reconnect_settle = Duration::MAX;
+        c.node.conn_idle_gc = Some(Duration::MAX);
+        c.tcp.ack_poll_min = Duration::MAX;
+        c.tcp.ack_poll_max = Duration::MAX;
+        c.tcp.shutdown_drain = Duration::MAX;
+        c.tcp.rx_frame_timeout = Duration::MAX;
+        c.tcp.defer_max = Duration::MAX;
+        c.tcp.coalesce = Duration::ZERO;
+        rds_sock::Engine::new(c).unwrap()
+    };
+    let (e1, e2) = (cfg(), cfg());
+    let a = e1.socket().unwrap();
+    let b = e2.socket().unwrap();
+    a.bind(sa(ip(1), 4001)).unwrap();
+    b.bind(sa(ip(2), 4002)).unwrap();
+    a.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let mut buf = [0u8; 64];
+    for round in 0..3u8 {
+        a.send_to(&[round; 20], sa(ip(2), 4002)).unwrap();
+        let (n, from) = b.recv_from(&mut buf).unwrap_or_else(|e| panic!("round {round}: {e}"));
+        assert_eq!((&buf[..n], from), (&[round; 20][..], sa(ip(1), 4001)));
+        b.send_to(&[round + 100; 20], sa(ip(1), 4001)).unwrap();
+        let (n, from) = a.recv_from(&mut buf).unwrap_or_else(|e| panic!("round {round} back: {e}"));
+        assert_eq!((&buf[..n], from), (&[round + 100; 20][..], sa(ip(2), 4002)));
+        if round == 0 {
+            // The larger address closes its connections; the smaller one
+            // reconnects on the next send.
+            let n = e2.tcp_connections().len();
+            assert!(n >= 1, "a connection is up");
+            e2.with_node(|node| {
+                let c = node.find_conn(ip(2), ip(1), rds_sock::TransportKind::Tcp).expect("connection");
+                node.reset_path(rds_core::PathId { conn: c, index: 0 });
+            });
+        }
+    }
+    // (With acks polled "never", what was sent stays unacked: shutdown
+    // just has to return.)
+    e1.shutdown(Duration::from_millis(100));
+    e2.shutdown(Duration::ZERO);
+}
