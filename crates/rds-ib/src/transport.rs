@@ -530,16 +530,22 @@ fn cm_listen_loop(l: &mut Listener<PathInfo>, stop: &AtomicBool, shared: &Arc<Sh
             c.establish_failed += l.establish_failed - seen.1;
             seen = (l.refused, l.establish_failed);
         }
-        match res {
-            Ok(Some(SideEvent::Up(conn, info))) => {
-                lock(&shared.counters).accepted += 1;
-                shared.push(Cmd::Accepted(info, *conn));
-            }
-            // Taken by the core but the connection did not come up.
-            Ok(Some(SideEvent::Failed(_, info))) => taken_but_failed(shared, info),
-            Ok(None) => {}
-            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        listener_outcome(shared, res);
+    }
+}
+
+/// What one accept of either listener produced: an established
+/// connection goes to the event thread; one the core took but that did not
+/// come up is reported down; after an error the listener pauses briefly.
+fn listener_outcome(shared: &Arc<Shared>, res: io::Result<Option<SideEvent<PathInfo>>>) {
+    match res {
+        Ok(Some(SideEvent::Up(conn, info))) => {
+            lock(&shared.counters).accepted += 1;
+            shared.push(Cmd::Accepted(info, *conn));
         }
+        Ok(Some(SideEvent::Failed(_, info))) => taken_but_failed(shared, info),
+        Ok(None) => {}
+        Err(_) => std::thread::sleep(Duration::from_millis(50)),
     }
 }
 
@@ -559,15 +565,7 @@ fn side_listen_loop(l: &mut SideListener<PathInfo>, stop: &AtomicBool, shared: &
             c.side_bad_handshake += l.bad_handshake - seen.1;
             seen = (l.auth_failed, l.bad_handshake);
         }
-        match res {
-            Ok(Some(SideEvent::Up(conn, info))) => {
-                lock(&shared.counters).accepted += 1;
-                shared.push(Cmd::Accepted(info, *conn));
-            }
-            Ok(Some(SideEvent::Failed(_, info))) => taken_but_failed(shared, info),
-            Ok(None) => {}
-            Err(_) => std::thread::sleep(Duration::from_millis(50)),
-        }
+        listener_outcome(shared, res);
     }
 }
 

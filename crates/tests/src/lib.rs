@@ -7,6 +7,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU8, Ordering};
 
 use rds_sock::{Engine, EngineConfig};
+use socket2::{Domain, SockAddr, Socket, Type};
 
 /// A fresh 127.x.y.0/24 block per call, so tests in one binary can run in
 /// parallel without sharing addresses. `group` separates test binaries.
@@ -23,6 +24,25 @@ pub fn engine() -> Engine {
 
 pub fn sa(ip: IpAddr, port: u16) -> SocketAddr {
     SocketAddr::new(ip, port)
+}
+
+/// A raw TCP connection from address `from` (any port) to `to`, as a
+/// hostile or hand-made peer makes it. With `nonblocking` the socket is
+/// non-blocking and the connect may still be under way (a flood does not
+/// wait for each handshake); otherwise it is established.
+pub fn tcp_from(from: IpAddr, to: SocketAddr, nonblocking: bool) -> std::io::Result<std::net::TcpStream> {
+    let s = Socket::new(Domain::for_address(to), Type::STREAM, None)?;
+    s.bind(&SockAddr::from(SocketAddr::new(from, 0)))?;
+    s.set_nonblocking(nonblocking)?;
+    loop {
+        match s.connect(&SockAddr::from(to)) {
+            Ok(()) => break,
+            Err(e) if nonblocking && e.raw_os_error() == Some(libc::EINPROGRESS) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(s.into())
 }
 
 /// xorshift64* stream: deterministic pseudo-random bytes.

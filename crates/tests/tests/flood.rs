@@ -21,7 +21,7 @@
 use std::collections::HashMap;
 use std::io::{self, BufRead, BufReader, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -40,39 +40,7 @@ fn v4(a: u8, b: u8, c: u8, d: u8) -> IpAddr {
 /// A TCP socket bound to `from` with a non-blocking connect to `to` under
 /// way (a flood does not wait for each handshake).
 fn connect_nb(from: IpAddr, to: SocketAddr) -> io::Result<TcpStream> {
-    let (IpAddr::V4(f), SocketAddr::V4(t)) = (from, to) else {
-        return Err(io::Error::from(io::ErrorKind::Unsupported));
-    };
-    let sin = |a: Ipv4Addr, port: u16| libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: port.to_be(),
-        sin_addr: libc::in_addr { s_addr: u32::from(a).to_be() },
-        sin_zero: [0; 8],
-    };
-    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    // SAFETY: socket() returns a fresh descriptor (or -1); the TcpStream
-    // owns and closes it from here on.
-    let s = unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC | libc::SOCK_NONBLOCK, 0);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        TcpStream::from_raw_fd(fd)
-    };
-    let local = sin(f, 0);
-    // SAFETY: `local` is a sockaddr_in of `len` bytes.
-    if unsafe { libc::bind(s.as_raw_fd(), (&raw const local).cast(), len) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let peer = sin(*t.ip(), t.port());
-    // SAFETY: `peer` is a sockaddr_in of `len` bytes.
-    if unsafe { libc::connect(s.as_raw_fd(), (&raw const peer).cast(), len) } != 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINPROGRESS) {
-            return Err(e);
-        }
-    }
-    Ok(s)
+    tcp_from(from, to, true)
 }
 
 /// A blocking connection from `from` to `to`.

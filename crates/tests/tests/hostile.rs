@@ -28,7 +28,7 @@
 use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpStream};
-use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{mpsc, Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
@@ -95,45 +95,6 @@ fn wait_delta(e: &Engine, before: &Counts, name: &str, want: u64) -> u64 {
     }
 }
 
-/// A TCP connection from `from` (any port) to `to`: std cannot bind before
-/// connecting.
-fn connect_from(from: IpAddr, to: SocketAddr) -> io::Result<TcpStream> {
-    let (IpAddr::V4(f), SocketAddr::V4(t)) = (from, to) else {
-        return Err(io::Error::from(io::ErrorKind::Unsupported));
-    };
-    let sin = |a: Ipv4Addr, port: u16| libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: port.to_be(),
-        sin_addr: libc::in_addr { s_addr: u32::from(a).to_be() },
-        sin_zero: [0; 8],
-    };
-    let len = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
-    // SAFETY: socket() returns a fresh descriptor (or -1); the TcpStream
-    // owns and closes it from here on.
-    let s = unsafe {
-        let fd = libc::socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_CLOEXEC, 0);
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        TcpStream::from_raw_fd(fd)
-    };
-    let local = sin(f, 0);
-    // SAFETY: `local` is a sockaddr_in of `len` bytes.
-    if unsafe { libc::bind(s.as_raw_fd(), (&raw const local).cast(), len) } != 0 {
-        return Err(io::Error::last_os_error());
-    }
-    let peer = sin(*t.ip(), t.port());
-    loop {
-        // SAFETY: `peer` is a sockaddr_in of `len` bytes.
-        if unsafe { libc::connect(s.as_raw_fd(), (&raw const peer).cast(), len) } == 0 {
-            return Ok(s);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
-        }
-    }
-}
 
 /// How the hostile connection ended, seen by its reader.
 #[derive(Debug, PartialEq, Eq)]
@@ -153,7 +114,7 @@ struct Raw {
 
 impl Raw {
     fn connect(from: IpAddr, to: SocketAddr) -> Raw {
-        let s = connect_from(from, to).unwrap_or_else(|e| panic!("connect {from} -> {to}: {e}"));
+        let s = tcp_from(from, to, false).unwrap_or_else(|e| panic!("connect {from} -> {to}: {e}"));
         let mut r = s.try_clone().unwrap();
         let (tx, end) = mpsc::channel();
         std::thread::spawn(move || {
@@ -1055,7 +1016,7 @@ fn a_paused_path_still_sees_the_peers_reset() {
     const COUNT: u64 = 5120;
     let before = bed.counts();
     // No reader: what the node sends stays unread, so our close resets.
-    let s = connect_from(bed.hostile, sa(bed.node_ip, RDS_TCP_PORT)).unwrap();
+    let s = tcp_from(bed.hostile, sa(bed.node_ip, RDS_TCP_PORT), false).unwrap();
     s.set_write_timeout(Some(Duration::from_millis(200))).unwrap();
     let stop = Arc::new(AtomicBool::new(false));
     let written = Arc::new(AtomicU64::new(0));
