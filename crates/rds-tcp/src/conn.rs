@@ -223,6 +223,10 @@ pub(crate) struct Conn {
     pub wr_gen: AtomicU64,
     /// Why the connection is being closed, when the core asked.
     pub requested: Mutex<Option<DownReason>>,
+    /// The peer's FIN or an error was seen: the connection is ending, so
+    /// it is read to its end even while the core has its path paused, by
+    /// every later pass too (one pass stops at the read budget).
+    pub rx_ending: AtomicBool,
     pub tx: Mutex<TxState>,
     pub rx: Mutex<RxState>,
     /// [`now_ns`] of the last write (write coalescing).
@@ -254,6 +258,7 @@ impl Conn {
             wait_writable: AtomicBool::new(false),
             wr_gen: AtomicU64::new(0),
             requested: Mutex::new(None),
+            rx_ending: AtomicBool::new(false),
             tx: Mutex::new(TxState::default()),
             rx: Mutex::new(RxState { decoder: FrameDecoder::default(), progress_at: std::time::Instant::now() }),
             last_write: AtomicU64::new(0),

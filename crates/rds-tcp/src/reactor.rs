@@ -872,6 +872,9 @@ impl Reactor {
     /// is read then too (to its end: what is left in the socket, bounded by
     /// its receive buffer), so that it notices the end and goes down.
     fn conn_event(&mut self, conn: &Arc<Conn>, readable: bool, writable: bool, end: bool) {
+        if end {
+            conn.rx_ending.store(true, SeqCst);
+        }
         match conn.state() {
             CONNECTING if readable || writable => {
                 self.check_connect(conn, readable && !writable);
@@ -945,6 +948,7 @@ impl Reactor {
     fn read_conn(&mut self, conn: &Arc<Conn>, force: bool) -> bool {
         let Some(sink) = self.inner.sink() else { return false };
         let (id, inst) = (conn.info.id, conn.info.inst);
+        let force = force || conn.rx_ending.load(SeqCst);
         if !force && self.inner.rx_paused(id) {
             inc(&self.inner.stats.rx_paused);
             return false;
