@@ -6,6 +6,7 @@ pub mod sim;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::sync::atomic::{AtomicU8, Ordering};
 
+use rds_core::wire::Header;
 use rds_sock::{Engine, EngineConfig};
 use socket2::{Domain, SockAddr, Socket, Type};
 
@@ -24,6 +25,53 @@ pub fn engine() -> Engine {
 
 pub fn sa(ip: IpAddr, port: u16) -> SocketAddr {
     SocketAddr::new(ip, port)
+}
+
+/// The value of an engine's counter `name`; panics naming an unknown one.
+pub fn counter(e: &Engine, name: &str) -> u64 {
+    e.counters().into_iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no counter {name}")).1
+}
+
+/// Polls `f` every 5 ms for at most `within`; returns whether it held.
+pub fn wait_until(within: std::time::Duration, mut f: impl FnMut() -> bool) -> bool {
+    let until = std::time::Instant::now() + within;
+    loop {
+        if f() {
+            return true;
+        }
+        if std::time::Instant::now() >= until {
+            return false;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// Resident memory of a process (`"self"` or a pid), bytes; 0 once it is
+/// gone.
+pub fn rss_of(pid: &str) -> u64 {
+    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
+    s.lines()
+        .find(|l| l.starts_with("VmRSS:"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(0)
+        * 1024
+}
+
+/// Resident memory of this process, bytes.
+pub fn rss() -> u64 {
+    let r = rss_of("self");
+    assert!(r > 0, "no VmRSS in /proc/self/status");
+    r
+}
+
+/// One message as a hand-made peer frames it on an RDS-TCP stream: the
+/// header with sequence `seq`, then the payload.
+pub fn frame(mut h: Header, seq: u64, payload: &[u8]) -> Vec<u8> {
+    h.sequence = seq;
+    let mut v = h.to_bytes().to_vec();
+    v.extend_from_slice(payload);
+    v
 }
 
 /// A raw TCP connection from address `from` (any port) to `to`, as a

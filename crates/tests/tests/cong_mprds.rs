@@ -37,10 +37,6 @@ fn wait_for(what: &str, mut f: impl FnMut() -> bool) {
     }
 }
 
-fn counter(e: &Engine, name: &str) -> u64 {
-    e.counters().into_iter().find(|(n, _)| n == name).unwrap_or_else(|| panic!("no counter {name}")).1
-}
-
 /// Payload bytes queued on the receive queue of the socket bound to `at`.
 fn rcv_bytes(e: &Engine, at: SocketAddr) -> u64 {
     e.sockets().into_iter().find(|s| s.bound == Some(at)).expect("socket").rcv_bytes

@@ -37,10 +37,6 @@ const TOTAL: usize = 100_000;
 /// Largest datagram (the mean is near 12 KB: 1.2 GB in all).
 const MAX: usize = 1 << 20;
 
-fn counter(e: &Engine, name: &str) -> u64 {
-    e.counters().iter().find(|(k, _)| k == name).map_or_else(|| panic!("no counter {name}"), |c| c.1)
-}
-
 /// Running digest of one flow.
 struct Flow {
     n: u64,

@@ -60,34 +60,8 @@ fn connect_from(from: IpAddr, to: SocketAddr) -> TcpStream {
     s
 }
 
-/// One framed message: header (sequence `seq`) and payload.
-fn frame(mut h: Header, seq: u64, payload: &[u8]) -> Vec<u8> {
-    h.sequence = seq;
-    let mut v = h.to_bytes().to_vec();
-    v.extend_from_slice(payload);
-    v
-}
-
 fn counters(e: &Engine) -> HashMap<String, u64> {
     e.counters().into_iter().collect()
-}
-
-fn counter(e: &Engine, name: &str) -> u64 {
-    *counters(e).get(name).unwrap_or_else(|| panic!("no counter {name}"))
-}
-
-/// Waits (bounded) until `f` holds; returns whether it did.
-fn wait_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + within;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() >= until {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
 }
 
 // ----------------------------------------------------------------------
@@ -175,17 +149,6 @@ fn flood_child() {
     drop(extra);
     engine.shutdown(Duration::ZERO);
     let _ = echo_thread.join();
-}
-
-/// Resident memory of a process (`self` or a pid), bytes.
-fn rss_of(pid: &str) -> u64 {
-    let s = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap_or_default();
-    s.lines()
-        .find(|l| l.starts_with("VmRSS:"))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(0)
-        * 1024
 }
 
 /// User plus system CPU time of a process, seconds.

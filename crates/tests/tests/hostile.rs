@@ -60,13 +60,6 @@ fn serial() -> MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Resident memory of this process, bytes.
-fn rss() -> u64 {
-    let s = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
-    let line = s.lines().find(|l| l.starts_with("VmRSS:")).expect("VmRSS");
-    line.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()).expect("VmRSS value") * 1024
-}
-
 /// All counters of an engine at one moment.
 struct Counts(HashMap<String, u64>);
 
@@ -157,14 +150,6 @@ impl Drop for Raw {
         // Also ends the reader (which holds a duplicate of the descriptor).
         let _ = self.s.shutdown(Shutdown::Both);
     }
-}
-
-/// One framed message: header (sequence `seq`) and payload.
-fn frame(mut h: Header, seq: u64, payload: &[u8]) -> Vec<u8> {
-    h.sequence = seq;
-    let mut v = h.to_bytes().to_vec();
-    v.extend_from_slice(payload);
-    v
 }
 
 /// The honest peer's ping-pong with the node: the node's echo socket sends
@@ -351,6 +336,22 @@ impl Bed {
         let again = self.check.recv_msg(&mut buf, RecvFlags { dontwait: true, ..RecvFlags::default() });
         assert_eq!(again.map(|m| m.len).unwrap_err().raw_os_error(), Some(libc::EAGAIN), "{}: delivered twice", self.name);
         self.close(raw);
+    }
+
+    /// Waits (bounded) until a flood to TARGET is held back: the node
+    /// paused its path (`recv_pause` grew since `before`) and TARGET's queue
+    /// stopped growing. Returns that queue (messages, bytes).
+    fn held_back(&self, before: &Counts) -> (usize, u64) {
+        let paused = wait_until(Duration::from_secs(60), || self.counts().delta(before, "recv_pause") >= 1);
+        assert!(paused, "the node never paused the flood's path ({:?} queued)", self.queued(TARGET));
+        let mut last = self.queued(TARGET);
+        let steady = wait_until(Duration::from_secs(30), || {
+            std::thread::sleep(Duration::from_millis(300));
+            let q = self.queued(TARGET);
+            std::mem::replace(&mut last, q) == q
+        });
+        assert!(steady, "the queue kept growing");
+        last
     }
 
     fn finish(mut self) {
@@ -643,20 +644,6 @@ fn fnv(mut h: u64, b: &[u8]) -> u64 {
 }
 const FNV0: u64 = 0xcbf2_9ce4_8422_2325;
 
-/// Waits (bounded by `within`) until `f` holds; returns whether it did.
-fn wait_until(within: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let until = Instant::now() + within;
-    loop {
-        if f() {
-            return true;
-        }
-        if Instant::now() >= until {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(5));
-    }
-}
-
 /// Messages `first..first + count` of flow `flow` from the socket: each
 /// exact, from `from`, in order; none more. Returns (bytes, FNV digest).
 fn read_all(sock: &RdsSocket, from: SocketAddr, flow: u32, first: u64, count: u64) -> (u64, u64) {
@@ -894,16 +881,7 @@ fn flood_to_a_socket_that_never_reads_is_held_back_not_dropped() {
         })
     };
     // The node pauses the path, the writer blocks: the queue stops growing.
-    let paused = wait_until(Duration::from_secs(60), || bed.counts().delta(&before, "recv_pause") >= 1);
-    assert!(paused, "the node never paused the flood's path ({:?} queued)", bed.queued(TARGET));
-    let mut last = bed.queued(TARGET);
-    let steady = wait_until(Duration::from_secs(30), || {
-        std::thread::sleep(Duration::from_millis(300));
-        let q = bed.queued(TARGET);
-        std::mem::replace(&mut last, q) == q
-    });
-    assert!(steady, "the queue kept growing");
-    let (queued, bytes) = last;
+    let (queued, bytes) = bed.held_back(&before);
     let held_writer = written.load(Ordering::SeqCst);
     let grew = rss().saturating_sub(rss0);
     let honest0 = bed.traffic.as_ref().unwrap().done.load(Ordering::SeqCst);
@@ -970,16 +948,7 @@ fn flood_of_tiny_messages_is_held_back_not_dropped() {
         }
         Ok(())
     });
-    let paused = wait_until(Duration::from_secs(60), || bed.counts().delta(&before, "recv_pause") >= 1);
-    assert!(paused, "the node never paused the flood's path ({:?} queued)", bed.queued(TARGET));
-    let mut last = bed.queued(TARGET);
-    let steady = wait_until(Duration::from_secs(30), || {
-        std::thread::sleep(Duration::from_millis(300));
-        let q = bed.queued(TARGET);
-        std::mem::replace(&mut last, q) == q
-    });
-    assert!(steady, "the queue kept growing");
-    let (queued, bytes) = last;
+    let (queued, bytes) = bed.held_back(&before);
     let grew = rss().saturating_sub(rss0);
     println!("tiny flood: paused with {queued} messages queued ({bytes} payload bytes); memory grew by {} MiB", grew >> 20);
     let cap = RCV_HARD_FLOOR / (8 + RCV_MSG_OVERHEAD);

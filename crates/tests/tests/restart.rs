@@ -97,10 +97,6 @@ fn len_of(flow: u32, index: u64) -> usize {
     16 + ((index.wrapping_mul(7919) ^ u64::from(flow)) % 1500) as usize
 }
 
-fn counter(e: &Engine, name: &str) -> u64 {
-    e.counters().iter().find(|(k, _)| k == name).map_or_else(|| panic!("no counter {name}"), |c| c.1)
-}
-
 /// Polls `ok` every 10 ms for at most [`WAIT`]; on timeout panics with
 /// `what` and the diagnostics `diag` gives.
 fn wait_for(what: &str, diag: &dyn Fn() -> String, mut ok: impl FnMut() -> bool) {
