@@ -610,8 +610,7 @@ impl Node {
         for pid in paused {
             self.rx_paused.remove(&pid);
             if let Some(info) = self.path_info(pid) {
-                self.rx_flow_seq += 1;
-                self.outputs.push_back(Output::RxFlow { path: info, paused: false, seq: self.rx_flow_seq });
+                self.push_rx_flow(info, false);
             }
         }
         let conn = self.conns.remove(c).unwrap();

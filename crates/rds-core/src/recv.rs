@@ -247,9 +247,15 @@ impl Node {
         st.budget |= budget;
         if new {
             self.counters.recv_pause += 1;
-            self.rx_flow_seq += 1;
-            self.outputs.push_back(Output::RxFlow { path: info, paused: true, seq: self.rx_flow_seq });
+            self.push_rx_flow(info, true);
         }
+    }
+
+    /// Tells the transport to pause or resume reading a path; `seq` orders
+    /// the signals across the threads that dispatch them.
+    pub(crate) fn push_rx_flow(&mut self, path: crate::conn::PathInfo, paused: bool) {
+        self.rx_flow_seq += 1;
+        self.outputs.push_back(Output::RxFlow { path, paused, seq: self.rx_flow_seq });
     }
 
     /// Resumes the paused paths whose reasons are gone: their sockets are
@@ -263,7 +269,10 @@ impl Node {
         let mut st = std::mem::take(&mut self.rx_paused);
         let mut resume = Vec::new();
         for (pid, p) in st.iter_mut() {
-            p.socks.retain(|&s| self.sock(s).is_some_and(|k| sock_held(k) > self.rcv_cap(s) - self.rcv_cap(s) / 4));
+            p.socks.retain(|&s| {
+                let cap = self.rcv_cap(s);
+                self.sock(s).is_some_and(|k| sock_held(k) > cap - cap / 4)
+            });
             if budget_ok {
                 p.budget = false;
             }
@@ -276,8 +285,7 @@ impl Node {
             st.remove(&pid);
             if let Some(info) = self.path_info(pid) {
                 self.counters.recv_resume += 1;
-                self.rx_flow_seq += 1;
-                self.outputs.push_back(Output::RxFlow { path: info, paused: false, seq: self.rx_flow_seq });
+                self.push_rx_flow(info, false);
             }
         }
         self.rx_paused = st;
