@@ -176,6 +176,18 @@ enum ReadEnd {
     Protocol,
 }
 
+impl ReadEnd {
+    /// A failed `read`: `EAGAIN` drained the socket, `EINTR` reads again
+    /// (0 bytes so far), anything else ends the connection.
+    fn of_error(e: &io::Error) -> Result<usize, ReadEnd> {
+        match e.kind() {
+            io::ErrorKind::WouldBlock => Err(ReadEnd::Drained),
+            io::ErrorKind::Interrupted => Ok(0),
+            _ => Err(ReadEnd::Error),
+        }
+    }
+}
+
 struct Reactor {
     inner: Arc<Inner>,
     idx: usize,
@@ -974,11 +986,7 @@ impl Reactor {
                             }
                             Ok(n)
                         }
-                        Err(e) => match e.kind() {
-                            io::ErrorKind::WouldBlock => Err(ReadEnd::Drained),
-                            io::ErrorKind::Interrupted => Ok(0),
-                            _ => Err(ReadEnd::Error),
-                        },
+                        Err(e) => ReadEnd::of_error(&e),
                     }
                 } else {
                     match (&conn.stream).read(&mut self.rbuf) {
@@ -994,11 +1002,7 @@ impl Reactor {
                                 Err(_) => Err(ReadEnd::Protocol),
                             }
                         }
-                        Err(e) => match e.kind() {
-                            io::ErrorKind::WouldBlock => Err(ReadEnd::Drained),
-                            io::ErrorKind::Interrupted => Ok(0),
-                            _ => Err(ReadEnd::Error),
-                        },
+                        Err(e) => ReadEnd::of_error(&e),
                     }
                 }
             };
