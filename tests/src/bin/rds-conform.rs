@@ -1,6 +1,6 @@
 //! rds-conform: our side of the conformance scenarios against the Linux
-//! kernel's RDS-TCP (the kernel side is `crates/tests/kernel/conform.py`;
-//! `crates/tests/tests/kernel_tcp.rs` runs both in the VM rig).
+//! kernel's RDS-TCP (the kernel side is `tests/kernel/conform.py`;
+//! `tests/tests/kernel_tcp.rs` runs both in the VM rig).
 //!
 //! usage: rds-conform SCENARIO --self ADDR --peer ADDR
 //!

@@ -1,4 +1,4 @@
-//! The deterministic fault simulator of rds-core (`crates/tests/src/sim`):
+//! The deterministic fault simulator of rds-core (`tests/src/sim`):
 //! 10,000 seeds in release builds (about a minute on two cores), 200 in
 //! debug builds. `RDS_SIM_SEEDS` and `RDS_SIM_FROM` choose other seeds. A
 //! failure names each failing seed and the command that replays it with a

@@ -1,5 +1,5 @@
 //! Behaviour against a Linux 6.1 peer, found by the conformance tests
-//! (crates/tests/tests/kernel_tcp.rs) and reproduced here without the VM.
+//! (tests/tests/kernel_tcp.rs) and reproduced here without the VM.
 //!
 //! * A 6.1 kernel accepts a connection into its lowest free path slot, in
 //!   accept order, whenever its worker gets to it. We are the smaller

@@ -12,7 +12,7 @@ use std::time::Instant;
 pub const SIZES: [usize; 5] = [0, 1, 4096, 65536, 1 << 20];
 
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().unwrap()
 }
 
 pub fn find_rig() -> Result<PathBuf, String> {
@@ -67,7 +67,7 @@ pub fn boot(what: &str, script: &str, peer_bin: &Path, env: &[(&str, String)], t
     for (k, v) in env {
         cmd.arg("-e").arg(format!("{k}={v}"));
     }
-    cmd.args(["--", "sh"]).arg(root.join("crates/rds-sock/tests/vm").join(script));
+    cmd.args(["--", "sh"]).arg(root.join("rds-sock/tests/vm").join(script));
     let t0 = Instant::now();
     let out = match cmd.output() {
         Ok(o) => o,

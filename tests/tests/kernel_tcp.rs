@@ -62,7 +62,7 @@ const EXPECTED: &[(&str, &str)] = &[
 ];
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().unwrap()
 }
 
 /// The rig: $VMRIG_DIR, ../shared/vmrig next to the repository, or
@@ -135,7 +135,7 @@ fn run_boot(rig: &Path, bin: &Path, knode: u8, order: &'static str, scenarios: &
     let mut cmd = vmrig_cmd(rig, bin, 720);
     cmd.arg("-e").arg(format!("CONFORM_KNODE={knode}"));
     cmd.arg("-e").arg(format!("CONFORM_SCENARIOS={scenarios}"));
-    cmd.args(["--", "bash"]).arg(root.join("crates/tests/kernel/run.sh"));
+    cmd.args(["--", "bash"]).arg(root.join("tests/kernel/run.sh"));
     let t0 = Instant::now();
     let out = cmd.output().map_err(|e| format!("cannot run {}: {e}", rig.join("vmrig").display()))?;
     let secs = t0.elapsed().as_secs_f64();
@@ -219,7 +219,7 @@ fn run_baseline(rig: &Path, bin: &Path, scenarios: &[&str]) -> Result<(Gaps, f64
     let root = workspace_root();
     let mut cmd = vmrig_cmd(rig, bin, 600);
     cmd.arg("-e").arg(format!("BASELINE_SCENARIOS={}", scenarios.join(" ")));
-    cmd.args(["--", "bash"]).arg(root.join("crates/tests/kernel/baseline.sh"));
+    cmd.args(["--", "bash"]).arg(root.join("tests/kernel/baseline.sh"));
     let t0 = Instant::now();
     let out = cmd.output().map_err(|e| format!("cannot run {}: {e}", rig.join("vmrig").display()))?;
     let mut gaps = Gaps::new();

@@ -393,7 +393,7 @@ fn congestion_map_payload_bits() {
 /// and re-encodes to the same bytes.
 #[test]
 fn capture_file_headers_round_trip() {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../../shared/vmrig/notes/rds-tcp-capture.txt");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../shared/vmrig/notes/rds-tcp-capture.txt");
     let Ok(text) = std::fs::read_to_string(path) else {
         eprintln!("capture file not found at {path}; skipped");
         return;

@@ -1,4 +1,4 @@
-//! Regressions found by the fault simulator (`crates/tests/src/sim`,
+//! Regressions found by the fault simulator (`tests/src/sim`,
 //! `rds-sim --replay SEED -v` shows the original failure). Each test
 //! rebuilds the failing interleaving by hand with the in-memory driver.
 

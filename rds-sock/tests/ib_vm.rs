@@ -41,7 +41,7 @@ use std::path::Path;
 fn engine_over_ib_with_itself_and_with_kernel_rds_rdma() {
     let root = workspace_root();
     let env = [
-        ("KSIDE", root.join("crates/rds-ib/tests/vm/kernel_side.py").display().to_string()),
+        ("KSIDE", root.join("rds-ib/tests/vm/kernel_side.py").display().to_string()),
         ("KPEER", env!("CARGO_BIN_EXE_rds-kernel-peer").to_string()),
         ("SIZES", sizes_env()),
     ];

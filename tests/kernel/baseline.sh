@@ -3,7 +3,7 @@
 # both guests; node 1 runs the kernel side of conform.py, node 2 plays our
 # node's part with the kernel's sockets (the *-mirror scenarios). Prints
 # the same GAPS/RESULT lines as run.sh.
-#   vmrig run -n 2 -e CONFORM_BIN=$PWD/target/release -- bash crates/tests/kernel/baseline.sh
+#   vmrig run -n 2 -e CONFORM_BIN=$PWD/target/release -- bash tests/kernel/baseline.sh
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
 modprobe rds_tcp

@@ -22,7 +22,7 @@ use std::time::Instant;
 const SIZES: [usize; 5] = [0, 1, 4096, 65536, 1 << 20];
 
 fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..").canonicalize().unwrap()
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().unwrap()
 }
 
 fn find_rig() -> Result<PathBuf, String> {
@@ -85,7 +85,7 @@ fn verbs_path_interoperates_with_kernel_rds_rdma() {
     }
     cmd.arg("-e").arg(format!("IB_PROBE={}", bin.display()));
     cmd.arg("-e").arg(format!("SIZES={}", sizes.join(" ")));
-    cmd.args(["--", "sh"]).arg(root.join("crates/rds-ib/tests/vm/scenario.sh"));
+    cmd.args(["--", "sh"]).arg(root.join("rds-ib/tests/vm/scenario.sh"));
     let t0 = Instant::now();
     let out = match cmd.output() {
         Ok(o) => o,

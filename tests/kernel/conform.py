@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Kernel side of the conformance scenarios (runs in a vmrig guest with rds_tcp).
 
-Each scenario is the mirror of one in crates/tests/src/bin/rds-conform.rs,
+Each scenario is the mirror of one in tests/src/bin/rds-conform.rs,
 which runs on the other guest with our userspace RDS. The two sides meet at
 `barrier NAME` points (the vmrig helper) and print
 
