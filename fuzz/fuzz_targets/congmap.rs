@@ -4,8 +4,8 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rds_core::cong::{monitor_mask, CongMap};
-use rds_core::wire::{WireError, CONG_MAP_BYTES};
+use rds_core::cong::{CongMap, monitor_mask};
+use rds_core::wire::{CONG_MAP_BYTES, WireError};
 
 fuzz_target!(|data: &[u8]| {
     if data.len() < 3 {

@@ -5,7 +5,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rds_core::wire::{ext_body_len, Ext, Header, EXTHDR_SPACE};
+use rds_core::wire::{EXTHDR_SPACE, Ext, Header, ext_body_len};
 
 fuzz_target!(|data: &[u8]| {
     let mut h = Header::default();

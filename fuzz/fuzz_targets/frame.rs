@@ -6,7 +6,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rds_core::wire::{FrameDecoder, Header, WireError, HEADER_LEN, PAYLOAD_WINDOW_MIN};
+use rds_core::wire::{FrameDecoder, HEADER_LEN, Header, PAYLOAD_WINDOW_MIN, WireError};
 
 #[derive(Debug, PartialEq)]
 struct Outcome {

@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rds_core::wire::{self, Header, WireError, HEADER_LEN};
+use rds_core::wire::{self, HEADER_LEN, Header, WireError};
 
 fuzz_target!(|data: &[u8]| {
     match Header::decode(data) {

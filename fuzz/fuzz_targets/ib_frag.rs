@@ -17,12 +17,12 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use rds_core::wire::{self, Header, HEADER_LEN, MAX_MSG_SIZE};
-use rds_fuzz::{peak_during, Counting, Input};
+use rds_core::wire::{self, HEADER_LEN, Header, MAX_MSG_SIZE};
+use rds_fuzz::{Counting, Input, peak_during};
 use rds_ib::credits::{FlowControl, MAX_CREDITS};
 use rds_ib::frag::{
-    frag_count, OutMessage, Reassembler, RecvError, RxCounters, RxFrame, RxKind, SignalState, FRAG_SIZE,
-    ack_only_header,
+    FRAG_SIZE, OutMessage, Reassembler, RecvError, RxCounters, RxFrame, RxKind, SignalState, ack_only_header,
+    frag_count,
 };
 
 #[global_allocator]

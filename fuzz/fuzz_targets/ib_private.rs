@@ -15,11 +15,11 @@ use std::net::IpAddr;
 
 use libfuzzer_sys::fuzz_target;
 use rds_core::wire::{PROTOCOL_3_1, PROTOCOL_4_0, PROTOCOL_4_1};
-use rds_fuzz::{peak_during, Counting};
+use rds_fuzz::{Counting, peak_during};
 use rds_ib::credits::{Credits, MAX_CREDITS};
 use rds_ib::private::{
-    passive_negotiate, version_usable, ActiveNegotiation, ConnectPrivate, Established, Family, Incompatible,
-    PrivAddrs, PrivateError, RejectAction, Unsupported, COMPAT_VERSION, PROPOSED_VERSION,
+    ActiveNegotiation, COMPAT_VERSION, ConnectPrivate, Established, Family, Incompatible, PROPOSED_VERSION, PrivAddrs,
+    PrivateError, RejectAction, Unsupported, passive_negotiate, version_usable,
 };
 
 #[global_allocator]

@@ -18,10 +18,10 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use libfuzzer_sys::fuzz_target;
-use rds_fuzz::{peak_during, Counting, Input};
+use rds_fuzz::{Counting, Input, peak_during};
 use rds_ib::sidechannel::{
-    parse_header, Client, Key, Kind, Params, Server, SideError, HEADER_LEN, HELLO_LEN, MAGIC, NONCE_LEN, PARAMS_LEN,
-    VERSION,
+    Client, HEADER_LEN, HELLO_LEN, Key, Kind, MAGIC, NONCE_LEN, PARAMS_LEN, Params, Server, SideError, VERSION,
+    parse_header,
 };
 
 #[global_allocator]
@@ -123,11 +123,7 @@ struct S {
 fn params(inp: &mut Input) -> Params {
     let sel = inp.u8();
     let addr = |inp: &mut Input, v6: bool| -> IpAddr {
-        if v6 {
-            IpAddr::V6(Ipv6Addr::from(inp.array::<16>()))
-        } else {
-            IpAddr::V4(Ipv4Addr::from(inp.array::<4>()))
-        }
+        if v6 { IpAddr::V6(Ipv6Addr::from(inp.array::<16>())) } else { IpAddr::V4(Ipv4Addr::from(inp.array::<4>())) }
     };
     Params {
         qpn: if sel & 1 != 0 { inp.u32() } else { 2 + u32::from(inp.u16()) },
@@ -173,7 +169,15 @@ fuzz_target!(|data: &[u8]| {
                     let (c, hello) = Client::new(&keys[key], nc);
                     assert_eq!(hello.len(), HELLO_LEN);
                     assert_eq!(reference_header(&hello), Ok((Kind::Hello, NONCE_LEN)));
-                    let s = Sent { from_client: true, key, kind: Kind::Hello, nc, ns: [0; 32], bound: [0; 80], bytes: hello.to_vec() };
+                    let s = Sent {
+                        from_client: true,
+                        key,
+                        kind: Kind::Hello,
+                        nc,
+                        ns: [0; 32],
+                        bound: [0; 80],
+                        bytes: hello.to_vec(),
+                    };
                     sent.push(s);
                     clients.push(C { c, key, nc, ns: None, sent: None });
                 }
@@ -333,7 +337,15 @@ fuzz_target!(|data: &[u8]| {
                                 assert_eq!(reference_header(&ch), Ok((Kind::Challenge, 64)));
                                 assert_eq!(ch[HEADER_LEN..HEADER_LEN + NONCE_LEN], s.ns);
                                 let ns = s.ns;
-                                sent.push(Sent { from_client: false, key: s.key, kind: Kind::Challenge, nc, ns, bound: [0; 80], bytes: ch });
+                                sent.push(Sent {
+                                    from_client: false,
+                                    key: s.key,
+                                    kind: Kind::Challenge,
+                                    nc,
+                                    ns,
+                                    bound: [0; 80],
+                                    bytes: ch,
+                                });
                             } else {
                                 let nc = s.nc.expect("authenticated steps come after HELLO");
                                 let origin = sent.iter().find(|x| matches(x, true, step, s.key, &nc, &s.ns));

@@ -17,13 +17,15 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use libfuzzer_sys::fuzz_target;
-use rds_core::{ConnId, ConnSnapshot, MsgSnapshot, PathId, PathSnapshot, PathState, SockSnapshot, TransportConnInfo, TransportKind};
-use rds_fuzz::{peak_during, Counting, Input};
-use rds_sock::info::codec::{
-    decode_request, decode_response_header, decode_snapshot, encode_request, encode_response_header, encode_snapshot,
-    Status, HEADER_LEN, MAGIC, MAX_BODY, VERSION,
+use rds_core::{
+    ConnId, ConnSnapshot, MsgSnapshot, PathId, PathSnapshot, PathState, SockSnapshot, TransportConnInfo, TransportKind,
 };
-use rds_sock::info::{sections, NodeIdent, Snapshot};
+use rds_fuzz::{Counting, Input, peak_during};
+use rds_sock::info::codec::{
+    HEADER_LEN, MAGIC, MAX_BODY, Status, VERSION, decode_request, decode_response_header, decode_snapshot,
+    encode_request, encode_response_header, encode_snapshot,
+};
+use rds_sock::info::{NodeIdent, Snapshot, sections};
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
@@ -235,7 +237,11 @@ fuzz_target!(|data: &[u8]| {
     let want = inp.u32() | if mode & 2 != 0 { sections::ALL } else { 0 };
     let s = snapshot(&mut inp);
     let mut enc = encode_snapshot(&s, want);
-    assert_eq!(decode_snapshot(&enc).as_ref(), Ok(&only(&s, want)), "an encoded snapshot decodes to its wanted sections");
+    assert_eq!(
+        decode_snapshot(&enc).as_ref(),
+        Ok(&only(&s, want)),
+        "an encoded snapshot decodes to its wanted sections"
+    );
     for _ in 0..(mode >> 2) % 8 {
         if enc.is_empty() {
             break;

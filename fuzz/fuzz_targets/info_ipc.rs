@@ -16,10 +16,10 @@ use std::io::{self, Read, Write};
 use std::net::IpAddr;
 
 use libfuzzer_sys::fuzz_target;
-use rds_fuzz::{peak_during, Counting, Input};
-use rds_sock::info::codec::{self, Status, HEADER_LEN};
-use rds_sock::info::ipc::{exchange, serve_request, QueryError};
-use rds_sock::info::{sections, NodeIdent, Snapshot};
+use rds_fuzz::{Counting, Input, peak_during};
+use rds_sock::info::codec::{self, HEADER_LEN, Status};
+use rds_sock::info::ipc::{QueryError, exchange, serve_request};
+use rds_sock::info::{NodeIdent, Snapshot, sections};
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
@@ -57,7 +57,16 @@ impl Write for Peer<'_> {
 fn sample() -> Snapshot {
     let a: IpAddr = "127.0.0.1".parse().unwrap();
     Snapshot {
-        node: NodeIdent { pid: 7, engine: 1, uid: 1000, command: "node".into(), addresses: vec![a], gen_num: 3, npaths: 8, tcp_port: 16385 },
+        node: NodeIdent {
+            pid: 7,
+            engine: 1,
+            uid: 1000,
+            command: "node".into(),
+            addresses: vec![a],
+            gen_num: 3,
+            npaths: 8,
+            tcp_port: 16385,
+        },
         counters: vec![("conn_reset".into(), 2), ("tcp_sndbuf_full".into(), u64::MAX)],
         ..Snapshot::default()
     }

@@ -15,7 +15,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
-use rds_core::wire::{FrameDecoder, Header, HEADER_LEN};
+use rds_core::wire::{FrameDecoder, HEADER_LEN, Header};
 use rds_core::*;
 
 fn ip(last: u8) -> IpAddr {
@@ -168,7 +168,12 @@ fuzz_target!(|data: &[u8]| {
                 let s = socks[usize::from(op >> 4) % socks.len()];
                 let port = 5000 + u16::from(op & 0x0f);
                 let len = usize::from(inp.byte().unwrap_or(0)) * 16;
-                let _ = n.send(s, Some(SocketAddr::new(ip(1), port)), &Payload::new(vec![op; len]), &SendOptions::default());
+                let _ = n.send(
+                    s,
+                    Some(SocketAddr::new(ip(1), port)),
+                    &Payload::new(vec![op; len]),
+                    &SendOptions::default(),
+                );
             }
             // Acks of pulled messages (possibly stale ones).
             8 => {

@@ -5,7 +5,7 @@
 //! congested and is sent to peers; a peer's map (received in a
 //! congestion-map message) says which of its ports we must not send to.
 
-use crate::wire::{WireError, CONG_MAP_BYTES};
+use crate::wire::{CONG_MAP_BYTES, WireError};
 
 /// `RDS_CONG_MONITOR_MASK(port)`: the port group bit of a port.
 pub fn monitor_mask(port: u16) -> u64 {
@@ -62,9 +62,10 @@ impl CongMap {
 
     /// Ports whose bit is set, ascending.
     pub fn congested_ports(&self) -> impl Iterator<Item = u16> + '_ {
-        self.bits.iter().enumerate().flat_map(|(i, b)| {
-            (0..8u16).filter(move |bit| b & (1 << bit) != 0).map(move |bit| (i as u16) * 8 + bit)
-        })
+        self.bits
+            .iter()
+            .enumerate()
+            .flat_map(|(i, b)| (0..8u16).filter(move |bit| b & (1 << bit) != 0).map(move |bit| (i as u16) * 8 + bit))
     }
 
     /// Replaces this map with `new` and returns the port-group mask of ports

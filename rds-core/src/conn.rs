@@ -384,7 +384,10 @@ impl Conn {
     /// (probes and pongs still queued go with the connection).
     pub(crate) fn idle(&self) -> bool {
         !self.has_queued()
-            && self.paths.iter().all(|p| p.state == PathState::Down && p.reconnect_at.is_none() && p.lane0_wire.is_empty())
+            && self
+                .paths
+                .iter()
+                .all(|p| p.state == PathState::Down && p.reconnect_at.is_none() && p.lane0_wire.is_empty())
     }
 
     /// Messages of sockets queued or unacked on any path (not probes and

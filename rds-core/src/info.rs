@@ -241,8 +241,13 @@ pub fn inum_of(s: SockId) -> u64 {
 }
 
 /// The kernel's RDS-TCP counters (`rds_tcp_stat_names`), in its order.
-pub const KERNEL_TCP_COUNTERS: [&str; 5] =
-    ["tcp_data_ready_calls", "tcp_write_space_calls", "tcp_sndbuf_full", "tcp_connect_raced", "tcp_listen_closed_stale"];
+pub const KERNEL_TCP_COUNTERS: [&str; 5] = [
+    "tcp_data_ready_calls",
+    "tcp_write_space_calls",
+    "tcp_sndbuf_full",
+    "tcp_connect_raced",
+    "tcp_listen_closed_stale",
+];
 
 /// Whether a transport counter is one the kernel has: the RDS-TCP ones,
 /// and every `ib_` one (rds-ib reports only kernel counters).
@@ -258,13 +263,7 @@ pub fn counters_in_kernel_order(core: &Counters, transports: &[(&str, u64)]) -> 
     let (kernel, ours) = all.split_at(KERNEL_CORE_COUNTERS.min(all.len()));
     let t_kernel = transports.iter().filter(|(n, _)| is_kernel_transport_counter(n));
     let t_ours = transports.iter().filter(|(n, _)| !is_kernel_transport_counter(n));
-    kernel
-        .iter()
-        .chain(t_kernel)
-        .chain(ours.iter())
-        .chain(t_ours)
-        .map(|(k, v)| (k.to_string(), *v))
-        .collect()
+    kernel.iter().chain(t_kernel).chain(ours.iter()).chain(t_ours).map(|(k, v)| (k.to_string(), *v)).collect()
 }
 
 #[cfg(test)]

@@ -55,4 +55,4 @@ pub use send::{SendOptions, Unsent};
 pub use sock::Readiness;
 pub use stats::Counters;
 pub use transport::{RdsTransport, TransportCaps, TransportConnInfo, TransportSink};
-pub use types::{addr_cmp, ConnId, Errno, PathId, Payload, SockId, TransportKind};
+pub use types::{ConnId, Errno, PathId, Payload, SockId, TransportKind, addr_cmp};

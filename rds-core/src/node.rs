@@ -7,18 +7,18 @@
 //! sockets whose readiness changed. Nothing here reads a clock, touches a
 //! socket or spawns a thread.
 
-use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use crate::cong::CongMap;
 use crate::conn::{Conn, ConnMemo, ConnTable, Path, PathInfo, PathState};
 use crate::message::Received;
-use crate::sock::{bufs, Readiness, Sock};
+use crate::sock::{Readiness, Sock, bufs};
 use crate::stats::Counters;
 use crate::transport::TransportCaps;
-use crate::types::{addr_cmp, ConnId, Errno, PathId, Rng, SockId, TransportKind, RDS_TRANS_NONE};
+use crate::types::{ConnId, Errno, PathId, RDS_TRANS_NONE, Rng, SockId, TransportKind, addr_cmp};
 
 /// Which extension headers the multipath probe and its pong carry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -389,7 +389,8 @@ impl Node {
     pub(crate) fn kick(&mut self, p: PathId) {
         let Some(c) = self.conns.get(p.conn) else { return };
         let Some(path) = c.paths.get(usize::from(p.index)) else { return };
-        let map_due = (c.map_queued && c.map_lane() == Some(usize::from(p.index))) || (path.hello_owed && c.peer_gen_maps);
+        let map_due =
+            (c.map_queued && c.map_lane() == Some(usize::from(p.index))) || (path.hello_owed && c.peer_gen_maps);
         if path.kick_queued || path.state != PathState::Up || (path.send_queue.is_empty() && !map_due) {
             return;
         }
@@ -688,9 +689,9 @@ impl Node {
         let bad = match ip {
             IpAddr::V4(v4) => v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast(),
             IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                        Some(v4) => v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast(),
-                        None => v6.is_unspecified() || v6.is_multicast(),
-                    },
+                Some(v4) => v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast(),
+                None => v6.is_unspecified() || v6.is_multicast(),
+            },
         };
         if bad {
             return Err(Errno::EINVAL);
@@ -849,10 +850,8 @@ impl Node {
 
     /// `rds_poll`.
     pub fn readiness(&self, s: SockId) -> Readiness {
-        self.sock(s).map_or(Readiness::default(), |sock| Readiness {
-            readable: sock.readable(),
-            writable: sock.writable(),
-        })
+        self.sock(s)
+            .map_or(Readiness::default(), |sock| Readiness { readable: sock.readable(), writable: sock.writable() })
     }
 
     /// Messages of this socket that were dropped because the peer restarted
@@ -969,12 +968,8 @@ impl Node {
     /// `rds_cong_queue_updates`: every connection from this address sends
     /// the map; local senders (loopback) see the change at once.
     pub(crate) fn cong_queue_updates(&mut self, addr: IpAddr, cleared: bool, port: u16) {
-        let conns: Vec<ConnId> = self
-            .conns
-            .iter()
-            .filter(|c| c.laddr == addr && c.kind != TransportKind::Loop)
-            .map(|c| c.id)
-            .collect();
+        let conns: Vec<ConnId> =
+            self.conns.iter().filter(|c| c.laddr == addr && c.kind != TransportKind::Loop).map(|c| c.id).collect();
         for c in conns {
             self.queue_map(c);
         }
@@ -1049,7 +1044,13 @@ impl Node {
                 let _ = writeln!(
                     s,
                     "sock {:?} snd {} rcv {} congested {} wants_write {} recvq {} lane0 {:?}",
-                    k.bound, k.snd_bytes, k.rcv_bytes, k.congested, k.wants_write, k.recv_queue.len(), k.lane0_backlog
+                    k.bound,
+                    k.snd_bytes,
+                    k.rcv_bytes,
+                    k.congested,
+                    k.wants_write,
+                    k.recv_queue.len(),
+                    k.lane0_backlog
                 );
             }
         }

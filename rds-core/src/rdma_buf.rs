@@ -31,8 +31,8 @@
 use std::alloc::Layout;
 use std::fmt;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, Ordering::Relaxed};
 
 use crate::types::Errno;
 

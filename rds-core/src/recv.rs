@@ -11,7 +11,7 @@ use crate::node::Node;
 use crate::node::Output;
 use crate::sock::Sock;
 use crate::types::{ConnId, PathId, SockId};
-use crate::wire::{Ext, Kind, CONG_MAP_BYTES, PROBE_PORT};
+use crate::wire::{CONG_MAP_BYTES, Ext, Kind, PROBE_PORT};
 
 /// What the core made of a received message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -86,9 +86,8 @@ impl Node {
         if msg.header.kind() == Kind::CongMap {
             let c = self.conn_mut(pid.conn);
             c.maps_rx += 1;
-            let started: Vec<u8> = (0..c.paths.len() as u8)
-                .filter(|&i| c.paths[usize::from(i)].maps_at_connect < c.maps_rx)
-                .collect();
+            let started: Vec<u8> =
+                (0..c.paths.len() as u8).filter(|&i| c.paths[usize::from(i)].maps_at_connect < c.maps_rx).collect();
             for i in started {
                 self.confirm_path(PathId { conn: pid.conn, index: i });
             }

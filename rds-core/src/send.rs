@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::conn::{DownReason, PathInfo, PathState};
-use crate::message::{rdma_flags, rdma_status, MsgFlags, Notification, QueuedMsg, RdmaOp, TxMessage};
+use crate::message::{MsgFlags, Notification, QueuedMsg, RdmaOp, TxMessage, rdma_flags, rdma_status};
 use crate::node::{Accept, HandshakeExts, Node, Output, Timer};
-use crate::types::{ConnId, Errno, Payload, PathId, SockId, TransportKind};
+use crate::types::{ConnId, Errno, PathId, Payload, SockId, TransportKind};
 use crate::wire::{self, Ext, Header, MAX_MSG_SIZE, PROBE_PORT};
 
 /// Extras of one `sendmsg` beyond address and payload (ancillary data).
@@ -316,14 +316,21 @@ impl Node {
             self.conn_mut(conn).map_queued &= !lane_map;
             self.path_mut(pid).unwrap().hello_owed = false;
             let map = self.maps.entry(laddr).or_default();
-            out.push(TxMessage { header, payload: Payload::copy_from(map.as_bytes()), ack_required: false, rdma: None });
+            out.push(TxMessage {
+                header,
+                payload: Payload::copy_from(map.as_bytes()),
+                ack_required: false,
+                rdma: None,
+            });
         }
         // A held path sends only its maps, and on the first connection of a
         // fresh connection object our leading probe (`probe_first`).
         let held = self.path(pid).unwrap().hold;
         if held {
             let c = self.conn(conn);
-            let probe = !c.peer_gen_maps && !c.heard && self.path(pid).unwrap().send_queue.front().is_some_and(QueuedMsg::is_probe);
+            let probe = !c.peer_gen_maps
+                && !c.heard
+                && self.path(pid).unwrap().send_queue.front().is_some_and(QueuedMsg::is_probe);
             if !probe {
                 return false;
             }
@@ -534,9 +541,8 @@ impl Node {
             if c.laddr != bound.ip() || dst.is_some_and(|d| d.ip() != c.faddr) {
                 continue;
             }
-            let matches = |m: &crate::message::QueuedMsg| {
-                m.sock == Some(s) && dst.is_none_or(|d| d.port() == m.hdr.dport)
-            };
+            let matches =
+                |m: &crate::message::QueuedMsg| m.sock == Some(s) && dst.is_none_or(|d| d.port() == m.hdr.dport);
             for path in c.paths.iter_mut() {
                 let mut wire = Vec::new();
                 for (sent, q) in [(false, &mut path.send_queue), (true, &mut path.retrans)] {

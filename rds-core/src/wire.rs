@@ -166,10 +166,8 @@ impl Header {
 
     /// Decodes the first 48 bytes of `buf`. Never fails on content, only on length.
     pub fn decode(buf: &[u8]) -> Result<Header, WireError> {
-        let b: &[u8; HEADER_LEN] = buf
-            .get(..HEADER_LEN)
-            .and_then(|s| s.try_into().ok())
-            .ok_or(WireError::Truncated { have: buf.len() })?;
+        let b: &[u8; HEADER_LEN] =
+            buf.get(..HEADER_LEN).and_then(|s| s.try_into().ok()).ok_or(WireError::Truncated { have: buf.len() })?;
         Ok(Header::from_bytes(b))
     }
 
@@ -336,11 +334,19 @@ pub fn ext_body_len(ty: u8) -> usize {
 pub enum Ext {
     Version(u32),
     /// rkey of the MR an RDMA op used (the peer may release a use-once MR).
-    Rdma { rkey: u32 },
+    Rdma {
+        rkey: u32,
+    },
     /// Destination of a peer-initiated RDMA; becomes the RDMA_DEST cookie.
-    RdmaDest { rkey: u32, offset: u32 },
+    RdmaDest {
+        rkey: u32,
+        offset: u32,
+    },
     /// RDMA byte count (UEK / 2026): 4 bytes, a flags byte, 3 bytes of padding.
-    RdmaBytes { bytes: u32, rflags: u8 },
+    RdmaBytes {
+        bytes: u32,
+        rflags: u8,
+    },
     /// Number of paths the sender supports.
     Npaths(u16),
     /// Sender's generation number.
@@ -350,7 +356,10 @@ pub enum Ext {
     /// "My TCP source port encodes the path index" (body is a dummy byte).
     SportIdx,
     /// UEK RDMA checksum.
-    Csum { value: u32, enabled: bool },
+    Csum {
+        value: u32,
+        enabled: bool,
+    },
     /// A type below 16 that has no entry in the size table (size 0).
     Unknown(u8),
 }
@@ -495,11 +504,7 @@ impl FrameDecoder {
     /// Header bytes still missing before the next header is complete (0 while
     /// inside a payload).
     pub fn header_remaining(&self) -> usize {
-        if self.cur.is_some() {
-            0
-        } else {
-            HEADER_LEN - self.hdr_have
-        }
+        if self.cur.is_some() { 0 } else { HEADER_LEN - self.hdr_have }
     }
 
     /// Payload bytes still missing of the current message (0 between messages).
@@ -667,10 +672,7 @@ mod tests {
         assert_eq!(h.exthdr, [5, 0, 8, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]);
         h.push_extension(Ext::GenNum(0xdeadbeef)).unwrap();
         h.push_extension(Ext::SportIdx).unwrap();
-        assert_eq!(
-            h.extensions().collect::<Vec<_>>(),
-            vec![Ext::Npaths(8), Ext::GenNum(0xdeadbeef), Ext::SportIdx]
-        );
+        assert_eq!(h.extensions().collect::<Vec<_>>(), vec![Ext::Npaths(8), Ext::GenNum(0xdeadbeef), Ext::SportIdx]);
         // 3 + 5 + 2 = 10 used; an 8-byte body needs 9 more.
         assert_eq!(h.push_extension(Ext::RdmaDest { rkey: 1, offset: 2 }), Err(WireError::ExtSpaceFull));
     }
@@ -689,7 +691,10 @@ mod tests {
             f.push_extension(e).unwrap();
         }
         assert_eq!(f.push_extension(Ext::Npaths(4)), Ok(()));
-        assert_eq!(f.extensions().collect::<Vec<_>>(), [Ext::GenNum(1), Ext::GenNum(2), Ext::Npaths(3), Ext::Npaths(4)]);
+        assert_eq!(
+            f.extensions().collect::<Vec<_>>(),
+            [Ext::GenNum(1), Ext::GenNum(2), Ext::Npaths(3), Ext::Npaths(4)]
+        );
     }
 
     #[test]
@@ -763,7 +768,12 @@ mod tests {
         assert_eq!((d.payload_remaining(), d.consumed()), (10, 48));
         let e = d.read_direct(4, |_| Err(std::io::ErrorKind::WouldBlock.into())).unwrap_err();
         assert_eq!(e.kind(), std::io::ErrorKind::WouldBlock);
-        let (n, f) = d.read_direct(100, |b| { b.copy_from_slice(b"0123456789"); Ok(10) }).unwrap();
+        let (n, f) = d
+            .read_direct(100, |b| {
+                b.copy_from_slice(b"0123456789");
+                Ok(10)
+            })
+            .unwrap();
         assert_eq!((n, f.unwrap().payload), (10, b"0123456789".to_vec()));
     }
 

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{config, sa, Net};
+use common::{Net, config, sa};
 use rds_core::*;
 
 fn run_timers(net: &mut Net, for_ms: u64) {
@@ -45,8 +45,7 @@ fn a_ping_flood_against_a_closed_window_queues_one_pong_per_port() {
         net.send(1, p2, sa(1, 0), b"").unwrap();
     }
     net.run();
-    let pongs: Vec<(u16, u16)> =
-        net.nodes[0].info_messages(Queue::Send).iter().map(|m| (m.lport, m.fport)).collect();
+    let pongs: Vec<(u16, u16)> = net.nodes[0].info_messages(Queue::Send).iter().map(|m| (m.lport, m.fport)).collect();
     assert_eq!(pongs, [(0, 4000), (0, 4008)], "one pending pong per source port");
     assert_eq!(net.nodes[0].counters().recv_ping - pings, 2000);
     assert_eq!(net.nodes[0].counters().send_pong_coalesced, 1998);
@@ -55,7 +54,8 @@ fn a_ping_flood_against_a_closed_window_queues_one_pong_per_port() {
     net.thaw(0, 0);
     net.send(1, p1, sa(1, 0), b"").unwrap();
     net.run();
-    let sent: Vec<u16> = net.wire[mark..].iter().filter(|w| w.from == 0 && w.header.sport == 0).map(|w| w.header.dport).collect();
+    let sent: Vec<u16> =
+        net.wire[mark..].iter().filter(|w| w.from == 0 && w.header.sport == 0).map(|w| w.header.dport).collect();
     assert_eq!(sent, [4000, 4008, 4000]);
 }
 

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{sa, Net};
+use common::{Net, sa};
 use rds_core::*;
 
 fn texts(v: Vec<Vec<u8>>) -> Vec<String> {

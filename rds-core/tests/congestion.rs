@@ -5,9 +5,9 @@
 
 mod common;
 
-use common::{config, data, ip, sa, Net, WireMsg};
-use rds_core::message::{rdma_flags, RdmaOp};
-use rds_core::wire::{Header, Kind, CONG_MAP_BYTES};
+use common::{Net, WireMsg, config, data, ip, sa};
+use rds_core::message::{RdmaOp, rdma_flags};
+use rds_core::wire::{CONG_MAP_BYTES, Header, Kind};
 use rds_core::*;
 
 /// Congestion-map messages node `from` sent to node `to`, in order.

@@ -6,7 +6,7 @@ mod common;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use common::{config, data, ip, make_node, sa, Net};
+use common::{Net, config, data, ip, make_node, sa};
 use rds_core::types::RDS_TRANS_NONE;
 use rds_core::*;
 
@@ -168,7 +168,14 @@ fn send_errors() {
     n.connect(c, sa(2, 4000)).unwrap();
     assert_eq!(n.send(c, None, &p, &o), Err(Errno::ENOTCONN));
     // RDMA on a transport without it.
-    let op = message::RdmaOp { remote_cookie: 1, remote_addr: 0, remote_len: 8, local: vec![rds_core::RdmaBuf::new(8).all()], flags: 0, user_token: 1 };
+    let op = message::RdmaOp {
+        remote_cookie: 1,
+        remote_addr: 0,
+        remote_len: 8,
+        local: vec![rds_core::RdmaBuf::new(8).all()],
+        flags: 0,
+        user_token: 1,
+    };
     let ro = SendOptions { rdma: Some(op), ..SendOptions::default() };
     assert_eq!(n.send(s, None, &p, &ro), Err(Errno::EOPNOTSUPP));
     let b = net.bound(1, 4000);

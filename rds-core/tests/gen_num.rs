@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{config, sa, Net};
+use common::{Net, config, sa};
 use rds_core::wire::{Ext, Kind};
 use rds_core::*;
 
@@ -121,7 +121,10 @@ fn mainline_handshake_cannot_detect_a_restart() {
     assert_eq!(net.nodes[0].flushed(a), 0);
     let resent: Vec<(Vec<u8>, u8)> =
         net.data_sent_by(0).iter().rev().take(2).map(|m| (m.payload.to_vec(), m.header.flags)).collect();
-    assert_eq!(resent, [(b"old-2".to_vec(), wire::flags::RETRANSMITTED), (b"old-1".to_vec(), wire::flags::RETRANSMITTED)]);
+    assert_eq!(
+        resent,
+        [(b"old-2".to_vec(), wire::flags::RETRANSMITTED), (b"old-1".to_vec(), wire::flags::RETRANSMITTED)]
+    );
     assert!(net.drain_payloads(1, b).is_empty());
     assert_eq!(net.nodes[1].counters().recv_drop_stale, 2);
     assert_eq!(net.nodes[0].snd_bytes(a), 0, "the new instance's TCP acked them");

@@ -8,10 +8,10 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{config, ip, make_node, sa, Net};
+use common::{Net, config, ip, make_node, sa};
 use rds_core::conn::DownReason;
 use rds_core::types::Rng;
-use rds_core::wire::{flags, Ext, FrameDecoder, Header, CONG_MAP_BYTES, HEADER_LEN};
+use rds_core::wire::{CONG_MAP_BYTES, Ext, FrameDecoder, HEADER_LEN, Header, flags};
 use rds_core::*;
 
 /// A node at 127.0.0.2 with `n` paths accepted from a peer at 127.0.0.1
@@ -319,8 +319,13 @@ fn random_headers_and_payloads_never_panic() {
             eprintln!("seed 0 outcomes: {outcomes:?}");
             eprintln!(
                 "seed 0: delivered {} pings {} maps {} dups {} bad frames {} no-sock {} restarts {}",
-                c.recv_queued, c.recv_ping, c.cong_update_received, c.recv_drop_old_seq, c.recv_drop_bad_frame,
-                c.recv_drop_no_sock, c.peer_restart
+                c.recv_queued,
+                c.recv_ping,
+                c.cong_update_received,
+                c.recv_drop_old_seq,
+                c.recv_drop_bad_frame,
+                c.recv_drop_no_sock,
+                c.peer_restart
             );
         }
     }

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{ip, sa, Net};
+use common::{Net, ip, sa};
 use rds_core::info::conn_flags;
 use rds_core::*;
 
@@ -119,7 +119,16 @@ fn queues_list_each_message_in_order_with_addresses_ports_and_lengths() {
     let r = net.nodes[1].info_messages(Queue::Recv);
     assert_eq!(
         r,
-        vec![MsgSnapshot { seq: seq0, len: 10, laddr: ip(2), lport: 4000, faddr: ip(1), fport: 5000, tos: 0, path: None }]
+        vec![MsgSnapshot {
+            seq: seq0,
+            len: 10,
+            laddr: ip(2),
+            lport: 4000,
+            faddr: ip(1),
+            fport: 5000,
+            tos: 0,
+            path: None
+        }]
     );
     assert!(net.nodes[1].info_messages(Queue::Send).is_empty());
 

@@ -62,7 +62,11 @@ fn pong(seq: u64) -> RxMessage {
 }
 
 fn map() -> RxMessage {
-    RxMessage { header: Header::cong_map(), payload: Payload::copy_from(&[0u8; wire::CONG_MAP_BYTES]), rx_time_ns: None }
+    RxMessage {
+        header: Header::cong_map(),
+        payload: Payload::copy_from(&[0u8; wire::CONG_MAP_BYTES]),
+        rx_time_ns: None,
+    }
 }
 
 fn data(sport: u16, dport: u16, seq: u64, flags: u8, body: &[u8]) -> RxMessage {

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{config, ip, make_node, sa, Net};
+use common::{Net, config, ip, make_node, sa};
 use rds_core::wire::{Ext, Header, Kind};
 use rds_core::*;
 
@@ -234,10 +234,7 @@ fn pre_handshake_messages_stay_on_path_0_and_hold_the_lane_until_acked() {
     net.thaw(0, 0);
     net.run();
     let sent: Vec<(Vec<u8>, u8)> = net.data_sent_by(0).iter().map(|m| (m.payload.to_vec(), m.path.index)).collect();
-    assert_eq!(
-        sent,
-        [(b"m1".to_vec(), 0), (b"m2".to_vec(), 0), (b"m3".to_vec(), 1), (b"m4".to_vec(), 1)]
-    );
+    assert_eq!(sent, [(b"m1".to_vec(), 0), (b"m2".to_vec(), 0), (b"m3".to_vec(), 1), (b"m4".to_vec(), 1)]);
     assert_eq!(net.drain_payloads(1, b), [b"m1".to_vec(), b"m2".to_vec(), b"m3".to_vec(), b"m4".to_vec()]);
     // From now on the lane is used directly.
     net.send(0, a, sa(2, 4000), b"m5").unwrap();

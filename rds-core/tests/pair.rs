@@ -6,7 +6,7 @@ mod common;
 
 use std::net::SocketAddr;
 
-use common::{data, ip, Net};
+use common::{Net, data, ip};
 use rds_core::wire::{Ext, Kind};
 use rds_core::*;
 
@@ -65,7 +65,9 @@ fn larger_address_gets_the_smaller_to_connect() {
     let a = net.nodes[0].socket();
     net.nodes[0].bind(a, SocketAddr::new(ip(1), 5000)).unwrap();
     net.nodes[1].bind(b, SocketAddr::new(ip(2), 4000)).unwrap();
-    net.nodes[1].send(b, Some(SocketAddr::new(ip(1), 5000)), &Payload::copy_from(b"hi"), &SendOptions::default()).unwrap();
+    net.nodes[1]
+        .send(b, Some(SocketAddr::new(ip(1), 5000)), &Payload::copy_from(b"hi"), &SendOptions::default())
+        .unwrap();
     net.run();
     let inc = data(net.nodes[0].recv(a, false).unwrap());
     assert_eq!(&inc.payload[..], b"hi");
@@ -95,7 +97,11 @@ fn reconnect_retransmits_unacked_and_receiver_drops_duplicates() {
     let mut out = Vec::new();
     net.nodes[0].pull(info.id, inst_i, 1 << 20, &mut out);
     assert_eq!(out.len(), 1);
-    net.nodes[j].received(pj, inst_j, RxMessage { header: out[0].header, payload: out[0].payload.clone(), rx_time_ns: None });
+    net.nodes[j].received(
+        pj,
+        inst_j,
+        RxMessage { header: out[0].header, payload: out[0].payload.clone(), rx_time_ns: None },
+    );
     net.cut(0, p0);
     net.run();
     // Reconnect is immediate on the first attempt.
@@ -138,7 +144,9 @@ fn loopback_delivers_in_process() {
     net.nodes[0].bind(a, SocketAddr::new(ip(1), 100)).unwrap();
     net.nodes[0].bind(b, SocketAddr::new(ip(9), 200)).unwrap();
     let mut lo_msgs = Vec::new();
-    net.nodes[0].send(a, Some(SocketAddr::new(ip(9), 200)), &Payload::copy_from(b"x"), &SendOptions::default()).unwrap();
+    net.nodes[0]
+        .send(a, Some(SocketAddr::new(ip(9), 200)), &Payload::copy_from(b"x"), &SendOptions::default())
+        .unwrap();
     net.nodes[0].send(a, Some(SocketAddr::new(ip(9), 0)), &Payload::empty(), &SendOptions::default()).unwrap();
     // Drive the loop transport by hand.
     while let Some(o) = net.nodes[0].poll_output() {
@@ -148,7 +156,11 @@ fn loopback_delivers_in_process() {
             net.nodes[0].pull(info.id, info.inst, 1 << 20, &mut out);
             for m in out {
                 lo_msgs.push(m.header);
-                net.nodes[0].received(info.id, info.inst, RxMessage { header: m.header, payload: m.payload, rx_time_ns: None });
+                net.nodes[0].received(
+                    info.id,
+                    info.inst,
+                    RxMessage { header: m.header, payload: m.payload, rx_time_ns: None },
+                );
                 net.nodes[0].acked(info.id, info.inst, m.header.sequence);
             }
         }

@@ -10,7 +10,14 @@ use rds_core::message::{rdma_flags, rdma_status};
 use rds_core::*;
 
 fn op(flags: u32, token: u64) -> RdmaOp {
-    RdmaOp { remote_cookie: 0x64_0000_0123, remote_addr: 0, remote_len: 8, local: vec![rds_core::RdmaBuf::new(8).all()], flags, user_token: token }
+    RdmaOp {
+        remote_cookie: 0x64_0000_0123,
+        remote_addr: 0,
+        remote_len: 8,
+        local: vec![rds_core::RdmaBuf::new(8).all()],
+        flags,
+        user_token: token,
+    }
 }
 
 fn send_op(net: &mut Net, s: SockId, o: RdmaOp) -> u64 {

@@ -6,8 +6,8 @@ mod common;
 
 use std::time::Duration;
 
-use common::{config, ip, make_node, sa, Net};
-use rds_core::wire::{flags, Header};
+use common::{Net, config, ip, make_node, sa};
+use rds_core::wire::{Header, flags};
 use rds_core::*;
 
 #[test]
@@ -170,7 +170,8 @@ fn unacked_messages_are_retransmitted_flagged_and_duplicates_dropped() {
         net.send(0, a, sa(2, 4000), m).unwrap();
     }
     net.run();
-    let first: Vec<(Vec<u8>, u64)> = net.data_sent_by(0).iter().map(|m| (m.payload.to_vec(), m.header.sequence)).collect();
+    let first: Vec<(Vec<u8>, u64)> =
+        net.data_sent_by(0).iter().map(|m| (m.payload.to_vec(), m.header.sequence)).collect();
     assert_eq!(first.len(), 4);
     let seq = |name: &[u8]| first.iter().find(|m| m.0 == name).unwrap().1;
     // m1's ack arrives; m2, m3's are lost with the connection.

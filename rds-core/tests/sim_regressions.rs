@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Instant;
 
-use common::{config, ip, make_node, sa, Net};
+use common::{Net, config, ip, make_node, sa};
 use rds_core::conn::DownReason;
 use rds_core::wire::{self, Ext, Header, Kind};
 use rds_core::*;
@@ -66,7 +66,8 @@ fn a_peer_restart_never_renumbers_a_live_path() {
     assert_eq!(net.nodes[0].counters().peer_restart, 1);
     net.send(0, a, sa(2, 4000), b"m3").unwrap();
     net.run();
-    let seqs: Vec<u64> = net.data_sent_by(0).iter().filter(|m| m.payload.starts_with(b"m")).map(|m| m.header.sequence).collect();
+    let seqs: Vec<u64> =
+        net.data_sent_by(0).iter().filter(|m| m.payload.starts_with(b"m")).map(|m| m.header.sequence).collect();
     assert!(seqs.windows(2).all(|w| w[0] < w[1]), "sequence numbers of m1, m2, m3 grow: {seqs:?}");
     // Node 0's transport reports only the last of its messages the peer acked.
     let last = net.pending_acks.iter().rev().find(|a| a.0 == 0).copied().unwrap();
@@ -310,10 +311,15 @@ fn a_cancelled_message_on_the_wire_still_holds_its_sockets_lane() {
     let pull = |n: &mut Node, p: PathInfo| {
         let mut out = Vec::new();
         n.pull(p.id, p.inst, 1 << 20, &mut out);
-        out.iter().filter(|m| m.header.kind() == Kind::Data).map(|m| (m.payload.to_vec(), m.header.sequence)).collect::<Vec<_>>()
+        out.iter()
+            .filter(|m| m.header.kind() == Kind::Data)
+            .map(|m| (m.payload.to_vec(), m.header.sequence))
+            .collect::<Vec<_>>()
     };
     send(&mut n, b"m1").unwrap();
-    let Some(Output::Connect(p0)) = drain(&mut n).into_iter().find(|o| matches!(o, Output::Connect(_))) else { panic!() };
+    let Some(Output::Connect(p0)) = drain(&mut n).into_iter().find(|o| matches!(o, Output::Connect(_))) else {
+        panic!()
+    };
     n.path_up(p0.id, p0.inst);
     // The peer's map: it took the connection (we hold data until then).
     let map = || RxMessage {

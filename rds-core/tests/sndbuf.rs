@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{config, sa, Net};
+use common::{Net, config, sa};
 use rds_core::message::RdmaOp;
 use rds_core::sock::bufs::{DEFAULT_BUF, SOCK_MIN_RCVBUF, SOCK_MIN_SNDBUF};
 use rds_core::*;
@@ -66,10 +66,8 @@ fn acks_free_bytes_one_message_at_a_time() {
     net.run();
     assert_eq!(net.nodes[0].snd_bytes(a), 2130);
     // Acks arrive one by one (the probe's ack frees nothing).
-    let acks: Vec<_> = std::mem::take(&mut net.pending_acks)
-        .into_iter()
-        .filter(|(i, _, _, seq)| *i == 0 && *seq <= 4)
-        .collect();
+    let acks: Vec<_> =
+        std::mem::take(&mut net.pending_acks).into_iter().filter(|(i, _, _, seq)| *i == 0 && *seq <= 4).collect();
     let seqs: Vec<u64> = acks.iter().map(|a| a.3).collect();
     assert_eq!(seqs, [1, 2, 3, 4], "probe, then the three messages");
     let mut left = Vec::new();

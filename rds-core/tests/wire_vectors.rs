@@ -4,17 +4,14 @@
 
 use rds_core::cong::CongMap;
 use rds_core::wire::{
-    self, checksum, ext_type, flags, verify_checksum, Ext, FrameDecoder, Header, Kind, CONG_MAP_BYTES, HEADER_LEN,
+    self, CONG_MAP_BYTES, Ext, FrameDecoder, HEADER_LEN, Header, Kind, checksum, ext_type, flags, verify_checksum,
 };
 
 /// Parses "00 01 .."-style hex (whitespace ignored).
 fn hex(s: &str) -> Vec<u8> {
     let digits: Vec<u8> = s.bytes().filter(|b| b.is_ascii_hexdigit()).collect();
     assert!(digits.len() % 2 == 0, "odd number of hex digits");
-    digits
-        .chunks(2)
-        .map(|p| u8::from_str_radix(std::str::from_utf8(p).unwrap(), 16).unwrap())
-        .collect()
+    digits.chunks(2).map(|p| u8::from_str_radix(std::str::from_utf8(p).unwrap(), 16).unwrap()).collect()
 }
 
 fn hdr48(s: &str) -> [u8; HEADER_LEN] {
@@ -115,12 +112,9 @@ fn capture_congestion_map_header() {
 
 #[test]
 fn capture_data_headers() {
-    for (text, seq, sport, dport) in [
-        (DATA_SEQ1, 1, 5000, 4000),
-        (DATA_SEQ3, 3, 5000, 4000),
-        (DATA_SEQ4, 4, 5000, 4000),
-        (ECHO_SEQ2, 2, 4000, 5000),
-    ] {
+    for (text, seq, sport, dport) in
+        [(DATA_SEQ1, 1, 5000, 4000), (DATA_SEQ3, 3, 5000, 4000), (DATA_SEQ4, 4, 5000, 4000), (ECHO_SEQ2, 2, 4000, 5000)]
+    {
         let raw = hdr48(text);
         let h = Header::from_bytes(&raw);
         check_fields(&h, seq, 16, sport, dport, 0);

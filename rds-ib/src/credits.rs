@@ -714,7 +714,16 @@ mod tests {
         fn new(ring: u32) -> Peer {
             let mut fc = FlowControl::new(true);
             fc.on_refill(ring);
-            Peer { fc, ring, rx_posted: ring, queue: VecDeque::new(), next_seq: 1, delivered: Vec::new(), frags_seen: 0, acked: 0 }
+            Peer {
+                fc,
+                ring,
+                rx_posted: ring,
+                queue: VecDeque::new(),
+                next_seq: 1,
+                delivered: Vec::new(),
+                frags_seen: 0,
+                acked: 0,
+            }
         }
 
         fn enqueue(&mut self, frags: u32, ack_required: bool) {
@@ -936,36 +945,37 @@ mod tests {
         let (mut ab, mut ba) = (VecDeque::<Frame>::new(), VecDeque::<Frame>::new());
         let mut next_buf = 0usize;
         // Runs until nothing moves; b reposts only what the gate lets go.
-        let mut run = |a: &mut Peer, b: &mut Peer, gate: &mut RxGate, ab: &mut VecDeque<Frame>, ba: &mut VecDeque<Frame>| {
-            for step in 0.. {
-                assert!(step < 100_000, "no quiescence");
-                let mut progress = a.send(ab);
-                while let Some(f) = ab.pop_front() {
-                    progress = true;
-                    if b.receive(f, ba) {
-                        a.fc.acks.send_complete();
-                        a.attempt_ack(ab);
+        let mut run =
+            |a: &mut Peer, b: &mut Peer, gate: &mut RxGate, ab: &mut VecDeque<Frame>, ba: &mut VecDeque<Frame>| {
+                for step in 0.. {
+                    assert!(step < 100_000, "no quiescence");
+                    let mut progress = a.send(ab);
+                    while let Some(f) = ab.pop_front() {
+                        progress = true;
+                        if b.receive(f, ba) {
+                            a.fc.acks.send_complete();
+                            a.attempt_ack(ab);
+                        }
+                        next_buf += 1;
+                        if gate.completed(next_buf % RING as usize) {
+                            b.rx_posted += 1;
+                            b.fc.on_refill(1);
+                            b.attempt_ack(ba);
+                        }
                     }
-                    next_buf += 1;
-                    if gate.completed(next_buf % RING as usize) {
-                        b.rx_posted += 1;
-                        b.fc.on_refill(1);
-                        b.attempt_ack(ba);
+                    while let Some(f) = ba.pop_front() {
+                        progress = true;
+                        if a.receive(f, ab) {
+                            b.fc.acks.send_complete();
+                            b.attempt_ack(ba);
+                        }
+                    }
+                    progress |= a.refill(ab);
+                    if !progress {
+                        break;
                     }
                 }
-                while let Some(f) = ba.pop_front() {
-                    progress = true;
-                    if a.receive(f, ab) {
-                        b.fc.acks.send_complete();
-                        b.attempt_ack(ba);
-                    }
-                }
-                progress |= a.refill(ab);
-                if !progress {
-                    break;
-                }
-            }
-        };
+            };
         run(&mut a, &mut b, &mut gate, &mut ab, &mut ba);
         // Stopped by credits: b took at most its ring, holds every buffer
         // it consumed, and a still has most of its messages queued.

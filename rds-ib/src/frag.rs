@@ -28,7 +28,7 @@
 use core::fmt;
 use core::ops::Range;
 
-use rds_core::wire::{self, Header, HEADER_LEN, MAX_MSG_SIZE};
+use rds_core::wire::{self, HEADER_LEN, Header, MAX_MSG_SIZE};
 
 /// Payload bytes per fragment (`RDS_FRAG_SIZE`).
 pub const FRAG_SIZE: usize = wire::FRAG_SIZE;
@@ -263,10 +263,9 @@ impl fmt::Display for RecvError {
             RecvError::NoHeader { byte_len } => write!(f, "IB frame of {byte_len} bytes has no header"),
             RecvError::BadChecksum => f.write_str("IB frame header checksum mismatch"),
             RecvError::TooLong { len, max } => write!(f, "h_len {len} exceeds the limit {max}"),
-            RecvError::Mismatch { expected_seq, got_seq } => write!(
-                f,
-                "fragment header mismatch (message seq {expected_seq}, fragment seq {got_seq})"
-            ),
+            RecvError::Mismatch { expected_seq, got_seq } => {
+                write!(f, "fragment header mismatch (message seq {expected_seq}, fragment seq {got_seq})")
+            }
             RecvError::FragLen { expected, got } => {
                 write!(f, "fragment of {got} payload bytes where {expected} were due")
             }
@@ -424,7 +423,7 @@ impl Reassembler {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rds_core::wire::{flags, Ext};
+    use rds_core::wire::{Ext, flags};
 
     /// xorshift64*: small deterministic RNG for the property loops.
     struct Rng(u64);
@@ -513,10 +512,7 @@ mod tests {
         // The batch cut short by credits ends signaled and solicited; the
         // message's last frame is solicited and signaled.
         let flags_of: Vec<(bool, bool, bool)> = out.iter().map(|f| (f.signaled, f.solicited, f.last)).collect();
-        assert_eq!(
-            flags_of,
-            [(false, false, false), (false, false, false), (true, true, false), (true, true, true)]
-        );
+        assert_eq!(flags_of, [(false, false, false), (false, false, false), (true, true, false), (true, true, true)]);
     }
 
     #[test]

@@ -108,18 +108,30 @@ impl Kind {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum SideError {
     /// Fewer bytes than the frame needs.
-    Truncated { need: usize, got: usize },
+    Truncated {
+        need: usize,
+        got: usize,
+    },
     /// More bytes than the frame holds.
-    Trailing { want: usize, got: usize },
+    Trailing {
+        want: usize,
+        got: usize,
+    },
     BadMagic([u8; 4]),
     /// A side channel version we do not speak.
     Version(u8),
     /// A kind number that does not exist.
     UnknownKind(u8),
     /// A frame of another kind than the step expects.
-    UnexpectedKind { want: Kind, got: Kind },
+    UnexpectedKind {
+        want: Kind,
+        got: Kind,
+    },
     /// A body length other than the kind's.
-    BadLength { kind: Kind, len: usize },
+    BadLength {
+        kind: Kind,
+        len: usize,
+    },
     /// A parameter out of its range.
     BadField(&'static str),
     /// A proof or MAC did not verify: the peer does not have the key, or the
@@ -147,11 +159,15 @@ impl fmt::Display for SideError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             SideError::Truncated { need, got } => write!(f, "side channel frame truncated ({got} of {need} bytes)"),
-            SideError::Trailing { want, got } => write!(f, "side channel frame too long ({got} bytes, {want} expected)"),
+            SideError::Trailing { want, got } => {
+                write!(f, "side channel frame too long ({got} bytes, {want} expected)")
+            }
             SideError::BadMagic(m) => write!(f, "side channel: bad magic {m:02x?}"),
             SideError::Version(v) => write!(f, "side channel version {v} not supported (we speak {VERSION})"),
             SideError::UnknownKind(k) => write!(f, "side channel: unknown frame kind {k}"),
-            SideError::UnexpectedKind { want, got } => write!(f, "side channel: {got:?} frame where {want:?} was expected"),
+            SideError::UnexpectedKind { want, got } => {
+                write!(f, "side channel: {got:?} frame where {want:?} was expected")
+            }
             SideError::BadLength { kind, len } => write!(f, "side channel: {kind:?} frame with a {len}-byte body"),
             SideError::BadField(w) => write!(f, "side channel: bad {w}"),
             SideError::AuthFailed => write!(f, "side channel: authentication failed"),
@@ -283,7 +299,8 @@ impl Key {
         }
         let mut bytes = Vec::new();
         f.read_to_end(&mut bytes).map_err(named)?;
-        Key::from_file_contents(&bytes).map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))
+        Key::from_file_contents(&bytes)
+            .map_err(|e| io::Error::new(io::ErrorKind::InvalidData, format!("{}: {e}", path.display())))
     }
 }
 
@@ -476,7 +493,13 @@ impl Session {
         hmac_sha256(&self.key.0, &parts)
     }
 
-    fn params_msg(&self, kind: Kind, label: &[u8], p: &Params, bound: &[u8]) -> Result<[u8; PARAMS_MSG_LEN], SideError> {
+    fn params_msg(
+        &self,
+        kind: Kind,
+        label: &[u8],
+        p: &Params,
+        bound: &[u8],
+    ) -> Result<[u8; PARAMS_MSG_LEN], SideError> {
         let h = header(kind);
         let body = p.encode()?;
         let tag = self.mac(label, &[bound, &h, &body]);
@@ -488,7 +511,13 @@ impl Session {
     }
 
     /// Verifies a params frame; the MAC before anything in the body counts.
-    fn open_params(&self, msg: &[u8], kind: Kind, label: &[u8], bound: &[u8]) -> Result<(Params, [u8; PARAMS_LEN]), SideError> {
+    fn open_params(
+        &self,
+        msg: &[u8],
+        kind: Kind,
+        label: &[u8],
+        bound: &[u8],
+    ) -> Result<(Params, [u8; PARAMS_LEN]), SideError> {
         let (h, body) = parse_frame(msg, kind)?;
         let (p, tag) = body.split_at(PARAMS_LEN);
         if !ct_eq(&self.mac(label, &[bound, h, p]), tag) {
@@ -853,11 +882,7 @@ mod tests {
         // A CLIENT_PARAMS relabelled as SERVER_PARAMS (reflection).
         let mut r = m;
         r[5] = Kind::ServerParams as u8;
-        assert_eq!(
-            c.on_server_params(&r),
-            Err(SideError::AuthFailed),
-            "a reflected frame does not verify"
-        );
+        assert_eq!(c.on_server_params(&r), Err(SideError::AuthFailed), "a reflected frame does not verify");
         let got = s.on_client_params(&m).unwrap();
         assert_eq!(got.qpn, 5);
         // The server's READY cannot stand in for the client's.
@@ -965,7 +990,10 @@ mod tests {
     #[test]
     fn keys_and_randomness() {
         assert_eq!(Key::new(vec![1; 15]), Err(SideError::ShortKey(15)));
-        assert_eq!(Key::from_file_contents(b"0123456789abcdef\n").unwrap(), Key::new(b"0123456789abcdef".to_vec()).unwrap());
+        assert_eq!(
+            Key::from_file_contents(b"0123456789abcdef\n").unwrap(),
+            Key::new(b"0123456789abcdef".to_vec()).unwrap()
+        );
         assert_eq!(format!("{:?}", key(1)), "Key(32 bytes)");
         let a = random_nonce().unwrap();
         let b = random_nonce().unwrap();

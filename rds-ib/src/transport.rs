@@ -72,8 +72,8 @@ use rds_core::{
 };
 
 use crate::frag::OutMessage;
-use crate::sidechannel::{Key, DEFAULT_PORT};
-use crate::verbs::{device_names, Conn, Listener, Received, SideEvent, SideListener, Verbs};
+use crate::sidechannel::{DEFAULT_PORT, Key};
+use crate::verbs::{Conn, Listener, Received, SideEvent, SideListener, Verbs, device_names};
 
 /// How connections are set up.
 #[derive(Clone, Debug, Default)]
@@ -113,7 +113,8 @@ impl IbConfig {
     /// [`SetupMode::Cm`].
     pub fn from_env() -> io::Result<IbConfig> {
         let Some(path) = std::env::var_os(ENV_PSK_FILE) else { return Ok(IbConfig::default()) };
-        let key = Key::from_file(std::path::Path::new(&path)).map_err(|e| io::Error::new(e.kind(), format!("{ENV_PSK_FILE}={e}")))?;
+        let key = Key::from_file(std::path::Path::new(&path))
+            .map_err(|e| io::Error::new(e.kind(), format!("{ENV_PSK_FILE}={e}")))?;
         let port = match std::env::var(ENV_SIDE_PORT) {
             Ok(v) => v.trim().parse::<u16>().ok().filter(|p| *p != 0).ok_or_else(|| {
                 io::Error::new(io::ErrorKind::InvalidInput, format!("{ENV_SIDE_PORT}={v}: not a port"))
@@ -321,12 +322,18 @@ impl RdsTransport for IbTransport {
             }
         };
         let mut l = bound.map_err(|e| {
-            if e.raw_os_error() == Some(libc::EADDRINUSE) { e } else { io::Error::new(e.kind(), format!("RDS-IB listen on {a}:{port}: {e}")) }
+            if e.raw_os_error() == Some(libc::EADDRINUSE) {
+                e
+            } else {
+                io::Error::new(e.kind(), format!("RDS-IB listen on {a}:{port}: {e}"))
+            }
         })?;
         let stop = Arc::new(AtomicBool::new(false));
         let st = stop.clone();
         let shared = self.shared.clone();
-        let h = std::thread::Builder::new().name("rds-ib-listen".into()).spawn(move || listen_loop(&mut l, &st, &shared))?;
+        let h = std::thread::Builder::new()
+            .name("rds-ib-listen".into())
+            .spawn(move || listen_loop(&mut l, &st, &shared))?;
         ls.insert(addr, ListenerHandle { stop, thread: Some(h) });
         Ok(())
     }
@@ -557,7 +564,8 @@ fn side_listen_loop(l: &mut SideListener<PathInfo>, stop: &AtomicBool, shared: &
     while !stop.load(Ordering::Acquire) {
         let mut refused = 0;
         let deadline = Instant::now() + Duration::from_millis(200);
-        let res = l.accept_with(deadline, &mut |local, peer| admit(shared, IpAddr::V4(local), IpAddr::V4(peer), &mut refused));
+        let res = l
+            .accept_with(deadline, &mut |local, peer| admit(shared, IpAddr::V4(local), IpAddr::V4(peer), &mut refused));
         {
             let mut c = lock(&shared.counters);
             c.refused += refused;
@@ -756,7 +764,8 @@ impl EventLoop {
         let ok = self.ctl(libc::EPOLL_CTL_ADD, cm, token << 1).is_ok()
             && self.ctl(libc::EPOLL_CTL_ADD, cq, (token << 1) | 1).is_ok();
         self.tokens.insert(token, info.id);
-        self.conns.insert(info.id, Active { info, conn, token, tx: VecDeque::new(), acked, fc_seen: Default::default() });
+        self.conns
+            .insert(info.id, Active { info, conn, token, tx: VecDeque::new(), acked, fc_seen: Default::default() });
         if !ok {
             self.teardown(info.id, DownReason::Closed);
             return false;
@@ -893,7 +902,8 @@ impl EventLoop {
                 if let Some(op) = m.rdma.clone() {
                     match a.conn.post_rdma(m.header.sequence, &op) {
                         Ok(true) => {
-                            let _ = m.header.push_extension(rds_core::wire::Ext::Rdma { rkey: op.remote_cookie as u32 });
+                            let _ =
+                                m.header.push_extension(rds_core::wire::Ext::Rdma { rkey: op.remote_cookie as u32 });
                         }
                         Ok(false) => break,
                         Err(_) => {

@@ -51,10 +51,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdma_sys as sys;
-use rds_core::wire::{self, Header, HEADER_LEN, PROTOCOL_3_1};
+use rds_core::wire::{self, HEADER_LEN, Header, PROTOCOL_3_1};
 
 use crate::credits::{FlowControl, RxGate};
-use crate::frag::{ack_only_header, OutFrame, OutMessage, Reassembler, RecvError, RxKind, SignalState, FRAG_SIZE};
+use crate::frag::{FRAG_SIZE, OutFrame, OutMessage, Reassembler, RecvError, RxKind, SignalState, ack_only_header};
 mod side;
 pub use side::{PortInfo, SideEvent, SideListener};
 pub mod mr;
@@ -62,8 +62,7 @@ mod rdma;
 pub use rdma::MAX_RDMA_SGES;
 
 use crate::private::{
-    passive_negotiate, reject_data, version_usable, ActiveNegotiation, ConnectPrivate, Family, PrivAddrs,
-    RejectAction,
+    ActiveNegotiation, ConnectPrivate, Family, PrivAddrs, RejectAction, passive_negotiate, reject_data, version_usable,
 };
 
 /// The RDMA CM port of RDS over IPv4 (`RDS_PORT` 18634).
@@ -133,7 +132,10 @@ pub fn addr_has_device(addr: IpAddr) -> io::Result<bool> {
     let ch = Channel::new()?;
     let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
     // SAFETY: ch is live; id is an out pointer.
-    check(unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) }, "rdma_create_id")?;
+    check(
+        unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) },
+        "rdma_create_id",
+    )?;
     let _guard = IdGuard(id);
     let mut sa = sockaddr_ip(addr, 0);
     // SAFETY: id is live; sa is valid for the call.
@@ -286,7 +288,10 @@ impl Channel {
                     if c.private_data.is_null() || c.private_data_len == 0 {
                         None
                     } else {
-                        Some(std::slice::from_raw_parts(c.private_data as *const u8, c.private_data_len as usize).to_vec())
+                        Some(
+                            std::slice::from_raw_parts(c.private_data as *const u8, c.private_data_len as usize)
+                                .to_vec(),
+                        )
                     }
                 };
                 let out = CmEvent { kind: e.event, status: e.status, id: e.id, private };
@@ -693,8 +698,16 @@ impl Conn {
 
     fn post_recv(&mut self, i: usize) -> io::Result<()> {
         let mut sge = [
-            sys::ibv_sge { addr: self.rx_hdr.addr(i * HEADER_LEN), length: HEADER_LEN as u32, lkey: self.rx_hdr.lkey() },
-            sys::ibv_sge { addr: self.rx_data.addr(i * FRAG_SIZE), length: FRAG_SIZE as u32, lkey: self.rx_data.lkey() },
+            sys::ibv_sge {
+                addr: self.rx_hdr.addr(i * HEADER_LEN),
+                length: HEADER_LEN as u32,
+                lkey: self.rx_hdr.lkey(),
+            },
+            sys::ibv_sge {
+                addr: self.rx_data.addr(i * FRAG_SIZE),
+                length: FRAG_SIZE as u32,
+                lkey: self.rx_data.lkey(),
+            },
         ];
         let mut wr = sys::ibv_recv_wr { wr_id: i as u64, next: ptr::null_mut(), sg_list: sge.as_mut_ptr(), num_sge: 2 };
         let mut bad: *mut sys::ibv_recv_wr = ptr::null_mut();
@@ -740,7 +753,10 @@ impl Conn {
         let ch = Channel::new()?;
         let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
         // SAFETY: ch is live; id is an out pointer.
-        check(unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) }, "rdma_create_id")?;
+        check(
+            unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) },
+            "rdma_create_id",
+        )?;
         let mut src = sockaddr_ip(local, 0);
         let mut dst = sockaddr_ip(peer, cm_port(&peer));
         // SAFETY: id is live; both socket addresses are valid for the call.
@@ -916,8 +932,16 @@ impl Conn {
             self.tx_hdr.buf[slot * HEADER_LEN..(slot + 1) * HEADER_LEN].copy_from_slice(&f.header);
             let data = &payload[f.payload.clone()];
             self.tx_data.buf[slot * FRAG_SIZE..slot * FRAG_SIZE + data.len()].copy_from_slice(data);
-            sges[k][0] = sys::ibv_sge { addr: self.tx_hdr.addr(slot * HEADER_LEN), length: HEADER_LEN as u32, lkey: self.tx_hdr.lkey() };
-            sges[k][1] = sys::ibv_sge { addr: self.tx_data.addr(slot * FRAG_SIZE), length: data.len() as u32, lkey: self.tx_data.lkey() };
+            sges[k][0] = sys::ibv_sge {
+                addr: self.tx_hdr.addr(slot * HEADER_LEN),
+                length: HEADER_LEN as u32,
+                lkey: self.tx_hdr.lkey(),
+            };
+            sges[k][1] = sys::ibv_sge {
+                addr: self.tx_data.addr(slot * FRAG_SIZE),
+                length: data.len() as u32,
+                lkey: self.tx_data.lkey(),
+            };
             let mut flags = 0;
             if f.signaled {
                 flags |= sys::ibv_send_flags::IBV_SEND_SIGNALED.0;
@@ -961,7 +985,11 @@ impl Conn {
         };
         let hdr = ack_only_header(ack, credit);
         self.tx_hdr.buf[slot * HEADER_LEN..(slot + 1) * HEADER_LEN].copy_from_slice(&hdr);
-        let mut sge = sys::ibv_sge { addr: self.tx_hdr.addr(slot * HEADER_LEN), length: HEADER_LEN as u32, lkey: self.tx_hdr.lkey() };
+        let mut sge = sys::ibv_sge {
+            addr: self.tx_hdr.addr(slot * HEADER_LEN),
+            length: HEADER_LEN as u32,
+            lkey: self.tx_hdr.lkey(),
+        };
         // SAFETY: an all-zero ibv_send_wr is valid.
         let mut wr: sys::ibv_send_wr = unsafe { std::mem::zeroed() };
         wr.wr_id = slot as u64;
@@ -1562,14 +1590,22 @@ impl StalledRequest {
         let ch = Channel::new()?;
         let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
         // SAFETY: ch is live; id is an out pointer.
-        check(unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) }, "rdma_create_id")?;
+        check(
+            unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) },
+            "rdma_create_id",
+        )?;
         let guard = IdGuard(id);
         let mut src = sockaddr_ip(local, 0);
         let mut dst = sockaddr_ip(peer, cm_port(&peer));
         // SAFETY: id is live; both socket addresses are valid for the call.
         check(
             unsafe {
-                sys::rdma_resolve_addr(id, &mut src as *mut _ as *mut libc::sockaddr, &mut dst as *mut _ as *mut libc::sockaddr, RESOLVE_TIMEOUT_MS)
+                sys::rdma_resolve_addr(
+                    id,
+                    &mut src as *mut _ as *mut libc::sockaddr,
+                    &mut dst as *mut _ as *mut libc::sockaddr,
+                    RESOLVE_TIMEOUT_MS,
+                )
             },
             "rdma_resolve_addr",
         )?;
@@ -1677,7 +1713,10 @@ impl<T> Listener<T> {
         let ch = Channel::new()?;
         let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
         // SAFETY: ch is live; id is an out pointer.
-        check(unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) }, "rdma_create_id")?;
+        check(
+            unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) },
+            "rdma_create_id",
+        )?;
         let guard = IdGuard(id);
         let mut sa = sockaddr_ip(local, cm_port(&local));
         // SAFETY: id is live; sa is valid for the call.
@@ -1736,7 +1775,11 @@ impl<T> Listener<T> {
             let mut fds = Vec::with_capacity(1 + self.pending.len());
             // SAFETY: the channel is live for the life of self.
             fds.push(libc::pollfd { fd: unsafe { (*self.ch.0).fd }, events: libc::POLLIN, revents: 0 });
-            fds.extend(self.pending.iter().map(|p| libc::pollfd { fd: p.conn.cm_fd(), events: libc::POLLIN, revents: 0 }));
+            fds.extend(self.pending.iter().map(|p| libc::pollfd {
+                fd: p.conn.cm_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            }));
             let ms = wake.saturating_duration_since(now).as_millis().clamp(1, 1000) as c_int;
             // SAFETY: fds is a valid array of pollfds for the call.
             unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
@@ -1751,7 +1794,9 @@ impl<T> Listener<T> {
             let p = &mut self.pending[i];
             let res = p.conn.cm_channel().and_then(|c| c.next(now));
             let outcome = match res {
-                Ok(Some(ev)) if ev.kind == sys::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED && ev.status == 0 => Ok(()),
+                Ok(Some(ev)) if ev.kind == sys::rdma_cm_event_type::RDMA_CM_EVENT_ESTABLISHED && ev.status == 0 => {
+                    Ok(())
+                }
                 Ok(Some(ev)) => Err(io::Error::new(
                     io::ErrorKind::ConnectionRefused,
                     format!("RDMA CM: {} (status {}) while waiting for ESTABLISHED", event_name(ev.kind), ev.status),
@@ -1803,7 +1848,11 @@ impl<T> Listener<T> {
             }
         };
         let (la, pa) = id_addrs(ev.id);
-        let unspec = if self.local.is_ipv4() { IpAddr::V4(Ipv4Addr::UNSPECIFIED) } else { IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED) };
+        let unspec = if self.local.is_ipv4() {
+            IpAddr::V4(Ipv4Addr::UNSPECIFIED)
+        } else {
+            IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED)
+        };
         let (local, peer) = (la.unwrap_or(self.local), pa.unwrap_or(unspec));
         let from_peer = self.pending.iter().filter(|p| p.conn.peer == peer).count();
         if self.pending.len() >= MAX_PENDING_ACCEPTS || from_peer >= MAX_PENDING_ACCEPTS_PER_SOURCE {
@@ -1831,7 +1880,14 @@ impl<T> Listener<T> {
     /// QP and accept for an admitted request. Owns `id` on every path: on
     /// an error before the connection owns it, it is rejected and
     /// destroyed; after, dropping the connection destroys it.
-    fn setup(&self, id: *mut sys::rdma_cm_id, local: IpAddr, peer: IpAddr, version: u16, dp: &ConnectPrivate) -> io::Result<Conn> {
+    fn setup(
+        &self,
+        id: *mut sys::rdma_cm_id,
+        local: IpAddr,
+        peer: IpAddr,
+        version: u16,
+        dp: &ConnectPrivate,
+    ) -> io::Result<Conn> {
         let ch = match Channel::new() {
             Ok(ch) => ch,
             Err(e) => {
@@ -1853,7 +1909,8 @@ impl<T> Listener<T> {
         conn.peer_proposed = dp.version();
         let credit = conn.credit_offer(&self.verbs, Some(dp.credit));
         conn.fc.on_frame(dp.ack_seq, 0);
-        let addrs = PrivAddrs::new(conn.local, conn.peer).ok_or_else(|| err(libc::EPROTO, "RDS-IB accept: address families differ"))?;
+        let addrs = PrivAddrs::new(conn.local, conn.peer)
+            .ok_or_else(|| err(libc::EPROTO, "RDS-IB accept: address families differ"))?;
         let rep = ConnectPrivate::new(addrs, version, dp.tos, 0, credit).encode();
         let mut param = conn_param(&rep);
         // SAFETY: the id has a QP; param and rep live across the call.

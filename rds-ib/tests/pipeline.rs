@@ -9,8 +9,10 @@ use std::net::Ipv4Addr;
 
 use rds_core::wire::{self, Header, MAX_MSG_SIZE, PROTOCOL_3_1, PROTOCOL_4_1};
 use rds_ib::credits::FlowControl;
-use rds_ib::frag::{ack_only_header, frag_count, OutMessage, Reassembler, RxKind, SignalState};
-use rds_ib::private::{passive_negotiate, reject_data, ActiveNegotiation, ConnectPrivate, Family, PrivAddrs, RejectAction};
+use rds_ib::frag::{OutMessage, Reassembler, RxKind, SignalState, ack_only_header, frag_count};
+use rds_ib::private::{
+    ActiveNegotiation, ConnectPrivate, Family, PrivAddrs, RejectAction, passive_negotiate, reject_data,
+};
 
 struct Rng(u64);
 impl Rng {

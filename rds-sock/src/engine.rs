@@ -18,12 +18,12 @@ use std::time::{Duration, Instant};
 use parking_lot::{Condvar, Mutex, RwLock};
 use rds_core::loopback::LoopTransport;
 use rds_core::{
-    Accept, DownReason, Errno, Node, NodeConfig, Output, PathId, RdsTransport, RxMessage,
-    SockId, TransportCaps, TransportKind, TransportSink, TxMessage, Unsent,
+    Accept, DownReason, Errno, Node, NodeConfig, Output, PathId, RdsTransport, RxMessage, SockId, TransportCaps,
+    TransportKind, TransportSink, TxMessage, Unsent,
 };
 use rds_tcp::{TcpConfig, TcpTransport};
 
-use crate::info::{ipc, kernel, NodeIdent, Snapshot};
+use crate::info::{NodeIdent, Snapshot, ipc, kernel};
 use crate::readiness::ReadyFd;
 
 /// Settings of an engine.
@@ -162,7 +162,12 @@ pub(crate) struct SockShared {
 
 impl SockShared {
     fn new() -> io::Result<SockShared> {
-        Ok(SockShared { events: Mutex::new(0), cond: Condvar::new(), fd: ReadyFd::new()?, fd_active: AtomicBool::new(false) })
+        Ok(SockShared {
+            events: Mutex::new(0),
+            cond: Condvar::new(),
+            fd: ReadyFd::new()?,
+            fd_active: AtomicBool::new(false),
+        })
     }
 
     fn wake(&self, seq: u64, readable: bool, writable: bool) {
@@ -491,7 +496,11 @@ impl Engine {
                         return Ok(());
                     }
                     // Not served by IB after all: TCP as any other address.
-                    Err(e) => if std::env::var_os("RDS_IB_DEBUG").is_some() { eprintln!("rds-ib: {ip}: {e}") },
+                    Err(e) => {
+                        if std::env::var_os("RDS_IB_DEBUG").is_some() {
+                            eprintln!("rds-ib: {ip}: {e}")
+                        }
+                    }
                 }
                 self.inner.tcp.start_local(ip)?;
                 self.inner.run(|n| n.add_local(ip, TransportKind::Tcp));
@@ -507,7 +516,11 @@ impl Engine {
         if let Some(ib) = &self.inner.ib {
             match ib.laddr_check(ip).and_then(|()| ib.start_local(ip)) {
                 Ok(()) => self.inner.run(|n| n.add_local(ip, TransportKind::Ib)),
-                Err(e) => if std::env::var_os("RDS_IB_DEBUG").is_some() { eprintln!("rds-ib: {ip}: {e}") },
+                Err(e) => {
+                    if std::env::var_os("RDS_IB_DEBUG").is_some() {
+                        eprintln!("rds-ib: {ip}: {e}")
+                    }
+                }
             }
         }
         self.inner.run(|n| n.add_local(ip, TransportKind::Tcp));

@@ -34,7 +34,7 @@
 
 mod common;
 
-use common::{boot, check_rx, ctr, field, node_lines, sizes_env, workspace_root, SIZES};
+use common::{SIZES, boot, check_rx, ctr, field, node_lines, sizes_env, workspace_root};
 use std::path::Path;
 
 #[test]
@@ -95,8 +95,12 @@ fn engine_over_ib_with_itself_and_with_kernel_rds_rdma() {
     // credits and spend them; the kernel advertises 0, so with it ours is
     // off and nothing is granted to us.
     for node in [1, 2] {
-        let (tx, rx) = (ctr(&stdout, node, "A", "ib_tx_credit_updates"), ctr(&stdout, node, "A", "ib_rx_credit_updates"));
-        println!("node{node} phase A: ib_tx_credit_updates {tx} ib_rx_credit_updates {rx} ib_tx_throttle {}", ctr(&stdout, node, "A", "ib_tx_throttle"));
+        let (tx, rx) =
+            (ctr(&stdout, node, "A", "ib_tx_credit_updates"), ctr(&stdout, node, "A", "ib_rx_credit_updates"));
+        println!(
+            "node{node} phase A: ib_tx_credit_updates {tx} ib_rx_credit_updates {rx} ib_tx_throttle {}",
+            ctr(&stdout, node, "A", "ib_tx_throttle")
+        );
         assert!(tx > 0 && rx > 0, "node{node}: credits flow between our engines");
     }
     assert_eq!(ctr(&stdout, 2, "B", "ib_rx_credit_updates"), 0, "the kernel grants no credits");
@@ -124,8 +128,12 @@ fn engine_over_ib_with_itself_and_with_kernel_rds_rdma() {
             assert_eq!(l.len(), 1, "node{node} phase {phase}: {tag} {name}: {l:?}");
             l[0].trim().parse().unwrap()
         };
-        let (pause, paused, peak, down) =
-            (num("HOLD", "recv_pause"), num("HOLD", "ib_rx_paused"), num("HOLD", "ib_rx_held_peak"), num("HOLD", "ib_conn_down"));
+        let (pause, paused, peak, down) = (
+            num("HOLD", "recv_pause"),
+            num("HOLD", "ib_rx_paused"),
+            num("HOLD", "ib_rx_held_peak"),
+            num("HOLD", "ib_conn_down"),
+        );
         let (rx_hold, rx_end) = (num("HOLD", "ib_rx_messages"), num("DELTA", "ib_rx_messages"));
         println!(
             "phase {phase}: while not reading: recv_pause {pause} ib_rx_paused {paused} ib_rx_held_peak {peak} B, \

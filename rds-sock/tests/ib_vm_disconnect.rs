@@ -144,7 +144,17 @@ fn ib_side_channel_killed_mid_stream_nothing_lost_or_duplicated() {
 
     // The path really went down and came back.
     for node in [1, 2] {
-        let names = ["conn_reset", "recv_drop_old_seq", "ib_connect", "ib_connect_failed", "ib_accepted", "ib_accept_refused", "ib_conn_down", "ib_tx_flushed", "ib_rx_flushed"];
+        let names = [
+            "conn_reset",
+            "recv_drop_old_seq",
+            "ib_connect",
+            "ib_connect_failed",
+            "ib_accepted",
+            "ib_accept_refused",
+            "ib_conn_down",
+            "ib_tx_flushed",
+            "ib_rx_flushed",
+        ];
         let d: Vec<String> = names.iter().map(|n| format!("{n} {}", delta(&stdout, node, n))).collect();
         println!("node{node} deltas: {}", d.join(", "));
         assert_eq!(delta(&stdout, node, "ib_side_auth_failed"), 0, "node{node}");
@@ -154,7 +164,8 @@ fn ib_side_channel_killed_mid_stream_nothing_lost_or_duplicated() {
     assert!(delta(&stdout, 2, "ib_conn_down") >= 1, "node2: the IB connection never went down");
     // Connections set up (both sides try after a drop; the loser of a
     // race fails or is refused).
-    let ups = delta(&stdout, 2, "ib_connect") - delta(&stdout, 2, "ib_connect_failed") + delta(&stdout, 2, "ib_accepted");
+    let ups =
+        delta(&stdout, 2, "ib_connect") - delta(&stdout, 2, "ib_connect_failed") + delta(&stdout, 2, "ib_accepted");
     assert!(ups >= 2, "node2 set up {ups} IB connections: no reconnect");
     println!("RESULT: {N} datagrams, {} kills, node2 conn_reset {resets}, {ups} IB connections", done.len());
     assert!(out.status.success(), "vmrig exit {:?}", out.status.code());
@@ -162,7 +173,12 @@ fn ib_side_channel_killed_mid_stream_nothing_lost_or_duplicated() {
 
 #[test]
 fn ib_cm_roce_cut_mid_stream_nothing_lost_or_duplicated() {
-    let env = [("MODE", "cm".to_string()), ("N", NC.to_string()), ("GAP_US", GAP_US_CM.to_string()), ("CUT_S", CUT_S.to_string())];
+    let env = [
+        ("MODE", "cm".to_string()),
+        ("N", NC.to_string()),
+        ("GAP_US", GAP_US_CM.to_string()),
+        ("CUT_S", CUT_S.to_string()),
+    ];
     let Some((stdout, out)) = boot("rds-sock IB (RDMA CM) forced-disconnect test", &env, 300) else { return };
     let one = |node: u8, prefix: &str| -> String {
         let l = node_lines(&stdout, node, prefix);
@@ -179,7 +195,10 @@ fn ib_cm_roce_cut_mid_stream_nothing_lost_or_duplicated() {
         assert!(node_lines(&stdout, node, "").iter().all(|l| !l.contains(" EXIT ")), "node{node}: a program failed");
         for ph in ["A", "B", "C"] {
             assert!(node_lines(&stdout, node, &format!("{ph} ANOMALY ")).is_empty(), "node{node} phase {ph} anomalies");
-            assert!(node_lines(&stdout, node, &format!("{ph} KANOMALY ")).is_empty(), "node{node} phase {ph} anomalies");
+            assert!(
+                node_lines(&stdout, node, &format!("{ph} KANOMALY ")).is_empty(),
+                "node{node} phase {ph} anomalies"
+            );
         }
     }
 
@@ -210,7 +229,17 @@ fn ib_cm_roce_cut_mid_stream_nothing_lost_or_duplicated() {
     }
 
     // The connections really went down and came back.
-    let names = ["conn_reset", "recv_drop_old_seq", "ib_connect", "ib_connect_failed", "ib_accepted", "ib_accept_refused", "ib_conn_down", "ib_tx_flushed", "ib_rx_flushed"];
+    let names = [
+        "conn_reset",
+        "recv_drop_old_seq",
+        "ib_connect",
+        "ib_connect_failed",
+        "ib_accepted",
+        "ib_accept_refused",
+        "ib_conn_down",
+        "ib_tx_flushed",
+        "ib_rx_flushed",
+    ];
     let mut summary = Vec::new();
     for (ph, nodes) in [("A", &[1u8, 2][..]), ("B", &[2][..]), ("C", &[2][..])] {
         for &node in nodes {
@@ -219,7 +248,10 @@ fn ib_cm_roce_cut_mid_stream_nothing_lost_or_duplicated() {
             println!("phase {ph} node{node} deltas: {}", d.join(", "));
             let resets = delta_in(&stdout, node, &p, "conn_reset");
             assert!(resets >= 1, "phase {ph} node{node}: no reconnect (conn_reset 0)");
-            assert!(delta_in(&stdout, node, &p, "ib_conn_down") >= 1, "phase {ph} node{node}: the IB connection never went down");
+            assert!(
+                delta_in(&stdout, node, &p, "ib_conn_down") >= 1,
+                "phase {ph} node{node}: the IB connection never went down"
+            );
             let ups = delta_in(&stdout, node, &p, "ib_connect") - delta_in(&stdout, node, &p, "ib_connect_failed")
                 + delta_in(&stdout, node, &p, "ib_accepted");
             assert!(ups >= 2, "phase {ph} node{node}: {ups} IB connections, no reconnect");
@@ -234,6 +266,9 @@ fn ib_cm_roce_cut_mid_stream_nothing_lost_or_duplicated() {
     println!("kernel: {} failed completions logged, {connected} connections: {failed:?}", failed.len());
     assert!(!failed.is_empty(), "the kernel logged no failed completion");
     assert!(connected >= 3, "the kernel connected {connected} times");
-    println!("RESULT: 3 x {NC} datagrams across RoCE v2 cuts (at least {CUT_S} s, each until a QP gave up), exactly once; {}", summary.join("; "));
+    println!(
+        "RESULT: 3 x {NC} datagrams across RoCE v2 cuts (at least {CUT_S} s, each until a QP gave up), exactly once; {}",
+        summary.join("; ")
+    );
     assert!(out.status.success(), "vmrig exit {:?}", out.status.code());
 }

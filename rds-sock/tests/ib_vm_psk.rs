@@ -40,14 +40,16 @@
 
 mod common;
 
-use common::{boot, check_rx, ctr, field, node_lines, sizes_env, SIZES};
+use common::{SIZES, boot, check_rx, ctr, field, node_lines, sizes_env};
 use std::path::Path;
 
 #[test]
 fn engine_over_ib_verbs_only_with_psk() {
     let peer = Path::new(env!("CARGO_BIN_EXE_rds-ib-peer"));
     let env = [("SIZES", sizes_env())];
-    let Some((stdout, out)) = boot("rds-sock over IB (verbs-only)", "ib_psk_scenario.sh", peer, &env, 420) else { return };
+    let Some((stdout, out)) = boot("rds-sock over IB (verbs-only)", "ib_psk_scenario.sh", peer, &env, 420) else {
+        return;
+    };
     for node in [1, 2] {
         assert_eq!(node_lines(&stdout, node, "RDMA_UCM "), vec!["absent"], "node{node}: no RDMA CM in the kernel");
     }
@@ -79,8 +81,12 @@ fn engine_over_ib_verbs_only_with_psk() {
     // Credit flow control, negotiated in the side channel's parameters:
     // both engines grant credits and get some.
     for node in [1, 2] {
-        let (tx, rx) = (ctr(&stdout, node, "A", "ib_tx_credit_updates"), ctr(&stdout, node, "A", "ib_rx_credit_updates"));
-        println!("node{node} phase A: ib_tx_credit_updates {tx} ib_rx_credit_updates {rx} ib_tx_throttle {}", ctr(&stdout, node, "A", "ib_tx_throttle"));
+        let (tx, rx) =
+            (ctr(&stdout, node, "A", "ib_tx_credit_updates"), ctr(&stdout, node, "A", "ib_rx_credit_updates"));
+        println!(
+            "node{node} phase A: ib_tx_credit_updates {tx} ib_rx_credit_updates {rx} ib_tx_throttle {}",
+            ctr(&stdout, node, "A", "ib_tx_throttle")
+        );
         assert!(tx > 0 && rx > 0, "node{node}: credits flow over the verbs-only connection");
     }
     assert_eq!(ctr(&stdout, 2, "A", "ib_connect_failed"), 0);
@@ -109,7 +115,11 @@ fn engine_over_ib_verbs_only_with_psk() {
     assert_eq!(node_lines(&stdout, 2, "CT TX ").len(), SIZES.len(), "the TCP socket queued its messages");
     assert_eq!(node_lines(&stdout, 2, "CT UNACKED").len(), 1, "none of the TCP socket's messages acked");
     assert!(node_lines(&stdout, 2, "CT ACKED").is_empty());
-    assert_eq!(node_lines(&stdout, 2, "CI ACKED "), vec![SIZES.len().to_string().as_str()], "the keyed engine's messages acked");
+    assert_eq!(
+        node_lines(&stdout, 2, "CI ACKED "),
+        vec![SIZES.len().to_string().as_str()],
+        "the keyed engine's messages acked"
+    );
     check_rx(&node_lines(&stdout, 1, "C RX "), "10.99.0.2:5003", "phase C, node1 (only the keyed engine's messages)");
     assert_eq!(node_lines(&stdout, 1, "C NONE").len(), 1, "node1 received something after the keyed messages");
     assert_eq!(ctr(&stdout, 1, "C", "recv_drop_no_sock"), 0, "nothing reached node1 over TCP");
@@ -117,11 +127,19 @@ fn engine_over_ib_verbs_only_with_psk() {
 
     // Phase D: TCP served too (RDS_IB_PSK_TCP=1): it reaches the node, not the IB socket.
     assert_eq!(node_lines(&stdout, 2, "DT TX ").len(), SIZES.len());
-    assert_eq!(node_lines(&stdout, 2, "DT ACKED "), vec![SIZES.len().to_string().as_str()], "TCP reached node1 (acked)");
+    assert_eq!(
+        node_lines(&stdout, 2, "DT ACKED "),
+        vec![SIZES.len().to_string().as_str()],
+        "TCP reached node1 (acked)"
+    );
     assert_eq!(node_lines(&stdout, 2, "DI ACKED "), vec![SIZES.len().to_string().as_str()]);
     check_rx(&node_lines(&stdout, 1, "D RX "), "10.99.0.2:5005", "phase D, node1 (only the keyed engine's messages)");
     assert_eq!(node_lines(&stdout, 1, "D NONE").len(), 1);
-    assert_eq!(ctr(&stdout, 1, "D", "recv_drop_no_sock"), SIZES.len() as u64, "each TCP message dropped at the IB socket");
+    assert_eq!(
+        ctr(&stdout, 1, "D", "recv_drop_no_sock"),
+        SIZES.len() as u64,
+        "each TCP message dropped at the IB socket"
+    );
     assert_eq!(node_lines(&stdout, 1, "D RESULT ok").len(), 1);
 
     // Phase K: a key file its group and others may read.
@@ -130,6 +148,9 @@ fn engine_over_ib_verbs_only_with_psk() {
         k.iter().any(|l| l.contains("RDS_IB_PSK_FILE=/tmp/psk644") && l.contains("mode 0644")),
         "no error naming the file and its mode: {k:?}"
     );
-    assert!(k.iter().any(|l| l.starts_with("RESULT FAIL SO_RDS_TRANSPORT=IB")), "the engine ran IB with that key: {k:?}");
+    assert!(
+        k.iter().any(|l| l.starts_with("RESULT FAIL SO_RDS_TRANSPORT=IB")),
+        "the engine ran IB with that key: {k:?}"
+    );
     assert!(out.status.success(), "vmrig exit {:?}", out.status.code());
 }

@@ -77,7 +77,9 @@ fn check_hold(out: &str, node: u8, phase: &str) {
 #[test]
 fn rdma_read_write_ours_and_kernel() {
     let peer = Path::new(env!("CARGO_BIN_EXE_rds-rdma-peer"));
-    let Some((stdout, out)) = boot("RDMA over IB", "ib_rdma_scenario.sh", peer, &[("N", N.to_string())], 500) else { return };
+    let Some((stdout, out)) = boot("RDMA over IB", "ib_rdma_scenario.sh", peer, &[("N", N.to_string())], 500) else {
+        return;
+    };
     // A: ours with ours.
     check_target(&stdout, 1, "A", true);
     check_initiator(&stdout, 2, "A", true);

@@ -236,14 +236,7 @@ pub(crate) struct Conn {
 }
 
 impl Conn {
-    pub fn new(
-        token: Token,
-        reactor: usize,
-        info: PathInfo,
-        stream: TcpStream,
-        peer: SocketAddr,
-        state: u8,
-    ) -> Conn {
+    pub fn new(token: Token, reactor: usize, info: PathInfo, stream: TcpStream, peer: SocketAddr, state: u8) -> Conn {
         let local = stream.local_addr().ok();
         Conn {
             token,

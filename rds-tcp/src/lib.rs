@@ -170,7 +170,7 @@ use rds_core::{
 };
 use socket2::{Domain, SockAddr, Socket, TcpKeepalive, Type};
 
-use conn::{Conn, WriteRes, UP};
+use conn::{Conn, UP, WriteRes};
 use reactor::{Cmd, ReactorHandle};
 
 /// Settings of the TCP transport.
@@ -533,9 +533,8 @@ impl TcpTransport {
         });
         for (i, poll) in polls.into_iter().enumerate() {
             let inner2 = inner.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("rds-tcp-{i}"))
-                .spawn(move || reactor::run(inner2, i, poll));
+            let spawned =
+                std::thread::Builder::new().name(format!("rds-tcp-{i}")).spawn(move || reactor::run(inner2, i, poll));
             match spawned {
                 Ok(h) => inner.threads.lock().push((h.thread().id(), h)),
                 Err(e) => {

@@ -16,11 +16,11 @@ use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token, Waker};
 use parking_lot::Mutex;
 use rds_core::wire::Frame;
-use rds_core::{addr_cmp, Accept, DownReason, PathInfo, RxMessage, TransportKind};
+use rds_core::{Accept, DownReason, PathInfo, RxMessage, TransportKind, addr_cmp};
 use socket2::{SockAddr, SockRef, Socket, Type};
 
-use crate::conn::{Conn, CLOSED, CONNECTING, DRAINING, UP};
-use crate::{down_reason, inc, sock_domain, Inner};
+use crate::conn::{CLOSED, CONNECTING, Conn, DRAINING, UP};
+use crate::{Inner, down_reason, inc, sock_domain};
 
 const WAKER: Token = Token(0);
 const TIMER: Token = Token(1);
@@ -409,9 +409,9 @@ impl Reactor {
             self.defer_at,
             self.flushes.iter().map(|f| f.0).min(),
         ]
-            .into_iter()
-            .flatten()
-            .min();
+        .into_iter()
+        .flatten()
+        .min();
         let Some(at) = next else {
             // A stale expiry at most wakes us once for nothing.
             return None;
@@ -440,7 +440,11 @@ impl Reactor {
                         // Path 0 held its connection's other paths back
                         // (`path0_read`): read them too.
                         let lanes: Vec<Arc<Conn>> = if id.index == 0 {
-                            self.conns.values().filter(|x| x.info.id.conn == id.conn && x.info.id.index != 0).cloned().collect()
+                            self.conns
+                                .values()
+                                .filter(|x| x.info.id.conn == id.conn && x.info.id.index != 0)
+                                .cloned()
+                                .collect()
                         } else {
                             Vec::new()
                         };

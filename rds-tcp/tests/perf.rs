@@ -6,7 +6,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{ip, Host};
+use common::{Host, ip};
 use rds_core::{Payload, RdsTransport};
 
 fn run_stream(a_ip: &str, b_ip: &str, port: u16, size: usize, secs: f64, plain: bool) {

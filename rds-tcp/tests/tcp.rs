@@ -8,7 +8,7 @@ use std::net::{IpAddr, SocketAddr, TcpStream};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use common::{index_of, ip, pattern, Host};
+use common::{Host, index_of, ip, pattern};
 use rds_core::wire::{Header, MAX_MSG_SIZE};
 use rds_core::*;
 
@@ -222,9 +222,7 @@ fn eight_paths_come_up() {
     b.recv(sb, d);
     for (h, peer) in [(&a, b.addr), (&b, a.addr)] {
         let conn = path0(h, peer).conn;
-        h.wait_for(d, "8 paths up", |n| {
-            (0..8).all(|i| n.path_state(PathId { conn, index: i }) == Some(PathState::Up))
-        });
+        h.wait_for(d, "8 paths up", |n| (0..8).all(|i| n.path_state(PathId { conn, index: i }) == Some(PathState::Up)));
         let rows = h.tcp.conn_info();
         assert_eq!(rows.len(), 8, "one TCP connection per path");
         for r in &rows {
@@ -436,7 +434,8 @@ fn three_nodes_on_two_reactor_threads() {
     for (i, h) in hosts.iter().enumerate() {
         let h = h.clone();
         let s = h.socket(5000);
-        let peers: Vec<IpAddr> = (1..=3u8).filter(|j| usize::from(*j) != i + 1).map(|j| ip(&format!("127.0.21.{j}"))).collect();
+        let peers: Vec<IpAddr> =
+            (1..=3u8).filter(|j| usize::from(*j) != i + 1).map(|j| ip(&format!("127.0.21.{j}"))).collect();
         senders.push(std::thread::spawn(move || {
             for k in 0..50u64 {
                 for p in &peers {
@@ -552,7 +551,8 @@ fn paused_path_holds_the_sender_back_and_resumes() {
     std::thread::sleep(Duration::from_millis(500));
     let (r1, p1) = (b.counter("tcp_data_ready_calls") - r0, b.counter("tcp_rx_paused") - p0);
     assert!(r1 <= 20 && p1 <= 20, "{r1} readable events, {p1} paused reads in 500 ms");
-    let partial = b.tcp.conn_info().into_iter().find(|r| r.path == Some(p)).is_some_and(|r| r.hdr_rem != 48 || r.data_rem != 0);
+    let partial =
+        b.tcp.conn_info().into_iter().find(|r| r.path == Some(p)).is_some_and(|r| r.hdr_rem != 48 || r.data_rem != 0);
     assert_eq!(b.counter("tcp_rx_frame_stalled"), 0, "a paused path was reset as stalled (partial message: {partial})");
     // The paused connection breaks (our end shut down, as a failing
     // connection would): it is read to its end and reported down (what it

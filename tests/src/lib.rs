@@ -148,7 +148,10 @@ pub fn check_payload(flow: u32, index: u64, got: &[u8]) -> Result<(), String> {
         let i = u64::from_le_bytes(got[4..12].try_into().unwrap());
         let l = u32::from_le_bytes(got[12..16].try_into().unwrap());
         if (f, i, l as usize) != (flow, index, got.len()) {
-            return Err(format!("flow {flow}: expected index {index} len {}, got flow {f} index {i} len {l}", got.len()));
+            return Err(format!(
+                "flow {flow}: expected index {index} len {}, got flow {f} index {i} len {l}",
+                got.len()
+            ));
         }
     }
     if got != want.as_slice() {

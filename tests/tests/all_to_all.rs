@@ -145,10 +145,8 @@ fn three_nodes_all_to_all_100k() {
         assert_eq!(s.recv_from(&mut b).unwrap_err().raw_os_error(), Some(libc::EAGAIN));
     }
     // Each node counted every datagram addressed to it as delivered.
-    let delivered: u64 = engines
-        .iter()
-        .map(|e| e.counters().iter().find(|(k, _)| k == "recv_delivered").unwrap().1)
-        .sum();
+    let delivered: u64 =
+        engines.iter().map(|e| e.counters().iter().find(|(k, _)| k == "recv_delivered").unwrap().1).sum();
     assert_eq!(delivered, got);
     for e in &engines {
         let r = e.shutdown(Duration::from_secs(1));

@@ -7,7 +7,7 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc};
+use std::sync::{Arc, mpsc};
 use std::time::{Duration, Instant, SystemTime};
 
 use rds_core::wire::{self, Ext, FrameDecoder, Header, Kind};
@@ -130,9 +130,7 @@ fn slow_receiver_enobufs_then_blocking_then_everything_once_in_order() {
     }
     assert!(counter(&e1, "cong_send_error") >= 51);
     // Everything sent arrived on the receive queue, nothing else.
-    wait_for("the sent datagrams on the receiver's queue", || {
-        e2.messages(Queue::Recv).len() as u64 == sent
-    });
+    wait_for("the sent datagrams on the receiver's queue", || e2.messages(Queue::Recv).len() as u64 == sent);
     let q = rcv_bytes(&e2, dst);
     assert_eq!(q, sent * LEN as u64);
     assert!(q.max(peak_rcv) <= bound, "receive queue reached {} bytes (bound {bound})", q.max(peak_rcv));
@@ -216,7 +214,8 @@ fn a_conformant_sender_to_a_tiny_receive_buffer_loses_nothing() {
     for i in 0..N {
         let (n, from) = r.recv_from(&mut buf).unwrap_or_else(|e| panic!("datagram {i}: {e}"));
         assert_eq!(from, src);
-        check_payload(7, i, &buf[..n]).unwrap_or_else(|e| panic!("{e} (over limit: {})", counter(&e2, "recv_drop_over_limit")));
+        check_payload(7, i, &buf[..n])
+            .unwrap_or_else(|e| panic!("{e} (over limit: {})", counter(&e2, "recv_drop_over_limit")));
         if i % 50 == 0 {
             std::thread::sleep(Duration::from_millis(5));
         }
@@ -308,7 +307,6 @@ fn cong_monitor_reports_exactly_the_port_groups_that_cleared() {
 // ----------------------------------------------------------------------
 // RDS_CANCEL_SENT_TO
 // ----------------------------------------------------------------------
-
 
 /// Holds the engine's node lock until the returned sender is dropped or
 /// sent to: its transport cannot deliver, so its TCP windows fill up.

@@ -80,7 +80,11 @@ fn run(ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + 'static, whole_cuts: 
     let engines: Vec<Engine> = (0..NODES)
         .map(|_| {
             let mut cfg = EngineConfig::default();
-            assert_eq!(cfg.node.handshake_exts, HandshakeExts::Full, "the default configuration is what this test proves");
+            assert_eq!(
+                cfg.node.handshake_exts,
+                HandshakeExts::Full,
+                "the default configuration is what this test proves"
+            );
             // Small TCP buffers: writes stop inside messages (EAGAIN), so
             // the byte stream a cut ends is often inside a message.
             cfg.tcp.sndbuf = Some(32 << 10);
@@ -172,7 +176,8 @@ fn run(ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + 'static, whole_cuts: 
                 std::thread::sleep(Duration::from_millis(30 + rng.below(200)));
                 let a = rng.below(NODES as u64) as usize;
                 let b = (a + 1 + rng.below(NODES as u64 - 1) as usize) % NODES;
-                let Some(conn) = engines[a].with_node(|n| n.find_conn(ip(a as u8 + 1), ip(b as u8 + 1), TransportKind::Tcp))
+                let Some(conn) =
+                    engines[a].with_node(|n| n.find_conn(ip(a as u8 + 1), ip(b as u8 + 1), TransportKind::Tcp))
                 else {
                     continue;
                 };
@@ -221,7 +226,8 @@ fn run(ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + 'static, whole_cuts: 
     let (cuts, whole) = cutter.join().unwrap();
     if let Some(e) = failure {
         for (i, en) in engines.iter().enumerate() {
-            let c: Vec<String> = en.counters().iter().filter(|(_, v)| *v != 0).map(|(k, v)| format!("{k}={v}")).collect();
+            let c: Vec<String> =
+                en.counters().iter().filter(|(_, v)| *v != 0).map(|(k, v)| format!("{k}={v}")).collect();
             eprintln!("--- engine {i}: {}\n{}", c.join(" "), en.with_node(|n| n.dump()));
         }
         panic!("{e} ({cuts} cuts, {whole} of whole connections)");

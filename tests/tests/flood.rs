@@ -308,7 +308,8 @@ fn connection_flood_from_3000_sources_with_1024_descriptors() {
     let pinged = ping(&ps, node_ip, WAIT);
     let c = node.check();
     let dir = ipc::runtime_dir();
-    let snap = ipc::query(&dir.join(format!("{pid}.0.sock")), sections::NODE | sections::COUNTERS | sections::CONNECTIONS);
+    let snap =
+        ipc::query(&dir.join(format!("{pid}.0.sock")), sections::NODE | sections::COUNTERS | sections::CONNECTIONS);
     println!(
         "flood held: node fds {fds0} -> max {max_fds} (limit {FD_LIMIT}), RSS {} -> max {} KiB, CPU {cpu:.2} s in {secs:.1} s; ping {pinged:?}; {c:?}",
         rss0 >> 10,
@@ -438,7 +439,8 @@ fn ping_flood_against_a_closed_window_queues_one_pong_per_port() {
     let read = counter(&node, "recv_ping");
     assert!(read >= 2000, "only {read} pings read");
     let snap = node.snapshot();
-    let pongs: Vec<u16> = snap.send.iter().filter(|m| m.faddr == peer_ip && m.lport == 0 && m.len == 0).map(|m| m.fport).collect();
+    let pongs: Vec<u16> =
+        snap.send.iter().filter(|m| m.faddr == peer_ip && m.lport == 0 && m.len == 0).map(|m| m.fport).collect();
     let c = counters(&node);
     let grew = rss_of("self").saturating_sub(rss0);
     println!(
@@ -496,9 +498,9 @@ fn a_deferred_connection_outlives_the_drain_and_its_data_is_delivered() {
     // The old connection ends: the deferred one is taken and read.
     first.shutdown(Shutdown::Both).unwrap();
     rx.set_read_timeout(Some(WAIT)).unwrap();
-    let m = rx.recv_msg(&mut buf, RecvFlags::default()).unwrap_or_else(|e| {
-        panic!("the deferred connection's message was lost: {e}; counters {:?}", counters(&node))
-    });
+    let m = rx
+        .recv_msg(&mut buf, RecvFlags::default())
+        .unwrap_or_else(|e| panic!("the deferred connection's message was lost: {e}; counters {:?}", counters(&node)));
     assert_eq!(&buf[..m.len], b"second");
     assert_eq!(m.from, Some(SocketAddr::new(peer_ip, 7000)));
     rx.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
@@ -583,7 +585,9 @@ fn an_idle_connection_is_collected_and_the_peer_returns() {
             s.send_to(&payload(round as u32, i, 100 + i as usize), SocketAddr::new(node_ip, 4000)).unwrap();
         }
         for i in 0..100u64 {
-            let m = rx.recv_msg(&mut buf, RecvFlags::default()).unwrap_or_else(|e| panic!("round {round}: message {i}: {e}"));
+            let m = rx
+                .recv_msg(&mut buf, RecvFlags::default())
+                .unwrap_or_else(|e| panic!("round {round}: message {i}: {e}"));
             assert_eq!(m.from, Some(SocketAddr::new(peer_ip, 5000)));
             check_payload(round as u32, i, &buf[..m.len]).unwrap();
         }

@@ -30,12 +30,12 @@ use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{mpsc, Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, mpsc};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use rds_core::recv::{RCV_HARD_FLOOR, RCV_MSG_OVERHEAD};
-use rds_core::wire::{ext_type, flags, Header, HEADER_LEN, MAX_MSG_SIZE, RDS_TCP_PORT};
+use rds_core::wire::{HEADER_LEN, Header, MAX_MSG_SIZE, RDS_TCP_PORT, ext_type, flags};
 use rds_sock::{Engine, EngineConfig, RdsSocket, RecvFlags};
 use rds_tests::*;
 
@@ -87,7 +87,6 @@ fn wait_delta(e: &Engine, before: &Counts, name: &str, want: u64) -> u64 {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
-
 
 /// How the hostile connection ended, seen by its reader.
 #[derive(Debug, PartialEq, Eq)]
@@ -244,7 +243,10 @@ impl Honest {
         let echoed = self.echo.join().unwrap().unwrap_or_else(|e| panic!("{test}: node's echo: {e}"));
         assert_eq!(echoed, n, "{test}: the node echoed {echoed} datagrams for {n} round trips");
         assert!(n >= ROUND_TRIPS);
-        println!("{test}: honest peer: {n} round trips, each exact and in order; longest {:.2} ms", max.as_secs_f64() * 1e3);
+        println!(
+            "{test}: honest peer: {n} round trips, each exact and in order; longest {:.2} ms",
+            max.as_secs_f64() * 1e3
+        );
     }
 }
 
@@ -334,7 +336,12 @@ impl Bed {
         // Exactly once.
         std::thread::sleep(Duration::from_millis(200));
         let again = self.check.recv_msg(&mut buf, RecvFlags { dontwait: true, ..RecvFlags::default() });
-        assert_eq!(again.map(|m| m.len).unwrap_err().raw_os_error(), Some(libc::EAGAIN), "{}: delivered twice", self.name);
+        assert_eq!(
+            again.map(|m| m.len).unwrap_err().raw_os_error(),
+            Some(libc::EAGAIN),
+            "{}: delivered twice",
+            self.name
+        );
         self.close(raw);
     }
 
@@ -492,9 +499,17 @@ fn garbage_extension_headers_are_skipped_and_messages_delivered() {
         ("NONE first, an RDMA_DEST after it".into(), cat(&[&[0, dest], &r, &o]), None),
         ("VERSION, NONE, then an RDMA_DEST".into(), cat(&[&[1, 0, 0, 3, 1, 0, dest], &r, &o]), None),
         ("NPATHS then an RDMA_DEST".into(), cat(&[&[5, 0, 8, dest], &r, &o, &[0xff; 4]]), cookie),
-        ("RDMA_DEST then one that overruns the area".into(), cat(&[&[dest], &r, &o, &[dest, 1, 2, 3, 4, 5, 6]]), cookie),
+        (
+            "RDMA_DEST then one that overruns the area".into(),
+            cat(&[&[dest], &r, &o, &[dest, 1, 2, 3, 4, 5, 6]]),
+            cookie,
+        ),
         ("RDMA then RDMA_DEST".into(), cat(&[&[2, 9, 9, 9, 9, dest], &r, &o, &[0, 0]]), cookie),
-        ("a GEN_NUM on a data message, then types 15..13 and garbage".into(), cat(&[&[6, 0xde, 0xad, 0xbe, 0xef, 15, 14, 13, 200]]), None),
+        (
+            "a GEN_NUM on a data message, then types 15..13 and garbage".into(),
+            cat(&[&[6, 0xde, 0xad, 0xbe, 0xef, 15, 14, 13, 200]]),
+            None,
+        ),
         ("an RDMA_DEST cut by the end of the area".into(), cat(&[&[8, 0, 10, 10, 10, 10, 10, 10, dest], &r]), None),
     ];
     let mut rng = Stream::new(48);
@@ -631,7 +646,11 @@ fn random_byte_streams_reset_their_connections() {
 
 /// A value of `key=` in a connection's detail string.
 fn detail(c: &rds_core::TransportConnInfo, key: &str) -> u64 {
-    let v = c.detail.split_whitespace().find_map(|kv| kv.strip_prefix(key)).unwrap_or_else(|| panic!("no {key} in {}", c.detail));
+    let v = c
+        .detail
+        .split_whitespace()
+        .find_map(|kv| kv.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key} in {}", c.detail));
     v.parse().unwrap_or_else(|_| panic!("{key}{v}"))
 }
 
@@ -651,14 +670,19 @@ fn read_all(sock: &RdsSocket, from: SocketAddr, flow: u32, first: u64, count: u6
     let mut buf = vec![0u8; MAX_MSG_SIZE];
     let (mut bytes, mut h) = (0u64, FNV0);
     for i in first..first + count {
-        let m = sock.recv_msg(&mut buf, RecvFlags::default()).unwrap_or_else(|e| panic!("flow {flow}: message {i}: {e}"));
+        let m =
+            sock.recv_msg(&mut buf, RecvFlags::default()).unwrap_or_else(|e| panic!("flow {flow}: message {i}: {e}"));
         assert_eq!(m.from, Some(from), "flow {flow}: message {i}: source");
         check_payload(flow, i, &buf[..m.len]).unwrap_or_else(|e| panic!("message {i}: {e}"));
         bytes += m.len as u64;
         h = fnv(h, &buf[..m.len]);
     }
     let more = sock.recv_msg(&mut buf, RecvFlags { dontwait: true, ..RecvFlags::default() });
-    assert_eq!(more.map(|m| m.len).unwrap_err().raw_os_error(), Some(libc::EAGAIN), "flow {flow}: more messages than sent");
+    assert_eq!(
+        more.map(|m| m.len).unwrap_err().raw_os_error(),
+        Some(libc::EAGAIN),
+        "flow {flow}: more messages than sent"
+    );
     (bytes, h)
 }
 
@@ -820,7 +844,10 @@ fn a_stalled_partial_message_resets_its_connection() {
         };
         let took = t0.elapsed();
         assert_eq!(*end, End::Reset, "{n} bytes");
-        assert!(took >= Duration::from_millis(950) && took < Duration::from_millis(2500), "{n} bytes: reset after {took:?}");
+        assert!(
+            took >= Duration::from_millis(950) && took < Duration::from_millis(2500),
+            "{n} bytes: reset after {took:?}"
+        );
         assert_eq!(wait_delta(&bed.node, &before, "tcp_rx_frame_stalled", 1), 1, "{n} bytes");
         assert_eq!(wait_delta(&bed.node, &before, "recv_drop_bad_frame", 1), 1, "{n} bytes");
         println!("stall: {n} bytes then silence: reset after {:.2} s (timeout 1 s)", took.as_secs_f64());
@@ -871,7 +898,11 @@ fn flood_to_a_socket_that_never_reads_is_held_back_not_dropped() {
             while i < COUNT {
                 batch.clear();
                 for k in i..(i + 16).min(COUNT) {
-                    batch.extend_from_slice(&frame(Header::data(SPORT, TARGET, MSG as u32), k + 1, &payload(5, k, MSG)));
+                    batch.extend_from_slice(&frame(
+                        Header::data(SPORT, TARGET, MSG as u32),
+                        k + 1,
+                        &payload(5, k, MSG),
+                    ));
                 }
                 w.write_all(&batch)?;
                 i = (i + 16).min(COUNT);
@@ -950,7 +981,10 @@ fn flood_of_tiny_messages_is_held_back_not_dropped() {
     });
     let (queued, bytes) = bed.held_back(&before);
     let grew = rss().saturating_sub(rss0);
-    println!("tiny flood: paused with {queued} messages queued ({bytes} payload bytes); memory grew by {} MiB", grew >> 20);
+    println!(
+        "tiny flood: paused with {queued} messages queued ({bytes} payload bytes); memory grew by {} MiB",
+        grew >> 20
+    );
     let cap = RCV_HARD_FLOOR / (8 + RCV_MSG_OVERHEAD);
     assert!((queued as u64) > cap && (queued as u64) < cap + 2 * 4096 + 1024, "{queued} queued, cap {cap} messages");
     assert!((queued as u64) < COUNT && !writer.is_finished(), "the writer was never held back");
@@ -1008,7 +1042,11 @@ fn a_paused_path_still_sees_the_peers_reset() {
                 }
                 match s.write(&pending[off..]) {
                     Ok(n) => off += n,
-                    Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => {}
+                    Err(e)
+                        if matches!(
+                            e.kind(),
+                            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+                        ) => {}
                     Err(e) => panic!("writer: {e}"),
                 }
                 if off == pending.len() {
@@ -1019,7 +1057,9 @@ fn a_paused_path_still_sees_the_peers_reset() {
             let len = std::mem::size_of::<libc::linger>() as libc::socklen_t;
             // SAFETY: `linger` is a struct linger of `len` bytes; the
             // descriptor is `s`'s, open here.
-            let r = unsafe { libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_LINGER, (&raw const linger).cast(), len) };
+            let r = unsafe {
+                libc::setsockopt(s.as_raw_fd(), libc::SOL_SOCKET, libc::SO_LINGER, (&raw const linger).cast(), len)
+            };
             assert_eq!(r, 0, "SO_LINGER");
             drop(s);
         })

@@ -4,7 +4,7 @@
 
 use std::time::{Duration, Instant};
 
-use rds_sock::info::kernel::{self, opt, InfoError, InfoOk};
+use rds_sock::info::kernel::{self, InfoError, InfoOk, opt};
 use rds_sock::info::{ipc, sections};
 use rds_tests::*;
 

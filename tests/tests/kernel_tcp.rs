@@ -88,7 +88,10 @@ fn rig_ready() -> Result<(), String> {
     let cache = PathBuf::from(std::env::var("VMRIG_CACHE").unwrap_or_else(|_| "/var/cache/vmrig".into()));
     for f in ["initrd.img", "kernel", "qemu"] {
         if !cache.join(f).exists() {
-            return Err(format!("the VM rig is not set up ({} missing; run `vmrig setup` or scripts/setup.sh)", cache.join(f).display()));
+            return Err(format!(
+                "the VM rig is not set up ({} missing; run `vmrig setup` or scripts/setup.sh)",
+                cache.join(f).display()
+            ));
         }
     }
     Ok(())
@@ -149,8 +152,14 @@ fn run_boot(rig: &Path, bin: &Path, knode: u8, order: &'static str, scenarios: &
             tail.into_iter().rev().collect::<Vec<_>>().join(" | ")
         ));
     }
-    let mut boot =
-        Boot { order, cells: BTreeMap::new(), hashes: Vec::new(), gaps: Vec::new(), secs, log: format!("{stdout}\n{stderr}") };
+    let mut boot = Boot {
+        order,
+        cells: BTreeMap::new(),
+        hashes: Vec::new(),
+        gaps: Vec::new(),
+        secs,
+        log: format!("{stdout}\n{stderr}"),
+    };
     for line in stdout.lines() {
         // "[nodeN] RESULT scenario direction PASS|FAIL note"
         let (node, rest) = match line.strip_prefix("[node") {
@@ -163,11 +172,11 @@ fn run_boot(rig: &Path, bin: &Path, knode: u8, order: &'static str, scenarios: &
             Some("RESULT") => {
                 let (Some(sc), Some(dir), Some(verdict)) = (f.next(), f.next(), f.next()) else { continue };
                 let note = f.next().unwrap_or("").to_string();
-                boot.cells
-                    .entry((sc.to_string(), dir.to_string()))
-                    .or_default()
-                    .reports
-                    .push((side.to_string(), verdict == "PASS", note));
+                boot.cells.entry((sc.to_string(), dir.to_string())).or_default().reports.push((
+                    side.to_string(),
+                    verdict == "PASS",
+                    note,
+                ));
             }
             Some("GAPS") => {
                 // GAPS <scenario> <direction> <lost> <duplicated>
@@ -199,7 +208,15 @@ fn run_boot(rig: &Path, bin: &Path, knode: u8, order: &'static str, scenarios: &
             let (same, note) = match (sent, recv) {
                 (Some(s), Some(r)) => {
                     let same = s.3 == r.3 && s.4 == r.4;
-                    (same, format!("sender's sha256 {} receiver's ({} / {} messages)", if same { "==" } else { "!=" }, s.3, r.3))
+                    (
+                        same,
+                        format!(
+                            "sender's sha256 {} receiver's ({} / {} messages)",
+                            if same { "==" } else { "!=" },
+                            s.3,
+                            r.3
+                        ),
+                    )
                 }
                 (None, None) => continue,
                 _ => (false, "only one side reported a hash".to_string()),
@@ -247,7 +264,18 @@ fn run_baseline(rig: &Path, bin: &Path, scenarios: &[&str]) -> Result<(Gaps, f64
 fn build_tools(bin: &Path) -> Result<(), String> {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut cmd = Command::new(cargo);
-    cmd.current_dir(workspace_root()).args(["build", "-q", "-p", "rds-tools", "--bin", "rds-ping", "--bin", "rds-gen", "--bin", "rds-sink"]);
+    cmd.current_dir(workspace_root()).args([
+        "build",
+        "-q",
+        "-p",
+        "rds-tools",
+        "--bin",
+        "rds-ping",
+        "--bin",
+        "rds-gen",
+        "--bin",
+        "rds-sink",
+    ]);
     // The profile of this test's own binaries (target/<profile>/).
     match bin.file_name().and_then(|n| n.to_str()) {
         Some("release") => {
@@ -274,7 +302,11 @@ fn table(boots: &[Boot]) -> String {
             let (res, notes) = match b.cells.get(&key) {
                 Some(c) => (
                     if c.ok() { "pass" } else { "**FAIL**" },
-                    c.reports.iter().map(|r| format!("{}: {}", r.0, r.2.replace('|', "/"))).collect::<Vec<_>>().join("<br>"),
+                    c.reports
+                        .iter()
+                        .map(|r| format!("{}: {}", r.0, r.2.replace('|', "/")))
+                        .collect::<Vec<_>>()
+                        .join("<br>"),
                 ),
                 None => ("**missing**", String::new()),
             };
@@ -317,7 +349,8 @@ fn kernel_tcp_conformance() {
     }
     let mut t = table(&boots);
     // Lost and duplicated messages: ours against the kernel's own.
-    let gap_wanted: Vec<&str> = GAP_SCENARIOS.iter().copied().filter(|sc| scenarios.split_whitespace().any(|w| w == *sc)).collect();
+    let gap_wanted: Vec<&str> =
+        GAP_SCENARIOS.iter().copied().filter(|sc| scenarios.split_whitespace().any(|w| w == *sc)).collect();
     if !gap_wanted.is_empty() {
         t.push_str("\n| scenario | peers | lost | duplicated |\n|---|---|---|---|\n");
         for sc in &gap_wanted {
@@ -331,7 +364,9 @@ fn kernel_tcp_conformance() {
             match run_baseline(&rig, &bin, &gap_wanted) {
                 Ok((g, secs)) => {
                     for (sc, (l, d)) in g {
-                        t.push_str(&format!("| {sc} | kernel and kernel (2 receivers, {secs:.0} s boot) | {l} | {d} |\n"));
+                        t.push_str(&format!(
+                            "| {sc} | kernel and kernel (2 receivers, {secs:.0} s boot) | {l} | {d} |\n"
+                        ));
                     }
                 }
                 Err(why) => t.push_str(&format!("\nkernel-to-kernel baseline not measured: {why}\n")),

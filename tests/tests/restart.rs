@@ -447,7 +447,14 @@ fn run(ip: impl Fn(u8) -> IpAddr + Copy + Send + 'static, exts: HandshakeExts) {
     for (k, s) in sides.iter().enumerate() {
         let other = sa(ip(if s.no == A { B } else { A }), PORT_AB);
         ab_senders.push(ab_sender(s.ab.clone(), s.no, other, ab_done.clone(), stop.clone()));
-        ab_receivers.push(ab_receiver(s.ab.clone(), s.no, other, ab_target[k].clone(), ab_got[k].clone(), stop.clone()));
+        ab_receivers.push(ab_receiver(
+            s.ab.clone(),
+            s.no,
+            other,
+            ab_target[k].clone(),
+            ab_got[k].clone(),
+            stop.clone(),
+        ));
     }
     // A, B <-> C.
     let epoch2 = Arc::new(AtomicBool::new(false));
@@ -504,7 +511,10 @@ fn run(ip: impl Fn(u8) -> IpAddr + Copy + Send + 'static, exts: HandshakeExts) {
         std::thread::sleep(Duration::from_millis(90));
         samples.push(snapshot());
         let n = samples.len();
-        n >= 3 && samples[n - 1] == samples[n - 2] && samples[n - 2] == samples[n - 3] && samples[n - 1].iter().all(|s| s.2 > 0)
+        n >= 3
+            && samples[n - 1] == samples[n - 2]
+            && samples[n - 2] == samples[n - 3]
+            && samples[n - 1].iter().all(|s| s.2 > 0)
     });
     // Per side: epoch-1 datagrams sent, of which the last `unsent` were
     // never transmitted, and the `in_flight` before them transmitted and
@@ -546,7 +556,9 @@ fn run(ip: impl Fn(u8) -> IpAddr + Copy + Send + 'static, exts: HandshakeExts) {
     let c2 = Proc::start(ip, 2, exts, NC2);
     wait_for("the new C to get everything", &|| diag(&c2), || {
         let s = c2.seen();
-        [A, B].iter().all(|&x| s.count(flow(x, C, EPOCH2)) == N2 as usize && s.count(flow(x, C, DEAD)) == N_DEAD as usize)
+        [A, B]
+            .iter()
+            .all(|&x| s.count(flow(x, C, EPOCH2)) == N2 as usize && s.count(flow(x, C, DEAD)) == N_DEAD as usize)
             && s.flushed.is_some()
             && from_c.iter().all(|g| g[1].load(Ordering::SeqCst) == NC2)
     });
@@ -661,7 +673,12 @@ fn run(ip: impl Fn(u8) -> IpAddr + Copy + Send + 'static, exts: HandshakeExts) {
             }
             HandshakeExts::Full => {
                 assert_eq!(counter(e, "peer_restart"), 1, "node {}: one restart of C", s.no);
-                assert_eq!(counter(e, "send_drop_flushed"), in_flight, "node {}: flushed = in flight at the kill", s.no);
+                assert_eq!(
+                    counter(e, "send_drop_flushed"),
+                    in_flight,
+                    "node {}: flushed = in flight at the kill",
+                    s.no
+                );
                 assert_eq!(s.toc.flushed(), in_flight, "node {}", s.no);
             }
         }

@@ -30,7 +30,8 @@ fn every_seed_holds_the_delivery_invariant() {
     if !b.failures.is_empty() {
         let mut msg = String::new();
         for (seed, e) in &b.failures {
-            msg += &format!("seed {seed}: {}\n  replay: {}\n", e.lines().next().unwrap_or(""), sim::replay_command(*seed));
+            msg +=
+                &format!("seed {seed}: {}\n  replay: {}\n", e.lines().next().unwrap_or(""), sim::replay_command(*seed));
         }
         panic!("{} seed(s) failed:\n{msg}", b.failures.len());
     }

@@ -126,11 +126,11 @@ pub fn parse_interval(s: &str) -> Result<Duration, String> {
     Ok(Duration::from_secs_f64(v))
 }
 
-
 /// The source address the host would use to reach `dst` (what rds-ping
 /// does: connect a UDP socket and read its local address).
 pub fn source_for(dst: std::net::IpAddr) -> std::io::Result<std::net::IpAddr> {
-    let any: std::net::SocketAddr = if dst.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
+    let any: std::net::SocketAddr =
+        if dst.is_ipv4() { "0.0.0.0:0".parse().unwrap() } else { "[::]:0".parse().unwrap() };
     let u = std::net::UdpSocket::bind(any)?;
     u.connect(std::net::SocketAddr::new(dst, 9))?;
     Ok(u.local_addr()?.ip())
@@ -232,7 +232,8 @@ mod tests {
 
     #[test]
     fn getopt_forms() {
-        let a = parse(v(&["-c5", "-i", "0.2", "-vz", "--show-histogram", "--port=9", "dst"]), &["c", "i", "port"]).unwrap();
+        let a =
+            parse(v(&["-c5", "-i", "0.2", "-vz", "--show-histogram", "--port=9", "dst"]), &["c", "i", "port"]).unwrap();
         assert_eq!(a.get("c"), Some("5"));
         assert_eq!(a.get("i"), Some("0.2"));
         assert!(a.has("v") && a.has("z") && a.has("show-histogram"));

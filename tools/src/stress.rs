@@ -196,7 +196,17 @@ pub fn stats_header() -> String {
 
 /// One statistics line (`%4u %6u %6u %10.2f %10.2f %10.2f %7.2f %8.2f %5.2f`).
 #[allow(clippy::too_many_arguments)]
-pub fn stats_line(tasks: u32, tx: u64, rx: u64, kbs: f64, mbi: f64, mbo: f64, tx_us: f64, rtt_us: f64, cpu: f64) -> String {
+pub fn stats_line(
+    tasks: u32,
+    tx: u64,
+    rx: u64,
+    kbs: f64,
+    mbi: f64,
+    mbo: f64,
+    tx_us: f64,
+    rtt_us: f64,
+    cpu: f64,
+) -> String {
     format!("{tasks:>4} {tx:>6} {rx:>6} {kbs:>10.2} {mbi:>10.2} {mbo:>10.2} {tx_us:>7.2} {rtt_us:>8.2} {cpu:>5.2}")
 }
 
@@ -383,9 +393,20 @@ mod tests {
         assert_eq!(Header::decode(&b).unwrap(), h);
         assert!(Header::decode(&b[..62]).is_none());
         // The RDMA fields, little-endian at their offsets.
-        let r = Header { rdma_op: RDMA_OP_WRITE, rdma_addr: 0x1122, rdma_pattern: 7, rdma_key: 0x64_0000_0a0b, rdma_size: 4096, rdma_vector: 2, ..h };
+        let r = Header {
+            rdma_op: RDMA_OP_WRITE,
+            rdma_addr: 0x1122,
+            rdma_pattern: 7,
+            rdma_key: 0x64_0000_0a0b,
+            rdma_size: 4096,
+            rdma_vector: 2,
+            ..h
+        };
         r.encode(&mut b);
-        assert_eq!((b[19], &b[20..22], &b[44..49], &b[52..54], b[56]), (2, &[0x22, 0x11][..], &[0x0b, 0x0a, 0, 0, 0x64][..], &[0, 0x10][..], 2));
+        assert_eq!(
+            (b[19], &b[20..22], &b[44..49], &b[52..54], b[56]),
+            (2, &[0x22, 0x11][..], &[0x0b, 0x0a, 0, 0, 0x64][..], &[0, 0x10][..], 2)
+        );
         assert_eq!(Header::decode(&b).unwrap(), r);
         let mut g = h;
         g.seq += 1;
@@ -426,10 +447,7 @@ mod tests {
 
     #[test]
     fn columns() {
-        assert_eq!(
-            stats_header(),
-            "tsks   tx/s   rx/s  tx+rx K/s    mbi K/s    mbo K/s tx us/c   rtt us cpu %"
-        );
+        assert_eq!(stats_header(), "tsks   tx/s   rx/s  tx+rx K/s    mbi K/s    mbo K/s tx us/c   rtt us cpu %");
         assert_eq!(
             stats_line(1, 12345, 12344, 13622.5, 0.0, 0.0, 3.456, 80.0, -1.0),
             "   1  12345  12344   13622.50       0.00       0.00    3.46    80.00 -1.00"

@@ -7,7 +7,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{ip, Proc};
+use common::{Proc, ip};
 use sha2::Digest;
 
 const LONG: Duration = Duration::from_secs(90);

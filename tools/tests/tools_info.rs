@@ -7,7 +7,7 @@ mod common;
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{ip, run, Proc};
+use common::{Proc, ip, run};
 use rds_core::stats::Counters;
 use rds_sock::{Engine, EngineConfig};
 
@@ -21,7 +21,12 @@ fn blocks(out: &[String]) -> Vec<(u32, u32, String, Vec<String>)> {
             let w: Vec<&str> = rest.split_whitespace().collect();
             assert_eq!(w[1], "engine", "{l}");
             assert_eq!(w[4], "addresses", "{l}");
-            v.push((w[0].parse().unwrap(), w[2].parse().unwrap(), w[3].trim_matches(['(', ')']).to_string(), vec![l.clone()]));
+            v.push((
+                w[0].parse().unwrap(),
+                w[2].parse().unwrap(),
+                w[3].trim_matches(['(', ')']).to_string(),
+                vec![l.clone()],
+            ));
         } else {
             v.last_mut().unwrap_or_else(|| panic!("output before a node line: {l}")).3.push(l.clone());
         }
@@ -291,7 +296,14 @@ fn queued_messages_are_listed_in_order() {
     // The multipath probe (port 1 to port 0, empty) was queued first.
     let send: Vec<Vec<String>> =
         table(&b1, "Send Message Queue:", MSG_HDR).into_iter().filter(|r| r[2] == ip(t, 9).to_string()).collect();
-    assert_eq!(send, vec![row(ip(t, 1), 1, ip(t, 9), 0, 1, 0), row(ip(t, 1), 5000, ip(t, 9), 4000, 2, 7), row(ip(t, 1), 5000, ip(t, 9), 4000, 3, 8)]);
+    assert_eq!(
+        send,
+        vec![
+            row(ip(t, 1), 1, ip(t, 9), 0, 1, 0),
+            row(ip(t, 1), 5000, ip(t, 9), 4000, 2, 7),
+            row(ip(t, 1), 5000, ip(t, 9), 4000, 3, 8)
+        ]
+    );
     assert!(table(&b1, "Retransmit Message Queue:", MSG_HDR).is_empty());
     e1.shutdown(Duration::ZERO);
     e2.shutdown(Duration::ZERO);

@@ -5,7 +5,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{ip, run, Proc};
+use common::{Proc, ip, run};
 
 const LONG: Duration = Duration::from_secs(60);
 

@@ -9,9 +9,9 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, SocketAddrV4, TcpStream};
 use std::time::{Duration, Instant};
 
-use common::{ip, run, Proc};
+use common::{Proc, ip, run};
 use rds_sock::{Engine, EngineConfig, RdsSocket};
-use rds_tools::stress::{pattern, Header, WireOptions, HEADER_SIZE, OP_ACK, OP_REQ};
+use rds_tools::stress::{HEADER_SIZE, Header, OP_ACK, OP_REQ, WireOptions, pattern};
 
 const LONG: Duration = Duration::from_secs(60);
 const HEADER: &str = "tsks   tx/s   rx/s  tx+rx K/s    mbi K/s    mbo K/s tx us/c   rtt us cpu %";
@@ -52,8 +52,7 @@ fn parse_stats(line: &str) -> Option<Stats> {
 
 /// (per-second lines, the average line) of an rds-stress output.
 fn stats(out: &[String]) -> (Vec<Stats>, Stats) {
-    let per_sec: Vec<Stats> =
-        out.iter().filter(|l| !l.ends_with("(average)")).filter_map(|l| parse_stats(l)).collect();
+    let per_sec: Vec<Stats> = out.iter().filter(|l| !l.ends_with("(average)")).filter_map(|l| parse_stats(l)).collect();
     let avg: Vec<&String> = out.iter().filter(|l| l.ends_with("  (average)")).collect();
     assert_eq!(avg.len(), 1, "one (average) line: {out:#?}");
     let a = parse_stats(avg[0]).unwrap_or_else(|| panic!("bad average line {:?}", avg[0]));
@@ -93,7 +92,19 @@ fn passive_and_active_stop_after_t_seconds() {
     let start = Instant::now();
     let mut act = Proc::spawn(
         "rds-stress",
-        &["-r", &ip(t, 2).to_string(), "-s", &ip(t, 1).to_string(), "-p", &port.to_string(), "-T", "3", "-d", "2", "--show-histogram"],
+        &[
+            "-r",
+            &ip(t, 2).to_string(),
+            "-s",
+            &ip(t, 1).to_string(),
+            "-p",
+            &port.to_string(),
+            "-T",
+            "3",
+            "-d",
+            "2",
+            "--show-histogram",
+        ],
     );
     assert_eq!(act.code(LONG), 0, "{}", act.dump());
     let took = start.elapsed();
@@ -150,8 +161,23 @@ fn verify_with_megabyte_requests_summary_only_and_cpu() {
     let mut act = Proc::spawn(
         "rds-stress",
         &[
-            "-r", &ip(t, 2).to_string(), "-s", &ip(t, 1).to_string(), "-p", &port.to_string(),
-            "-T", "2", "-v", "-q", "1M", "-t", "2", "-d", "2", "-z", "-c",
+            "-r",
+            &ip(t, 2).to_string(),
+            "-s",
+            &ip(t, 1).to_string(),
+            "-p",
+            &port.to_string(),
+            "-T",
+            "2",
+            "-v",
+            "-q",
+            "1M",
+            "-t",
+            "2",
+            "-d",
+            "2",
+            "-z",
+            "-c",
         ],
     );
     assert_eq!(act.code(LONG), 0, "{}", act.dump());
@@ -186,7 +212,22 @@ fn one_way_with_perfdata_and_tos() {
     let mut pas = passive(t, port);
     let mut act = Proc::spawn(
         "rds-stress",
-        &["-r", &ip(t, 2).to_string(), "-s", &ip(t, 1).to_string(), "-p", &port.to_string(), "-T", "2", "-o", "-d", "4", "--show-perfdata", "-Q", "1"],
+        &[
+            "-r",
+            &ip(t, 2).to_string(),
+            "-s",
+            &ip(t, 1).to_string(),
+            "-p",
+            &port.to_string(),
+            "-T",
+            "2",
+            "-o",
+            "-d",
+            "4",
+            "--show-perfdata",
+            "-Q",
+            "1",
+        ],
     );
     assert_eq!(act.code(LONG), 0, "{}", act.dump());
     assert_eq!(pas.code(Duration::from_secs(20)), 0, "{}", pas.dump());
@@ -219,7 +260,10 @@ fn one_way_with_perfdata_and_tos() {
 fn active_side_fails_when_the_passive_side_goes_away() {
     let (t, port) = (6, 4106);
     let mut pas = passive(t, port);
-    let mut act = Proc::spawn("rds-stress", &["-r", &ip(t, 2).to_string(), "-s", &ip(t, 1).to_string(), "-p", &port.to_string(), "-T", "60"]);
+    let mut act = Proc::spawn(
+        "rds-stress",
+        &["-r", &ip(t, 2).to_string(), "-s", &ip(t, 1).to_string(), "-p", &port.to_string(), "-T", "60"],
+    );
     act.wait_line(false, LONG, |l| l == HEADER);
     pas.kill();
     assert_eq!(act.code(Duration::from_secs(20)), 1, "{}", act.dump());
@@ -343,14 +387,19 @@ fn passive_side_verifies_payloads_and_names_the_corruption() {
         assert_eq!((h.op, n), (OP_REQ, 256));
         assert_eq!(&buf[HEADER_SIZE..n], &pat[..]);
     };
-    assert_eq!((ack.from_addr, ack.from_port, ack.to_addr, ack.to_port, ack.index), (*peer.ip(), peer.port(), *me.ip(), me.port(), 0));
+    assert_eq!(
+        (ack.from_addr, ack.from_port, ack.to_addr, ack.to_port, ack.index),
+        (*peer.ip(), peer.port(), *me.ip(), me.port(), 0)
+    );
     // A corrupted one kills it, naming the flow and the offset.
     sock.send_to(&request(1, Some(100)), peer.into()).unwrap();
     assert_eq!(pas.code(Duration::from_secs(20)), 1, "{}", pas.dump());
     let out = pas.stdout();
     assert!(
         // (It may share a line with the dots of "Starting up", as in the original.)
-        out.iter().any(|l| l.ends_with("An incoming message has a corrupted payload at offset 100; 1 out of 193 bytes corrupted")),
+        out.iter()
+            .any(|l| l
+                .ends_with("An incoming message has a corrupted payload at offset 100; 1 out of 193 bytes corrupted")),
         "{}",
         pas.dump()
     );

@@ -89,7 +89,12 @@ pub struct Net {
 /// only, plain map headers); the default `Full` has its own tests
 /// (`sim_regressions.rs`, `full_*`) and the simulator.
 pub fn config(i: usize) -> NodeConfig {
-    NodeConfig { gen_num: 100 + i as u32, seed: i as u64, handshake_exts: HandshakeExts::Mainline, ..NodeConfig::default() }
+    NodeConfig {
+        gen_num: 100 + i as u32,
+        seed: i as u64,
+        handshake_exts: HandshakeExts::Mainline,
+        ..NodeConfig::default()
+    }
 }
 
 pub fn make_node(cfg: NodeConfig, addr: IpAddr, kind: TransportKind) -> Node {
@@ -318,8 +323,7 @@ impl Net {
     /// Node `j` restarts as a new instance with `cfg`: its links die (the
     /// peers see the connections close) and it forgets everything.
     pub fn restart(&mut self, j: usize, cfg: NodeConfig) {
-        let mut dead: Vec<(usize, PathId)> =
-            self.links.iter().filter(|(_, l)| l.peer == j).map(|(k, _)| *k).collect();
+        let mut dead: Vec<(usize, PathId)> = self.links.iter().filter(|(_, l)| l.peer == j).map(|(k, _)| *k).collect();
         dead.sort();
         let now = self.now;
         for (i, p) in dead {

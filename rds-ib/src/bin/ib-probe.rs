@@ -22,7 +22,7 @@ use std::net::IpAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use rds_ib::verbs::{device_names, Conn, Listener, Verbs};
+use rds_ib::verbs::{Conn, Listener, Verbs, device_names};
 
 fn pattern(k: usize, n: usize) -> Vec<u8> {
     (0..n).map(|i| ((i + k) % 251) as u8).collect()
@@ -89,10 +89,24 @@ fn active(a: &[String]) -> Result<(), String> {
         let m = conn.poll(deadline).map_err(|e| format!("waiting for pong: {e}"))?.ok_or("no pong")?;
         let h = &m.header;
         if h.sport == 0 && h.dport == sport && m.payload.is_empty() {
-            println!("PONG seq {} to_ping {} sport {} dport {} rtt_us {}", h.sequence, ping_seq, h.sport, h.dport, t1.elapsed().as_micros());
+            println!(
+                "PONG seq {} to_ping {} sport {} dport {} rtt_us {}",
+                h.sequence,
+                ping_seq,
+                h.sport,
+                h.dport,
+                t1.elapsed().as_micros()
+            );
             break;
         }
-        println!("OTHER seq {} sport {} dport {} flags {:#04x} len {}", h.sequence, h.sport, h.dport, h.flags, m.payload.len());
+        println!(
+            "OTHER seq {} sport {} dport {} flags {:#04x} len {}",
+            h.sequence,
+            h.sport,
+            h.dport,
+            h.flags,
+            m.payload.len()
+        );
     }
     let mut last = ping_seq;
     for (k, &n) in sizes.iter().enumerate() {
@@ -109,7 +123,14 @@ fn active(a: &[String]) -> Result<(), String> {
     // connection is retransmitted on the next one.
     while let Some(m) = conn.poll(Instant::now() + Duration::from_millis(300)).map_err(|e| e.to_string())? {
         let h = &m.header;
-        println!("OTHER seq {} sport {} dport {} flags {:#04x} len {}", h.sequence, h.sport, h.dport, h.flags, m.payload.len());
+        println!(
+            "OTHER seq {} sport {} dport {} flags {:#04x} len {}",
+            h.sequence,
+            h.sport,
+            h.dport,
+            h.flags,
+            m.payload.len()
+        );
     }
     conn.ack_now().map_err(|e| e.to_string())?;
     let _ = conn.poll(Instant::now() + Duration::from_millis(300));
@@ -155,13 +176,30 @@ fn passive(a: &[String]) -> Result<(), String> {
             };
             let h = &m.header;
             if h.dport != port {
-                println!("OTHER seq {} sport {} dport {} flags {:#04x} len {}", h.sequence, h.sport, h.dport, h.flags, m.payload.len());
+                println!(
+                    "OTHER seq {} sport {} dport {} flags {:#04x} len {}",
+                    h.sequence,
+                    h.sport,
+                    h.dport,
+                    h.flags,
+                    m.payload.len()
+                );
                 continue;
             }
             let ok = m.payload == pattern(k, sizes[k]);
-            println!("RX {k} len {} seq {} sport {} {}", m.payload.len(), h.sequence, h.sport, if ok { "ok" } else { "BAD" });
+            println!(
+                "RX {k} len {} seq {} sport {} {}",
+                m.payload.len(),
+                h.sequence,
+                h.sport,
+                if ok { "ok" } else { "BAD" }
+            );
             if !ok {
-                return Err(format!("message {k}: {} bytes, expected {} bytes of the pattern", m.payload.len(), sizes[k]));
+                return Err(format!(
+                    "message {k}: {} bytes, expected {} bytes of the pattern",
+                    m.payload.len(),
+                    sizes[k]
+                ));
             }
             k += 1;
         }

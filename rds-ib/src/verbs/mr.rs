@@ -36,7 +36,7 @@ use std::sync::{Arc, Mutex};
 use rdma_sys as sys;
 use rds_core::RdmaSeg;
 
-use super::{check, errno, sockaddr_v4, Channel, IdGuard, Verbs};
+use super::{Channel, IdGuard, Verbs, check, errno, sockaddr_v4};
 
 /// Most MRs registered at a time, over all sockets.
 pub const MAX_MRS: usize = 4096;

@@ -26,11 +26,11 @@ use std::io;
 use std::ptr;
 
 use rdma_sys as sys;
-use rds_core::message::{rdma_flags, rdma_status};
 use rds_core::RdmaOp;
+use rds_core::message::{rdma_flags, rdma_status};
 
-use super::mr::{cookie_key, cookie_offset, register_local, LocalMr};
-use super::{err, Conn};
+use super::mr::{LocalMr, cookie_key, cookie_offset, register_local};
+use super::{Conn, err};
 
 /// Most local buffers of one op (one send-ring slot each).
 pub const MAX_RDMA_SGES: usize = 64;

@@ -36,12 +36,12 @@
 //! RoCE only: an InfiniBand port (LID routed, no IP in its GID table) is
 //! not found by address yet.
 
+use std::collections::HashMap;
 use std::io::{self, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::raw::c_int;
 use std::ptr;
-use std::collections::HashMap;
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -50,8 +50,8 @@ use rdma_sys as sys;
 
 use rds_core::wire::{PROTOCOL_3_1, PROTOCOL_4_1};
 
-use super::{err, errno, sockaddr_v4, Conn, Link, Verbs};
-use crate::sidechannel::{parse_header, random_nonce, random_psn, Client, Key, Params, Server, SideError, HEADER_LEN};
+use super::{Conn, Link, Verbs, err, errno, sockaddr_v4};
+use crate::sidechannel::{Client, HEADER_LEN, Key, Params, Server, SideError, parse_header, random_nonce, random_psn};
 
 /// How long the accepting side waits for a peer's handshake: HELLO to
 /// CLIENT_PARAMS in all, then again for SERVER_PARAMS to READY.
@@ -127,7 +127,8 @@ impl Verbs {
             // SAFETY: the list holds n valid device pointers.
             let dev = unsafe { *list.add(i) };
             // SAFETY: dev is a device of the list; its name is a C string it owns.
-            let name = unsafe { std::ffi::CStr::from_ptr(sys::ibv_get_device_name(dev)) }.to_string_lossy().into_owned();
+            let name =
+                unsafe { std::ffi::CStr::from_ptr(sys::ibv_get_device_name(dev)) }.to_string_lossy().into_owned();
             let ctx = {
                 let mut opened = self.opened.lock().unwrap_or_else(|p| p.into_inner());
                 match opened.iter().find(|(n, _)| *n == name) {
@@ -207,7 +208,11 @@ fn read_exact_by(s: &TcpStream, buf: &mut [u8], deadline: Instant) -> io::Result
         match (&*s).read(&mut buf[off..]) {
             Ok(0) => return Err(io::ErrorKind::UnexpectedEof.into()),
             Ok(n) => off += n,
-            Err(e) if matches!(e.kind(), io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted) => {}
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut | io::ErrorKind::Interrupted
+                ) => {}
             Err(e) => return Err(e),
         }
     }
@@ -322,7 +327,11 @@ impl Conn {
         a.pkey_index = 0;
         a.port_num = port;
         a.qp_access_flags = sys::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE.0;
-        self.modify(&mut a, M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS, "ibv_modify_qp INIT")
+        self.modify(
+            &mut a,
+            M::IBV_QP_STATE | M::IBV_QP_PKEY_INDEX | M::IBV_QP_PORT | M::IBV_QP_ACCESS_FLAGS,
+            "ibv_modify_qp INIT",
+        )
     }
 
     /// INIT -> RTR toward the peer's QP, then RTR -> RTS with our PSN.
@@ -367,7 +376,12 @@ impl Conn {
         a.max_rd_atomic = 1;
         self.modify(
             &mut a,
-            M::IBV_QP_STATE | M::IBV_QP_TIMEOUT | M::IBV_QP_RETRY_CNT | M::IBV_QP_RNR_RETRY | M::IBV_QP_SQ_PSN | M::IBV_QP_MAX_QP_RD_ATOMIC,
+            M::IBV_QP_STATE
+                | M::IBV_QP_TIMEOUT
+                | M::IBV_QP_RETRY_CNT
+                | M::IBV_QP_RNR_RETRY
+                | M::IBV_QP_SQ_PSN
+                | M::IBV_QP_MAX_QP_RD_ATOMIC,
             "ibv_modify_qp RTS",
         )
     }
@@ -599,7 +613,12 @@ impl Drop for Outcome<'_> {
 
 /// The unauthenticated part: HELLO, CHALLENGE, CLIENT_PARAMS by
 /// `deadline`. `Err(true)` on a bad MAC, `Err(false)` otherwise.
-fn pre_auth(sock: &TcpStream, fallback_local: Ipv4Addr, key: &Key, deadline: Instant) -> Result<(Ipv4Addr, Server, Params), bool> {
+fn pre_auth(
+    sock: &TcpStream,
+    fallback_local: Ipv4Addr,
+    key: &Key,
+    deadline: Instant,
+) -> Result<(Ipv4Addr, Server, Params), bool> {
     let run = || -> Result<(Ipv4Addr, Server, Params), (bool, io::Error)> {
         let plain = |e: io::Error| (false, e);
         sock.set_nonblocking(false).map_err(plain)?;
@@ -635,7 +654,8 @@ fn serve_connection(sock: TcpStream, from: Ipv4Addr, slot: Slot, cx: Ctx) {
         }
     };
     // Its claimed addresses must be the TCP connection's.
-    if theirs.local != IpAddr::V4(from) || theirs.peer != IpAddr::V4(local)
+    if theirs.local != IpAddr::V4(from)
+        || theirs.peer != IpAddr::V4(local)
         || !matches!(theirs.rds_version, PROTOCOL_4_1 | PROTOCOL_3_1)
     {
         let _ = sock.shutdown(std::net::Shutdown::Both);
@@ -770,7 +790,10 @@ impl<T> SideListener<T> {
                             self.next_ticket += 1;
                             if answer.send(Some(ticket)).is_err() {
                                 // The thread is gone: taken, but nothing will come.
-                                return Ok(Some(SideEvent::Failed(err(libc::ECONNABORTED, "RDS-IB side channel setup"), t)));
+                                return Ok(Some(SideEvent::Failed(
+                                    err(libc::ECONNABORTED, "RDS-IB side channel setup"),
+                                    t,
+                                )));
                             }
                             self.admitted.insert(ticket, t);
                         }
@@ -970,7 +993,11 @@ mod tests {
         let h = std::thread::spawn(move || honest(client, srv));
         let mut admitted = Vec::new();
         drive_until_admit(&mut l, &stalled, &mut admitted);
-        assert_eq!(admitted, vec![(addr, client, true)], "one admission check, for the honest peer, with every stalled client still connected");
+        assert_eq!(
+            admitted,
+            vec![(addr, client, true)],
+            "one admission check, for the honest peer, with every stalled client still connected"
+        );
         assert!(h.join().unwrap().unwrap(), "the honest peer was refused (closed) after authenticating");
         assert_eq!((l.refused, l.auth_failed, l.bad_handshake, l.busy), (1, 0, 0, 0));
         assert_eq!(l.pending(), 4, "the stalled handshakes are still waiting");

@@ -84,13 +84,15 @@ fn pattern(k: usize, n: usize) -> Vec<u8> {
 }
 
 fn barrier(name: &str, secs: u32) -> Result<(), String> {
-    let st = Command::new("barrier").arg(name).arg(secs.to_string()).status().map_err(|e| format!("barrier {name}: {e}"))?;
+    let st =
+        Command::new("barrier").arg(name).arg(secs.to_string()).status().map_err(|e| format!("barrier {name}: {e}"))?;
     if st.success() { Ok(()) } else { Err(format!("barrier {name} failed")) }
 }
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.len() < 5 || !matches!(
+    if args.len() < 5
+        || !matches!(
             args[0].as_str(),
             "send-recv"
                 | "recv-send"
@@ -103,7 +105,8 @@ fn main() -> ExitCode {
                 | "stall"
                 | "stream-send"
                 | "stream-recv"
-        ) {
+        )
+    {
         eprintln!(
             "usage: rds-ib-peer send-recv|recv-send|recv-none|recv-then-none|send-unacked|tcp-send|tcp-probe|rogue|stall|stream-send|stream-recv LOCAL LPORT PEER PPORT SIZE..."
         );
@@ -137,10 +140,13 @@ fn run(a: &[String]) -> Result<(), String> {
     if a[0].starts_with("stream-") {
         return stream(a, local, peer);
     }
-    let sizes: Vec<usize> = a[5..].iter().map(|s| s.parse().map_err(|_| format!("bad size {s}"))).collect::<Result<_, _>>()?;
+    let sizes: Vec<usize> =
+        a[5..].iter().map(|s| s.parse().map_err(|_| format!("bad size {s}"))).collect::<Result<_, _>>()?;
     let gap = std::env::var("GAP_MS").ok().and_then(|v| v.parse().ok()).map(Duration::from_millis);
     let pause_at: Option<usize> = std::env::var("PAUSE_AT").ok().and_then(|v| v.parse().ok());
-    let env_secs = |name: &str, dflt: u64| Duration::from_secs(std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(dflt));
+    let env_secs = |name: &str, dflt: u64| {
+        Duration::from_secs(std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(dflt))
+    };
     let engine = Engine::global().map_err(|e| format!("engine: {e}"))?;
     let s = engine.socket().map_err(|e| format!("socket: {e}"))?;
     if a[0] == "tcp-send" {
@@ -167,7 +173,10 @@ fn run(a: &[String]) -> Result<(), String> {
             loop {
                 match s.send_to(&pattern(k, n), peer) {
                     Ok(_) => break,
-                    Err(e) if matches!(e.raw_os_error(), Some(libc::ENOBUFS) | Some(libc::EAGAIN)) && Instant::now() < deadline => {
+                    Err(e)
+                        if matches!(e.raw_os_error(), Some(libc::ENOBUFS) | Some(libc::EAGAIN))
+                            && Instant::now() < deadline =>
+                    {
                         std::thread::sleep(Duration::from_millis(2));
                     }
                     Err(e) => return Err(format!("send {k}: {e}")),
@@ -235,7 +244,11 @@ fn run(a: &[String]) -> Result<(), String> {
         let _ = barrier(&b, 180);
     }
     for (name, v) in engine.counters() {
-        if name.starts_with("ib_") || name.starts_with("recv_drop") || name.contains("conn_reset") || name.contains("retrans") {
+        if name.starts_with("ib_")
+            || name.starts_with("recv_drop")
+            || name.contains("conn_reset")
+            || name.contains("retrans")
+        {
             println!("CTR {name} {v}");
         }
     }
@@ -297,7 +310,10 @@ fn stream(a: &[String], local: SocketAddr, peer: SocketAddr) -> Result<(), Strin
             loop {
                 match s.send_to(&m, peer) {
                     Ok(_) => break,
-                    Err(e) if matches!(e.raw_os_error(), Some(libc::ENOBUFS) | Some(libc::EAGAIN)) && Instant::now() < deadline => {
+                    Err(e)
+                        if matches!(e.raw_os_error(), Some(libc::ENOBUFS) | Some(libc::EAGAIN))
+                            && Instant::now() < deadline =>
+                    {
                         std::thread::sleep(Duration::from_millis(2));
                     }
                     Err(e) => {
@@ -457,8 +473,10 @@ fn rogue(a: &[String]) -> Result<(), String> {
     let peer: IpAddr = a[3].parse().map_err(|e| format!("peer: {e}"))?;
     let path = std::env::var(rds_ib::transport::ENV_PSK_FILE).map_err(|_| "RDS_IB_PSK_FILE not set".to_string())?;
     let key = std::fs::read(&path).map_err(|e| format!("{path}: {e}"))?;
-    let port = std::env::var(rds_ib::transport::ENV_SIDE_PORT).ok().and_then(|v| v.parse().ok()).unwrap_or(sc::DEFAULT_PORT);
-    let mut s = TcpStream::connect_timeout(&(peer, port).into(), Duration::from_secs(10)).map_err(|e| format!("connect: {e}"))?;
+    let port =
+        std::env::var(rds_ib::transport::ENV_SIDE_PORT).ok().and_then(|v| v.parse().ok()).unwrap_or(sc::DEFAULT_PORT);
+    let mut s = TcpStream::connect_timeout(&(peer, port).into(), Duration::from_secs(10))
+        .map_err(|e| format!("connect: {e}"))?;
     s.set_read_timeout(Some(Duration::from_secs(20))).map_err(|e| e.to_string())?;
     let nc = sc::random_nonce().map_err(|e| e.to_string())?;
     let (_, hello) = sc::Client::new(&sc::Key::new(key.clone()).map_err(|e| e.to_string())?, nc);

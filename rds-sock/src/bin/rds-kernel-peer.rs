@@ -37,7 +37,13 @@ fn cvt(ret: libc::c_int, what: &str) -> Result<libc::c_int, String> {
 fn setopt(fd: &OwnedFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> Result<(), String> {
     // SAFETY: fd is open; the option value is a c_int that lives across the call.
     let r = unsafe {
-        libc::setsockopt(fd.as_raw_fd(), level, name, &v as *const _ as *const libc::c_void, size_of::<libc::c_int>() as u32)
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            level,
+            name,
+            &v as *const _ as *const libc::c_void,
+            size_of::<libc::c_int>() as u32,
+        )
     };
     cvt(r, "setsockopt").map(drop)
 }
@@ -49,7 +55,8 @@ fn run(a: &[String]) -> Result<usize, String> {
     };
     let local = sa(&a[1], &a[2])?;
     let peer = sa(&a[3], &a[4])?;
-    let sizes: Vec<usize> = a[5..].iter().map(|s| s.parse().map_err(|_| format!("bad size {s}"))).collect::<Result<_, _>>()?;
+    let sizes: Vec<usize> =
+        a[5..].iter().map(|s| s.parse().map_err(|_| format!("bad size {s}"))).collect::<Result<_, _>>()?;
     // SAFETY: plain socket(2) call.
     let fd = cvt(unsafe { libc::socket(AF_RDS, libc::SOCK_SEQPACKET, 0) }, "socket(AF_RDS)")?;
     // SAFETY: fd was just returned by socket(2) and is owned here only.
@@ -66,7 +73,13 @@ fn run(a: &[String]) -> Result<usize, String> {
         let tv = libc::timeval { tv_sec: 60, tv_usec: 0 };
         // SAFETY: fd is open; tv lives across the call.
         let r = unsafe {
-            libc::setsockopt(fd.as_raw_fd(), libc::SOL_SOCKET, libc::SO_RCVTIMEO, &tv as *const _ as *const libc::c_void, size_of::<libc::timeval>() as u32)
+            libc::setsockopt(
+                fd.as_raw_fd(),
+                libc::SOL_SOCKET,
+                libc::SO_RCVTIMEO,
+                &tv as *const _ as *const libc::c_void,
+                size_of::<libc::timeval>() as u32,
+            )
         };
         cvt(r, "SO_RCVTIMEO")?;
         if let Ok(b) = std::env::var("BARRIER") {
@@ -81,7 +94,14 @@ fn run(a: &[String]) -> Result<usize, String> {
             // storage and a length for the sender's address.
             let (got, from) = unsafe {
                 SockAddr::try_init(|ss, len| {
-                    let r = libc::recvfrom(fd.as_raw_fd(), buf.as_mut_ptr() as *mut libc::c_void, buf.len(), 0, ss.cast(), len);
+                    let r = libc::recvfrom(
+                        fd.as_raw_fd(),
+                        buf.as_mut_ptr() as *mut libc::c_void,
+                        buf.len(),
+                        0,
+                        ss.cast(),
+                        len,
+                    );
                     if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r as usize) }
                 })
             }
@@ -97,7 +117,9 @@ fn run(a: &[String]) -> Result<usize, String> {
         for (k, &n) in sizes.iter().enumerate() {
             let m = pattern(k, n);
             // SAFETY: m and to are valid for their lengths for the call.
-            let r = unsafe { libc::sendto(fd.as_raw_fd(), m.as_ptr() as *const libc::c_void, m.len(), 0, to.as_ptr(), to.len()) };
+            let r = unsafe {
+                libc::sendto(fd.as_raw_fd(), m.as_ptr() as *const libc::c_void, m.len(), 0, to.as_ptr(), to.len())
+            };
             if r < 0 {
                 return Err(format!("sendto {k}: {}", io::Error::last_os_error()));
             }

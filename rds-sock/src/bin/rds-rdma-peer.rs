@@ -293,7 +293,12 @@ fn next_data(ep: &dyn Ep, statuses: &mut Vec<(u64, i32)>) -> Result<(Vec<u8>, Op
     }
 }
 
-fn wait_status(ep: &dyn Ep, statuses: &mut Vec<(u64, i32)>, early: &mut Vec<Vec<u8>>, token: u64) -> Result<i32, String> {
+fn wait_status(
+    ep: &dyn Ep,
+    statuses: &mut Vec<(u64, i32)>,
+    early: &mut Vec<Vec<u8>>,
+    token: u64,
+) -> Result<i32, String> {
     let t0 = Instant::now();
     loop {
         if let Some(p) = statuses.iter().position(|s| s.0 == token) {
@@ -469,7 +474,8 @@ fn initiator(ep: &dyn Ep, peer: SocketAddr, n: usize) -> Result<(), String> {
     }
     // WRITE A.
     let w = RdmaBuf::from_slice(&pattern(2, n));
-    ep.send(b"W", peer, Some(op(ca, 0, n as u64, vec![w.all()], F::READWRITE, 2))).map_err(|e| format!("send W: {e}"))?;
+    ep.send(b"W", peer, Some(op(ca, 0, n as u64, vec![w.all()], F::READWRITE, 2)))
+        .map_err(|e| format!("send W: {e}"))?;
     let s = wait_status(ep, &mut st, &mut early, 2)?;
     println!("WRITE status {s}");
     bad += (s != 0) as u32;
@@ -485,8 +491,7 @@ fn initiator(ep: &dyn Ep, peer: SocketAddr, n: usize) -> Result<(), String> {
     wait_ok(ep, &mut st, &mut early, "W2")?;
     // WRITE B (use-once).
     let p4 = RdmaBuf::from_slice(&pattern(4, 64));
-    ep.send(b"W3", peer, Some(op(cb, 0, 64, vec![p4.all()], F::READWRITE, 4)))
-        .map_err(|e| format!("send W3: {e}"))?;
+    ep.send(b"W3", peer, Some(op(cb, 0, 64, vec![p4.all()], F::READWRITE, 4))).map_err(|e| format!("send W3: {e}"))?;
     // Ours: the caller's handle goes at once; the op keeps the memory
     // alive, and the target still checks the bytes it got.
     let p4 = if ep.holds() { None } else { Some(p4) };

@@ -24,7 +24,7 @@ use rds_core::{
     ConnId, ConnSnapshot, MsgSnapshot, PathId, PathSnapshot, PathState, SockSnapshot, TransportConnInfo, TransportKind,
 };
 
-use super::{sections, NodeIdent, Snapshot};
+use super::{NodeIdent, Snapshot, sections};
 
 pub const MAGIC: [u8; 4] = *b"RDSI";
 pub const VERSION: u16 = 1;

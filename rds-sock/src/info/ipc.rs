@@ -29,8 +29,8 @@ use std::sync::{Arc, Mutex, Once};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::codec::{self, DecodeError, Status};
 use super::Snapshot;
+use super::codec::{self, DecodeError, Status};
 
 /// How long either side waits for the other.
 const IO_TIMEOUT: Duration = Duration::from_secs(2);
@@ -89,7 +89,8 @@ pub fn client_dirs() -> Vec<PathBuf> {
     if euid() != 0 || std::env::var_os("RDS_INFO_DIR").is_some_and(|d| !d.is_empty()) {
         return out;
     }
-    let numeric = |n: &std::ffi::OsStr| n.to_str().is_some_and(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()));
+    let numeric =
+        |n: &std::ffi::OsStr| n.to_str().is_some_and(|s| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit()));
     let mut others = Vec::new();
     if let Ok(rd) = std::fs::read_dir("/tmp") {
         for ent in rd.flatten() {
@@ -336,7 +337,9 @@ impl std::fmt::Display for QueryError {
         match self {
             QueryError::Gone => write!(f, "the node went away"),
             QueryError::Denied => write!(f, "permission denied"),
-            QueryError::Version(v) => write!(f, "the node speaks info protocol version {v}, we speak {}", codec::VERSION),
+            QueryError::Version(v) => {
+                write!(f, "the node speaks info protocol version {v}, we speak {}", codec::VERSION)
+            }
             QueryError::Io(e) => write!(f, "{e}"),
             QueryError::Decode(e) => write!(f, "{e}"),
         }

@@ -167,11 +167,8 @@ fn items(snap: &Snapshot, opt: i32) -> Option<(usize, Vec<Vec<u8>>)> {
         list.iter()
             .filter_map(|m| {
                 let it = Item::new().u64(m.seq).u32(m.len);
-                let it = if six {
-                    it.in6(v6(m.laddr)).in6(v6(m.faddr))
-                } else {
-                    it.in4(v4(m.laddr)?).in4(v4(m.faddr)?)
-                };
+                let it =
+                    if six { it.in6(v6(m.laddr)).in6(v6(m.faddr)) } else { it.in4(v4(m.laddr)?).in4(v4(m.faddr)?) };
                 Some(it.be16(m.lport).be16(m.fport).u8(0).u8(m.tos).0)
             })
             .collect()
@@ -189,11 +186,8 @@ fn items(snap: &Snapshot, opt: i32) -> Option<(usize, Vec<Vec<u8>>)> {
                 .filter_map(|c| {
                     let p0 = c.path0();
                     let it = Item::new().u64(p0.next_tx_seq).u64(p0.next_rx_seq);
-                    let it = if six {
-                        it.in6(v6(c.laddr)).in6(v6(c.faddr))
-                    } else {
-                        it.in4(v4(c.laddr)?).in4(v4(c.faddr)?)
-                    };
+                    let it =
+                        if six { it.in6(v6(c.laddr)).in6(v6(c.faddr)) } else { it.in4(v4(c.laddr)?).in4(v4(c.faddr)?) };
                     let it = it.name(c.transport.name(), TRANSPORT_NAME_MAX).u8(conn_flags(c));
                     // The IPv6 struct has no tos.
                     Some(if six { it.0 } else { it.u8(c.tos).0 })
@@ -283,7 +277,9 @@ fn items(snap: &Snapshot, opt: i32) -> Option<(usize, Vec<Vec<u8>>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use rds_core::{ConnId, ConnSnapshot, PathId, PathSnapshot, PathState, SockSnapshot, TransportConnInfo, TransportKind};
+    use rds_core::{
+        ConnId, ConnSnapshot, PathId, PathSnapshot, PathState, SockSnapshot, TransportConnInfo, TransportKind,
+    };
 
     fn ip(s: &str) -> IpAddr {
         s.parse().unwrap()
@@ -403,7 +399,15 @@ mod tests {
     fn options_without_provider_are_enoprotoopt() {
         let s = snap();
         let mut buf = [0u8; 4096];
-        for o in [opt::FLOWS, opt::CONNECTION_STATS, opt::IWARP_CONNECTIONS, opt::IB_CONNECTIONS, opt::RDS6_IB_CONNECTIONS, 9999, 10018] {
+        for o in [
+            opt::FLOWS,
+            opt::CONNECTION_STATS,
+            opt::IWARP_CONNECTIONS,
+            opt::IB_CONNECTIONS,
+            opt::RDS6_IB_CONNECTIONS,
+            9999,
+            10018,
+        ] {
             assert_eq!(getsockopt(&s, o, &mut buf), Err(InfoError::NoProvider), "option {o}");
         }
         assert_eq!(InfoError::NoProvider.errno(), Errno::ENOPROTOOPT);

@@ -17,7 +17,7 @@ use std::net::SocketAddr;
 use rds_core::wire::Header;
 use rds_core::{Errno, RdmaBuf, RdmaOp, RdmaSeg, TransportKind};
 
-use super::{err, RdsSocket};
+use super::{RdsSocket, err};
 
 impl RdsSocket {
     /// The bound address and transport, ENOTCONN if unbound.
@@ -27,7 +27,9 @@ impl RdsSocket {
             let t = n.getsockopt(self.id, rds_core::SockOpt::Transport(0)).ok();
             Some((local, t))
         })
-        .map(|(l, t)| (l, t.and_then(|v| if v == u64::from(TransportKind::Ib.uapi()) { Some(TransportKind::Ib) } else { None })))
+        .map(|(l, t)| {
+            (l, t.and_then(|v| if v == u64::from(TransportKind::Ib.uapi()) { Some(TransportKind::Ib) } else { None }))
+        })
         .ok_or_else(|| err(Errno::ENOTCONN))
     }
 

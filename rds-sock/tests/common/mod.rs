@@ -48,7 +48,13 @@ static BOOT: Mutex<()> = Mutex::new(());
 /// `SKIP: <what> ...`) when the rig cannot start or no guest came up. A
 /// guest that came up prints `[nodeN]` lines, on stdout or, for a scenario
 /// that failed early, on stderr: that is a failure, not a SKIP.
-pub fn boot(what: &str, script: &str, peer_bin: &Path, env: &[(&str, String)], timeout_s: u32) -> Option<(String, Output)> {
+pub fn boot(
+    what: &str,
+    script: &str,
+    peer_bin: &Path,
+    env: &[(&str, String)],
+    timeout_s: u32,
+) -> Option<(String, Output)> {
     let _one = BOOT.lock().unwrap_or_else(|p| p.into_inner());
     let rig = match find_rig().and_then(|r| rig_ready().map(|()| r)) {
         Ok(r) => r,

@@ -30,7 +30,12 @@ pub struct Host {
 /// can be paired with another slot, as between 6.1 kernels (seen here once:
 /// a stalled stream after a path-0 kill). Named here so the tests keep it.
 pub fn node_config(gen_num: u32) -> NodeConfig {
-    NodeConfig { gen_num, seed: u64::from(gen_num), handshake_exts: rds_core::HandshakeExts::Full, ..NodeConfig::default() }
+    NodeConfig {
+        gen_num,
+        seed: u64::from(gen_num),
+        handshake_exts: rds_core::HandshakeExts::Full,
+        ..NodeConfig::default()
+    }
 }
 
 impl Host {

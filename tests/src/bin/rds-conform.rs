@@ -347,7 +347,9 @@ fn sc_ping(ctx: &Ctx) {
                 .lines()
                 .filter(|l| {
                     let l = l.trim();
-                    l.ends_with(" usec") && !l.contains("DUP") && l.split(':').next().is_some_and(|n| n.trim().parse::<u32>().is_ok())
+                    l.ends_with(" usec")
+                        && !l.contains("DUP")
+                        && l.split(':').next().is_some_and(|n| n.trim().parse::<u32>().is_ok())
                 })
                 .count();
             let bad = text.lines().filter(|l| l.contains("DUP") || l.contains("ERROR")).count();
@@ -356,7 +358,12 @@ fn sc_ping(ctx: &Ctx) {
                 "ping",
                 "us->kernel",
                 o.status.success() && replies == 5 && bad == 0,
-                &format!("our rds-ping: {replies}/5 replies from {}:0 ({}), exit {:?}", ctx.peer, rtts.join(", "), o.status.code()),
+                &format!(
+                    "our rds-ping: {replies}/5 replies from {}:0 ({}), exit {:?}",
+                    ctx.peer,
+                    rtts.join(", "),
+                    o.status.code()
+                ),
             );
         }
         Err(e) => result("ping", "us->kernel", false, &format!("cannot run {}: {e}", ping.display())),
@@ -406,7 +413,12 @@ fn sc_tools(ctx: &Ctx) {
                         &format!("our rds-gen printed `{}`, exit {:?}", text.trim(), o.status.code()),
                     );
                 }
-                None => result("tools", "us->kernel", false, &format!("rds-gen printed {text:?}, stderr {:?}", String::from_utf8_lossy(&o.stderr))),
+                None => result(
+                    "tools",
+                    "us->kernel",
+                    false,
+                    &format!("rds-gen printed {text:?}, stderr {:?}", String::from_utf8_lossy(&o.stderr)),
+                ),
             }
         }
         Err(e) => result("tools", "us->kernel", false, &format!("cannot run {}: {e}", generator.display())),
@@ -586,7 +598,11 @@ fn sc_congestion(ctx: &Ctx) {
                 format!("no ENOBUFS ({})", other.unwrap_or_else(|| "timeout".into()))
             },
             if blocked { "blocking send blocked >= 1.5 s" } else { "blocking send did NOT block" },
-            if completed { format!(", completed {after:.2} s after the reader started draining") } else { format!(", did not complete ({done:?})") }
+            if completed {
+                format!(", completed {after:.2} s after the reader started draining")
+            } else {
+                format!(", did not complete ({done:?})")
+            }
         ),
     );
     barrier("cong-a-done", 90);
@@ -599,7 +615,12 @@ fn sc_congestion(ctx: &Ctx) {
     let rcv_before = counter("cong_update_queued");
     barrier("cong-b-drain", 90);
     let checker = Arc::new(Mutex::new(FlowChecker::new(ctx.peer, cong_size)));
-    receive_all(std::slice::from_ref(&ur), &checker, move |c| c.ended(&[flow]), Instant::now() + Duration::from_secs(60));
+    receive_all(
+        std::slice::from_ref(&ur),
+        &checker,
+        move |c| c.ended(&[flow]),
+        Instant::now() + Duration::from_secs(60),
+    );
     let c = checker.lock().unwrap();
     let (ok, note) = c.verdict(&[flow], None);
     let maps = counter("cong_update_queued") - rcv_before;
@@ -672,7 +693,10 @@ fn sc_mprds(ctx: &Ctx) {
             n.info_connections()
                 .into_iter()
                 .find(|c| c.laddr == me && c.faddr == peer && c.transport == TransportKind::Tcp)
-                .map_or(0, |c| if c.npaths == 8 { c.paths.iter().filter(|p| p.state == PathState::Up).count() } else { 0 })
+                .map_or(
+                    0,
+                    |c| if c.npaths == 8 { c.paths.iter().filter(|p| p.state == PathState::Up).count() } else { 0 },
+                )
         });
         if up == 8 || t0.elapsed() > Duration::from_secs(30) {
             break up;
@@ -705,13 +729,18 @@ fn sc_mprds(ctx: &Ctx) {
     barrier("mp-sent", 120);
     // Our view of the connection: the paths, their sequence numbers, the
     // TCP connections of the transport.
-    let conn = engine.with_node(|n| n.info_connections().into_iter().find(|c| c.laddr == me && c.faddr == peer && c.transport == TransportKind::Tcp));
+    let conn = engine.with_node(|n| {
+        n.info_connections().into_iter().find(|c| c.laddr == me && c.faddr == peer && c.transport == TransportKind::Tcp)
+    });
     let tcp = engine.tcp_connections().into_iter().filter(|r| r.peer.is_some_and(|p| p.ip() == peer)).count();
     let (npaths, up, desc, tx_lanes, rx_lanes) = match &conn {
         Some(c) => {
             let up = c.paths.iter().filter(|p| p.state == PathState::Up).count();
-            let desc: Vec<String> =
-                c.paths.iter().map(|p| format!("{}:{:?} tx {} rx {}", p.index, p.state, p.next_tx_seq, p.next_rx_seq)).collect();
+            let desc: Vec<String> = c
+                .paths
+                .iter()
+                .map(|p| format!("{}:{:?} tx {} rx {}", p.index, p.state, p.next_tx_seq, p.next_rx_seq))
+                .collect();
             // Our lane k carries socket 8000+k's 150 messages.
             let tx = c.paths.iter().filter(|p| p.next_tx_seq > MP_PER_FLOW).count();
             let rx = c.paths.iter().filter(|p| p.next_rx_seq > 0).count();
@@ -720,7 +749,12 @@ fn sc_mprds(ctx: &Ctx) {
         None => (0, 0, "no connection".into(), 0, 0),
     };
     info("mprds", &format!("our paths: npaths {npaths}; {desc}; {tcp} TCP connections"));
-    result("mprds", "both", npaths == 8 && up == 8 && tcp == 8, &format!("our node: npaths {npaths}, {up}/8 paths up, {tcp} TCP connections"));
+    result(
+        "mprds",
+        "both",
+        npaths == 8 && up == 8 && tcp == 8,
+        &format!("our node: npaths {npaths}, {up}/8 paths up, {tcp} TCP connections"),
+    );
     let c = checker.lock().unwrap();
     let (ok, note) = c.verdict(&flows, Some(&expect));
     result(
@@ -754,7 +788,9 @@ fn rc_size(_: u32, i: u64) -> usize {
 
 /// Kills all our TCP connections to the peer (resetall).
 fn kill_all_ours(ctx: &Ctx) -> String {
-    let n = sh(&format!("ss -tnH state established '( sport = :16385 or dport = :16385 )' dst {}", ctx.peer)).lines().count();
+    let n = sh(&format!("ss -tnH state established '( sport = :16385 or dport = :16385 )' dst {}", ctx.peer))
+        .lines()
+        .count();
     if n == 0 {
         return "no connection".into();
     }
@@ -957,10 +993,18 @@ fn sc_restart_a(ctx: &Ctx) {
     let checker = Arc::new(Mutex::new(FlowChecker::new(ctx.peer, rs_size)));
     let expect: HashMap<u32, u64> = [(f_in, 100)].into();
     let e2 = expect.clone();
-    receive_all(std::slice::from_ref(&rx), &checker, move |c| c.complete(&e2), Instant::now() + Duration::from_secs(60));
+    receive_all(
+        std::slice::from_ref(&rx),
+        &checker,
+        move |c| c.complete(&e2),
+        Instant::now() + Duration::from_secs(60),
+    );
     let acked = tx.flush(Duration::from_secs(30));
     let (ok, note) = checker.lock().unwrap().verdict(&[f_in], Some(&expect));
-    info("restart", &format!("first process: epoch 1 received {} ({note}), sent all acked: {acked}", if ok { "ok" } else { "BAD" }));
+    info(
+        "restart",
+        &format!("first process: epoch 1 received {} ({note}), sent all acked: {acked}", if ok { "ok" } else { "BAD" }),
+    );
     barrier("rs-2", 60);
     // Stop: our TCP stops reading, the kernel's next burst stays unacked.
     // SAFETY: raise() with a valid signal number.
@@ -979,7 +1023,8 @@ fn sc_restart_b(ctx: &Ctx) {
         let (tx, peer) = (tx.clone(), ctx.peer);
         std::thread::spawn(move || -> Result<(), String> {
             for k in 0..100 {
-                tx.send_to(&payload(f_out, RS_EPOCH2 + k, 1024), SocketAddr::new(peer, 7201)).map_err(|e| errno_name(&e))?;
+                tx.send_to(&payload(f_out, RS_EPOCH2 + k, 1024), SocketAddr::new(peer, 7201))
+                    .map_err(|e| errno_name(&e))?;
             }
             Ok(())
         })
@@ -1041,7 +1086,11 @@ fn sc_restart_b(ctx: &Ctx) {
         "restart",
         "us->kernel",
         sent.is_ok() && acked,
-        &format!("restarted process sent 100, {}{}", if acked { "all acked" } else { "NOT all acked" }, sent.err().map(|e| format!("; {e}")).unwrap_or_default()),
+        &format!(
+            "restarted process sent 100, {}{}",
+            if acked { "all acked" } else { "NOT all acked" },
+            sent.err().map(|e| format!("; {e}")).unwrap_or_default()
+        ),
     );
     barrier("rs-7", 120);
 }
@@ -1099,7 +1148,14 @@ fn sc_selftest(ctx: &Ctx) {
                     }
                     idx += 1;
                 }
-                Err(e) if matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::ENOBUFS | libc::ECONNRESET | libc::EPIPE)) => break,
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EAGAIN | libc::ENOBUFS | libc::ECONNRESET | libc::EPIPE)
+                    ) =>
+                {
+                    break;
+                }
                 Err(e) => {
                     stray.push(format!("send: {}", errno_name(&e)));
                     idx = mine.len();
@@ -1165,7 +1221,10 @@ fn sc_selftest(ctx: &Ctx) {
         ),
     );
     let ok_self = got_n[0] == expect_n[0] && hex(&got[0]) == hex(&expect[0]);
-    info("selftest", &format!("us->us pair: {}/{} {}", got_n[0], expect_n[0], if ok_self { "equal" } else { "DIFFERENT" }));
+    info(
+        "selftest",
+        &format!("us->us pair: {}/{} {}", got_n[0], expect_n[0], if ok_self { "equal" } else { "DIFFERENT" }),
+    );
     result(
         "selftest",
         "us->kernel",
@@ -1233,9 +1292,8 @@ fn main() {
         let secs = args.get(2).and_then(|v| v.parse().ok()).unwrap_or(120);
         std::process::exit(if barrier(args.get(1).map_or("x", String::as_str), secs) { 0 } else { 1 });
     }
-    let get = |k: &str| {
-        args.iter().position(|a| a == k).and_then(|i| args.get(i + 1)).and_then(|v| v.parse::<IpAddr>().ok())
-    };
+    let get =
+        |k: &str| args.iter().position(|a| a == k).and_then(|i| args.get(i + 1)).and_then(|v| v.parse::<IpAddr>().ok());
     let (Some(scenario), Some(me), Some(peer)) = (args.first(), get("--self"), get("--peer")) else {
         eprintln!("usage: rds-conform SCENARIO --self ADDR --peer ADDR");
         std::process::exit(2);
@@ -1247,8 +1305,12 @@ fn main() {
         "datagrams" => sc_datagrams(&ctx),
         "congestion" => sc_congestion(&ctx),
         "mprds" => sc_mprds(&ctx),
-        "reconnect" => stream_scenario(&ctx, "reconnect", &(8096..8104).collect::<Vec<u16>>(), &lane_ports(9100), 12.0, Kill::One),
-        "resetall" => stream_scenario(&ctx, "resetall", &(8096..8104).collect::<Vec<u16>>(), &lane_ports(9100), 12.0, Kill::All),
+        "reconnect" => {
+            stream_scenario(&ctx, "reconnect", &(8096..8104).collect::<Vec<u16>>(), &lane_ports(9100), 12.0, Kill::One)
+        }
+        "resetall" => {
+            stream_scenario(&ctx, "resetall", &(8096..8104).collect::<Vec<u16>>(), &lane_ports(9100), 12.0, Kill::All)
+        }
         "restart-a" => sc_restart_a(&ctx),
         "restart-b" => sc_restart_b(&ctx),
         "selftest" => sc_selftest(&ctx),

@@ -181,7 +181,7 @@
 pub mod oracle;
 mod world;
 
-pub use world::{run_seed, Params, Report, Sim, MAX_LEN};
+pub use world::{MAX_LEN, Params, Report, Sim, run_seed};
 
 /// Outcome of running a range of seeds.
 #[derive(Debug, Default)]
@@ -204,33 +204,35 @@ pub fn replay_command(seed: u64) -> String {
 /// Runs seeds `from..to` on `threads` threads; stops collecting after
 /// `max_failures` failures.
 pub fn run_range(from: u64, to: u64, threads: usize, max_failures: usize) -> Batch {
-    use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Mutex;
+    use std::sync::atomic::{AtomicU64, Ordering};
     let next = AtomicU64::new(from);
     let out = Mutex::new(Batch::default());
     std::thread::scope(|sc| {
         for _ in 0..threads.max(1) {
-            sc.spawn(|| loop {
-                let seed = next.fetch_add(1, Ordering::Relaxed);
-                if seed >= to {
-                    return;
-                }
-                let r = run_seed(seed, false);
-                let mut b = out.lock().unwrap();
-                b.seeds += 1;
-                match r {
-                    Ok(rep) => {
-                        b.accepted += rep.accepted;
-                        b.delivered += rep.summary.delivered;
-                        b.events += rep.events;
-                        b.restarts += rep.restarts;
-                        b.resets += rep.resets;
-                        b.flushed += rep.summary.flushed;
+            sc.spawn(|| {
+                loop {
+                    let seed = next.fetch_add(1, Ordering::Relaxed);
+                    if seed >= to {
+                        return;
                     }
-                    Err(e) => {
-                        b.failures.push((seed, e));
-                        if b.failures.len() >= max_failures {
-                            next.store(to, Ordering::Relaxed);
+                    let r = run_seed(seed, false);
+                    let mut b = out.lock().unwrap();
+                    b.seeds += 1;
+                    match r {
+                        Ok(rep) => {
+                            b.accepted += rep.accepted;
+                            b.delivered += rep.summary.delivered;
+                            b.events += rep.events;
+                            b.restarts += rep.restarts;
+                            b.resets += rep.resets;
+                            b.flushed += rep.summary.flushed;
+                        }
+                        Err(e) => {
+                            b.failures.push((seed, e));
+                            if b.failures.len() >= max_failures {
+                                next.store(to, Ordering::Relaxed);
+                            }
                         }
                     }
                 }

@@ -121,7 +121,16 @@ impl Oracle {
     }
 
     #[allow(clippy::too_many_arguments)]
-    pub fn accepted(&mut self, id: u64, src_uid: u32, src_node: usize, src: SocketAddr, dst: SocketAddr, len: usize, now: u64) {
+    pub fn accepted(
+        &mut self,
+        id: u64,
+        src_uid: u32,
+        src_node: usize,
+        src: SocketAddr,
+        dst: SocketAddr,
+        len: usize,
+        now: u64,
+    ) {
         assert_eq!(id, self.msgs.len() as u64);
         let next = self.flows.len() as u32;
         let flow = *self.flow_index.entry((src_uid, dst)).or_insert(next);

@@ -2,18 +2,18 @@
 //! between them, driven by one event queue in simulated time. See the docs
 //! of [`crate::sim`] for the model and the invariants.
 
-use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::fmt::Write as _;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use rds_core::wire::{FrameDecoder, Kind, HEADER_LEN};
-use rds_core::{
-    addr_cmp, Accept, DownReason, Errno, HandshakeExts, Node, NodeConfig, Output, PathId, PathInfo, Payload, Received,
-    RecvOutcome, RxMessage, SendOptions, SockId, SockOpt, TransportCaps, TransportKind, TxMessage,
-};
 use rds_core::types::Rng;
+use rds_core::wire::{FrameDecoder, HEADER_LEN, Kind};
+use rds_core::{
+    Accept, DownReason, Errno, HandshakeExts, Node, NodeConfig, Output, PathId, PathInfo, Payload, Received,
+    RecvOutcome, RxMessage, SendOptions, SockId, SockOpt, TransportCaps, TransportKind, TxMessage, addr_cmp,
+};
 
 use super::oracle::{self, Excuse, Msg, Oracle, Summary};
 
@@ -293,16 +293,21 @@ impl Sim {
         let mut dsts = Vec::new();
         let mut k = 0;
         for n in 0..p.nodes {
-            let addrs: Vec<IpAddr> = (0..p.addrs[n]).map(|_| {
-                k += 1;
-                ip_of(pool[k - 1])
-            }).collect();
+            let addrs: Vec<IpAddr> = (0..p.addrs[n])
+                .map(|_| {
+                    k += 1;
+                    ip_of(pool[k - 1])
+                })
+                .collect();
             for a in &addrs {
                 owner.insert(*a, n);
             }
             let mut specs = Vec::new();
             for i in 0..p.socks[n] {
-                let addr = SocketAddr::new(addrs[rng.below(addrs.len() as u64) as usize], 4000 + i as u16 * 3 + rng.below(3) as u16);
+                let addr = SocketAddr::new(
+                    addrs[rng.below(addrs.len() as u64) as usize],
+                    4000 + i as u16 * 3 + rng.below(3) as u16,
+                );
                 let bufs = [2304u32, 4096, 8192, 32768, 106_496];
                 specs.push(SockSpec {
                     addr,
@@ -556,12 +561,14 @@ impl Sim {
             Output::Shutdown(info) => {
                 tr!(self, "n{n} Shutdown path {}->{}/{} inst {}", info.laddr, info.faddr, info.id.index, info.inst);
                 match self.nodes[n].ends.get(&(info.id, info.inst)).copied() {
-                    _ if info.kind == TransportKind::Loop => {
-                        self.sched(self.now, Ev::Down { n, inc, path: info.id, inst: info.inst, why: DownReason::ShutdownDone })
-                    }
-                    None => {
-                        self.sched(self.now, Ev::Down { n, inc, path: info.id, inst: info.inst, why: DownReason::ShutdownDone })
-                    }
+                    _ if info.kind == TransportKind::Loop => self.sched(
+                        self.now,
+                        Ev::Down { n, inc, path: info.id, inst: info.inst, why: DownReason::ShutdownDone },
+                    ),
+                    None => self.sched(
+                        self.now,
+                        Ev::Down { n, inc, path: info.id, inst: info.inst, why: DownReason::ShutdownDone },
+                    ),
                     Some((c, e)) => self.shutdown(c, e)?,
                 }
             }
@@ -658,7 +665,13 @@ impl Sim {
         if let Some((p, i)) = path {
             if self.alive(n, inc) {
                 self.nodes[n].ends.remove(&(p, i));
-                tr!(self, "n{n} path_down {}->{}/{} inst {i} {why:?} (conn {c})", self.conns[&c].ends[e].laddr, self.conns[&c].ends[1 - e].laddr, p.index);
+                tr!(
+                    self,
+                    "n{n} path_down {}->{}/{} inst {i} {why:?} (conn {c})",
+                    self.conns[&c].ends[e].laddr,
+                    self.conns[&c].ends[1 - e].laddr,
+                    p.index
+                );
                 let now = self.at(self.now);
                 self.node(n).path_down(p, i, why, now);
                 self.reoffer(n);
@@ -764,7 +777,14 @@ impl Sim {
         }
         let end = self.conns[&c].s[e].written;
         if end > start {
-            tr!(self, "n{n} xmit {}->{}/{} conn {c}: {} bytes", self.conns[&c].ends[e].laddr, self.conns[&c].ends[1 - e].laddr, p.index, end - start);
+            tr!(
+                self,
+                "n{n} xmit {}->{}/{} conn {c}: {} bytes",
+                self.conns[&c].ends[e].laddr,
+                self.conns[&c].ends[1 - e].laddr,
+                p.index,
+                end - start
+            );
             self.segments(c, e, start, end);
         }
         Ok(())
@@ -1008,7 +1028,14 @@ impl Sim {
                 String::new()
             };
             let o = self.node(n).received(p, inst, rx);
-            tr!(self, "n{n} received on {}<-{}/{} inst {inst}: {o:?} {:?}{detail}", self.conns[&c].ends[e].laddr, self.conns[&c].ends[1 - e].laddr, p.index, id);
+            tr!(
+                self,
+                "n{n} received on {}<-{}/{} inst {inst}: {o:?} {:?}{detail}",
+                self.conns[&c].ends[e].laddr,
+                self.conns[&c].ends[1 - e].laddr,
+                p.index,
+                id
+            );
             self.outcome(n, id, len, o)?;
         }
         if fin_read {
@@ -1081,9 +1108,9 @@ impl Sim {
                         self.oracle.excuse(id, Excuse::StaleReceiver);
                         Ok(())
                     }
-                    Some(id) if self.nodes[n].deaths > 0 => {
-                        Err(format!("n{n} dropped message {id} as stale: a Full peer resent it before learning of the restart"))
-                    }
+                    Some(id) if self.nodes[n].deaths > 0 => Err(format!(
+                        "n{n} dropped message {id} as stale: a Full peer resent it before learning of the restart"
+                    )),
                     _ => Err(format!("n{n} (never restarted) dropped message {id:?} as stale")),
                 }
             }
@@ -1164,7 +1191,8 @@ impl Sim {
             Phase::Done => return Ok(()),
         };
         let k = &self.nodes[n].socks[i];
-        let (s, uid, src, blocking, limit) = (k.id, k.uid, k.spec.addr, k.spec.blocking || self.phase == Phase::Drain, k.snd_limit);
+        let (s, uid, src, blocking, limit) =
+            (k.id, k.uid, k.spec.addr, k.spec.blocking || self.phase == Phase::Drain, k.snd_limit);
         let len = match self.rng.below(100) {
             0..=79 => self.rand(oracle::MIN_LEN as u64, 1500),
             80..=97 => self.rand(1500, 8192),
@@ -1347,7 +1375,9 @@ impl Sim {
         let mut all: Vec<(u64, usize)> = self
             .conns
             .iter()
-            .flat_map(|(c, k)| (0..2).filter(move |e| k.ends[*e].node == n && k.ends[*e].state != St::Gone).map(move |e| (*c, e)))
+            .flat_map(|(c, k)| {
+                (0..2).filter(move |e| k.ends[*e].node == n && k.ends[*e].state != St::Gone).map(move |e| (*c, e))
+            })
             .collect();
         all.extend(ends);
         all.sort_unstable();
@@ -1455,7 +1485,11 @@ impl Sim {
             self.quiet_checks = 0;
         }
         if self.now > self.p.work + QUIESCE_LIMIT {
-            return Err(format!("no quiescence {}s after the faults stopped\n{}", QUIESCE_LIMIT / 1_000 / MS, self.dump()));
+            return Err(format!(
+                "no quiescence {}s after the faults stopped\n{}",
+                QUIESCE_LIMIT / 1_000 / MS,
+                self.dump()
+            ));
         }
         self.sched(self.now + 5 * MS, Ev::Check);
         Ok(())
@@ -1528,7 +1562,12 @@ impl Sim {
         let r = self.run_inner();
         match r {
             Ok(()) => Ok(self.report),
-            Err(e) => Err(format!("{e}\n(at {}.{:06} ms simulated, event {})", self.now / MS, self.now % MS, self.report.events)),
+            Err(e) => Err(format!(
+                "{e}\n(at {}.{:06} ms simulated, event {})",
+                self.now / MS,
+                self.now % MS,
+                self.report.events
+            )),
         }
     }
 

@@ -305,7 +305,10 @@ fn rds_multi(m: &Multi, size: usize, paths: u8) -> std::io::Result<(Result, usiz
 fn main() {
     let args = match parse(
         std::env::args().skip(1),
-        &["s", "sizes", "t", "seconds", "b", "sndbuf", "a", "from", "d", "to", "p", "port", "r", "repeat", "only", "sockets", "paths"],
+        &[
+            "s", "sizes", "t", "seconds", "b", "sndbuf", "a", "from", "d", "to", "p", "port", "r", "repeat", "only",
+            "sockets", "paths",
+        ],
     ) {
         Ok(a) => a,
         Err(e) => {
@@ -318,8 +321,8 @@ fn main() {
         return;
     }
     if let Err(e) = args.check(&[
-        "s", "sizes", "t", "seconds", "b", "sndbuf", "a", "from", "d", "to", "p", "port", "r", "repeat", "only", "sockets",
-        "paths", "h", "help",
+        "s", "sizes", "t", "seconds", "b", "sndbuf", "a", "from", "d", "to", "p", "port", "r", "repeat", "only",
+        "sockets", "paths", "h", "help",
     ]) {
         eprintln!("rds-bench: {e}\n{HELP}");
         std::process::exit(2);
@@ -377,7 +380,10 @@ fn main() {
             }
             return Ok(());
         }
-        println!("{:>8} {:>10} {:>12} {:>10} {:>12} {:>10} {:>7}", "size", "transport", "msgs/s", "MB/s", "raw msgs/s", "raw MB/s", "ratio");
+        println!(
+            "{:>8} {:>10} {:>12} {:>10} {:>12} {:>10} {:>7}",
+            "size", "transport", "msgs/s", "MB/s", "raw msgs/s", "raw MB/s", "ratio"
+        );
         for &size in &sizes {
             let best = |f: &dyn Fn() -> std::io::Result<Result>| -> std::result::Result<Result, String> {
                 let mut best: Option<Result> = None;

@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use rds_sock::RdsSocket;
-use rds_tools::{bind_error, catch_signals, parse, parse_interval, parse_size, FlowDigest, STOP};
+use rds_tools::{FlowDigest, STOP, bind_error, catch_signals, parse, parse_interval, parse_size};
 
 const HELP: &str = "\
 usage: rds-gen -s addr:port -d addr:port [-m size] [-l total] [-f file] [-i interval] [--transport tcp|ib]

@@ -7,7 +7,7 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use rds_sock::info::{ipc, sections, Snapshot};
+use rds_sock::info::{Snapshot, ipc, sections};
 use rds_tools::parse;
 
 const HELP: &str = "\
@@ -148,12 +148,23 @@ fn print_node(s: &Snapshot, chosen: &[char], verbose: usize) {
     for (c, _) in SOURCES.iter().filter(|(c, _)| chosen.contains(c)) {
         match c {
             'I' => {
-                println!("\nRDS IB Connections:\n{:>15} {:>15} {:>32} {:>32}", "LocalAddr", "RemoteAddr", "LocalDev", "RemoteDev");
+                println!(
+                    "\nRDS IB Connections:\n{:>15} {:>15} {:>32} {:>32}",
+                    "LocalAddr", "RemoteAddr", "LocalDev", "RemoteDev"
+                );
             }
             'T' => {
                 println!(
                     "\nTCP Connections:\n{:>15} {:>5} {:>15} {:>5} {:>10} {:>10} {:>10} {:>10} {:>10}",
-                    "LocalAddr", "LPort", "RemoteAddr", "RPort", "HdrRemain", "DataRemain", "SentNxt", "ExpectUna", "SeenUna"
+                    "LocalAddr",
+                    "LPort",
+                    "RemoteAddr",
+                    "RPort",
+                    "HdrRemain",
+                    "DataRemain",
+                    "SentNxt",
+                    "ExpectUna",
+                    "SeenUna"
                 );
                 let unspec = SocketAddr::from(([0, 0, 0, 0], 0));
                 for t in &s.tcp {

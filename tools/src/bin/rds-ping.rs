@@ -6,7 +6,7 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use rds_sock::{RdsSocket, RecvFlags};
-use rds_tools::{bind_error, catch_signals, parse, parse_interval, source_for, STOP};
+use rds_tools::{STOP, bind_error, catch_signals, parse, parse_interval, source_for};
 
 const HELP: &str = "\
 usage: rds-ping [-c count] [-i interval] [-I local_addr] [-Q tos] [--transport tcp|ib] dst
@@ -74,7 +74,14 @@ struct Slot {
     last: Option<(u64, Instant)>,
 }
 
-fn run(src: IpAddr, dst: IpAddr, count: Option<u64>, interval: Duration, tos: Option<u8>, transport: Option<&str>) -> i32 {
+fn run(
+    src: IpAddr,
+    dst: IpAddr,
+    count: Option<u64>,
+    interval: Duration,
+    tos: Option<u8>,
+    transport: Option<&str>,
+) -> i32 {
     let mut slots = Vec::new();
     for _ in 0..NSOCKETS {
         let sock = RdsSocket::new().unwrap_or_else(|e| fail(&format!("socket: {e}")));
@@ -133,7 +140,8 @@ fn run(src: IpAddr, dst: IpAddr, count: Option<u64>, interval: Duration, tos: Op
             }
         }
         // Wait for a pong or the next send.
-        let wait = if done_sending { Duration::from_millis(50) } else { next_send.saturating_duration_since(Instant::now()) };
+        let wait =
+            if done_sending { Duration::from_millis(50) } else { next_send.saturating_duration_since(Instant::now()) };
         let mut fds: Vec<libc::pollfd> =
             slots.iter().map(|s| libc::pollfd { fd: s.sock.as_raw_fd(), events: libc::POLLIN, revents: 0 }).collect();
         let ms = wait.as_millis().min(1000) as libc::c_int;

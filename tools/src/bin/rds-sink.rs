@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::time::Duration;
 
 use rds_sock::RdsSocket;
-use rds_tools::{bind_error, catch_signals, parse, stop_signal, FlowDigest, STOP};
+use rds_tools::{FlowDigest, STOP, bind_error, catch_signals, parse, stop_signal};
 
 const HELP: &str = "\
 usage: rds-sink -s addr:port [--digest] [-l count] [-t seconds] [--transport tcp|ib]

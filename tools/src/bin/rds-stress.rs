@@ -13,11 +13,11 @@ use std::time::{Duration, Instant};
 use rds_core::message::rdma_flags;
 use rds_sock::{Engine, RdmaBuf, RdmaOp, RdmaSeg, RdsSocket, RecvFlags, SendFlags};
 use rds_tools::stress::{
-    bucket, check_pattern, is_version_string, pattern, stats_header, stats_line, Header, WireOptions, HEADER_SIZE,
-    MAX_BUCKETS, MAX_MSG_SIZE, OPTIONS_V1_SIZE, OPTIONS_V2_SIZE, OP_ACK, OP_REQ, RDMA_OP_READ, RDMA_OP_WRITE,
-    VERSION_LEN,
+    HEADER_SIZE, Header, MAX_BUCKETS, MAX_MSG_SIZE, OP_ACK, OP_REQ, OPTIONS_V1_SIZE, OPTIONS_V2_SIZE, RDMA_OP_READ,
+    RDMA_OP_WRITE, VERSION_LEN, WireOptions, bucket, check_pattern, is_version_string, pattern, stats_header,
+    stats_line,
 };
-use rds_tools::{bind_error, catch_signals, errstr, parse, parse_size, Args, STOP};
+use rds_tools::{Args, STOP, bind_error, catch_signals, errstr, parse, parse_size};
 
 const HELP: &str = "\
 usage: rds-stress [-r addr] [-p port] [-c]                       (passive side)
@@ -114,10 +114,41 @@ away, ...), 2 on bad usage.
 
 /// Options that take a value.
 const WITH_VALUE: &[&str] = &[
-    "a", "ack-bytes", "q", "req-bytes", "d", "depth", "t", "tasks", "r", "recv-addr", "s", "send-addr", "p", "port",
-    "T", "time", "Q", "tos", "connect-retries", "use-cong-monitor", "show-outliers", "abort-after", "D",
-    "rdma-bytes", "I", "rdma-buffers", "M", "rdma-mode", "rdma-use-once", "rdma-use-get-mr", "rdma-use-fence",
-    "rdma-use-notify", "rdma-cache-mrs", "rdma-alignment", "transport",
+    "a",
+    "ack-bytes",
+    "q",
+    "req-bytes",
+    "d",
+    "depth",
+    "t",
+    "tasks",
+    "r",
+    "recv-addr",
+    "s",
+    "send-addr",
+    "p",
+    "port",
+    "T",
+    "time",
+    "Q",
+    "tos",
+    "connect-retries",
+    "use-cong-monitor",
+    "show-outliers",
+    "abort-after",
+    "D",
+    "rdma-bytes",
+    "I",
+    "rdma-buffers",
+    "M",
+    "rdma-mode",
+    "rdma-use-once",
+    "rdma-use-get-mr",
+    "rdma-use-fence",
+    "rdma-use-notify",
+    "rdma-cache-mrs",
+    "rdma-alignment",
+    "transport",
 ];
 
 /// `--transport`: this side's SO_RDS_TRANSPORT for every task's socket.
@@ -125,9 +156,30 @@ static TRANSPORT: std::sync::OnceLock<Option<String>> = std::sync::OnceLock::new
 
 /// Flags.
 const FLAGS: &[&str] = &[
-    "c", "report-cpu", "z", "report-summary", "R", "rtprio", "v", "verify", "V", "trace", "o", "one-way",
-    "show-params", "show-perfdata", "show-histogram", "cancel-sent-to", "disable-inq", "rdma-key-o-meter", "reset",
-    "async", "always-bursty", "sync-always-bursty", "h", "help",
+    "c",
+    "report-cpu",
+    "z",
+    "report-summary",
+    "R",
+    "rtprio",
+    "v",
+    "verify",
+    "V",
+    "trace",
+    "o",
+    "one-way",
+    "show-params",
+    "show-perfdata",
+    "show-histogram",
+    "cancel-sent-to",
+    "disable-inq",
+    "rdma-key-o-meter",
+    "reset",
+    "async",
+    "always-bursty",
+    "sync-always-bursty",
+    "h",
+    "help",
 ];
 
 const RDMA_ERROR: &str = "RDMA needs the IB transport (--transport ib, or an address of an RDMA device, with \
@@ -135,8 +187,19 @@ const RDMA_ERROR: &str = "RDMA needs the IB transport (--transport ib, or an add
 
 /// The RDMA options: refused by a build without IB.
 const RDMA_OPTS: &[&str] = &[
-    "D", "rdma-bytes", "I", "rdma-buffers", "M", "rdma-mode", "rdma-use-once", "rdma-use-get-mr", "rdma-use-fence",
-    "rdma-use-notify", "rdma-cache-mrs", "rdma-alignment", "rdma-key-o-meter",
+    "D",
+    "rdma-bytes",
+    "I",
+    "rdma-buffers",
+    "M",
+    "rdma-mode",
+    "rdma-use-once",
+    "rdma-use-get-mr",
+    "rdma-use-fence",
+    "rdma-use-notify",
+    "rdma-cache-mrs",
+    "rdma-alignment",
+    "rdma-key-o-meter",
 ];
 
 /// Most local buffers of one RDMA op (`-I`; rds-ib's limit, the kernel's is 1024).
@@ -335,7 +398,11 @@ fn check_sizes(o: &WireOptions) {
         }
     }
     if u32::from(o.starting_port) + u32::from(o.nr_tasks) > u32::from(u16::MAX) {
-        die(&format!("ports {} to {} do not fit (-p, -t)", o.starting_port + 1, u32::from(o.starting_port) + u32::from(o.nr_tasks)));
+        die(&format!(
+            "ports {} to {} do not fit (-p, -t)",
+            o.starting_port + 1,
+            u32::from(o.starting_port) + u32::from(o.nr_tasks)
+        ));
     }
 }
 
@@ -354,7 +421,9 @@ fn active(mut o: WireOptions, local: Local, soak: Option<Soak>) -> i32 {
         println!("  {:<10} {:<7}", "ACK size", o.ack_size);
         println!("  {:<10} {:<7}", "RDMA size", o.rdma_size);
         let mut opts = Vec::new();
-        for (on, name) in [(o.rdma_use_once, "use_once"), (o.rdma_use_get_mr, "use_get_mr"), (o.rdma_use_fence, "use_fence")] {
+        for (on, name) in
+            [(o.rdma_use_once, "use_once"), (o.rdma_use_get_mr, "use_get_mr"), (o.rdma_use_fence, "use_fence")]
+        {
             if on != 0 {
                 opts.push(name);
             }
@@ -380,7 +449,8 @@ fn active(mut o: WireOptions, local: Local, soak: Option<Soak>) -> i32 {
                 if retries == 0 {
                     print!(": {}", errstr(&e));
                 }
-                let retry = matches!(e.raw_os_error(), Some(libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH));
+                let retry =
+                    matches!(e.raw_os_error(), Some(libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH));
                 if retry && retries < o.connect_retries && !STOP.load(Relaxed) {
                     if retries == 0 {
                         print!(" - retrying");
@@ -914,7 +984,9 @@ impl Task {
         }
         if r.cookie[q] == 0 {
             // The MR keeps the slot's buffer alive until it is released.
-            r.cookie[q] = self.sock.get_mr(&r.buf[q].all(), flags)
+            r.cookie[q] = self
+                .sock
+                .get_mr(&r.buf[q].all(), flags)
                 .unwrap_or_else(|e| rdma_die("setsockopt(RDS_GET_MR) failed", &e));
         }
         Extra::Dest(r.cookie[q])
@@ -974,8 +1046,14 @@ impl Task {
         let q = h.index as usize;
         let res = match extra {
             Extra::None => self.sock.send_to(&self.sbuf[..size], dst),
-            Extra::Dest(c) => self.sock.send_msg(&self.sbuf[..size], Some(dst), &SendFlags { rdma_dest: Some(c), ..SendFlags::default() }),
-            Extra::Op(op) => self.sock.send_msg(&self.sbuf[..size], Some(dst), &SendFlags { rdma: Some(op), ..SendFlags::default() }),
+            Extra::Dest(c) => self.sock.send_msg(
+                &self.sbuf[..size],
+                Some(dst),
+                &SendFlags { rdma_dest: Some(c), ..SendFlags::default() },
+            ),
+            Extra::Op(op) => {
+                self.sock.send_msg(&self.sbuf[..size], Some(dst), &SendFlags { rdma: Some(op), ..SendFlags::default() })
+            }
             Extra::Map(seg, flags) => {
                 match self.sock.send_rdma_map(&self.sbuf[..size], Some(dst), &seg, flags, &SendFlags::default()) {
                     Ok((n, cookie)) => {
@@ -1084,7 +1162,9 @@ impl Task {
             let payload = &self.rbuf[HEADER_SIZE..len];
             if let Some((off, count)) = check_pattern(payload, &self.run.pattern) {
                 let total = payload.len();
-                println!("An incoming message has a corrupted payload at offset {off}; {count} out of {total} bytes corrupted");
+                println!(
+                    "An incoming message has a corrupted payload at offset {off}; {count} out of {total} bytes corrupted"
+                );
                 let what = if got.op == OP_REQ { "request" } else { "ack" };
                 die(&format!(
                     "-v: the {what} seq {} from {from} to {} is corrupted at payload offset {off} \
@@ -1095,7 +1175,14 @@ impl Task {
                 ));
             }
         }
-        trace!(self, "recv {}: {} <- {from} seq {} index {}", if got.op == OP_REQ { "REQ" } else { "ACK" }, self.me, got.seq, got.index);
+        trace!(
+            self,
+            "recv {}: {} <- {from} seq {} index {}",
+            if got.op == OP_REQ { "REQ" } else { "ACK" },
+            self.me,
+            got.seq,
+            got.index
+        );
         let me = self.me;
         let threshold = self.run.local.rtt_threshold;
         let histogram = self.run.local.show_histogram;
@@ -1121,11 +1208,15 @@ impl Task {
                 if let Some(r) = p.rdma.as_mut() {
                     if verify && got.rdma_op == RDMA_OP_WRITE {
                         if let Some(off) = rdma_check(&r.buf[q], got.rdma_pattern) {
-                            die(&format!("-v: the RDMA WRITE of {from} into slot {q} differs from the pattern at offset {off}"));
+                            die(&format!(
+                                "-v: the RDMA WRITE of {from} into slot {q} differs from the pattern at offset {off}"
+                            ));
                         }
                     }
                     if !use_once && r.cookie[q] != 0 {
-                        self.sock.free_mr(r.cookie[q], 0).unwrap_or_else(|e| die_errno("setsockopt(RDS_FREE_MR) failed", &e));
+                        self.sock
+                            .free_mr(r.cookie[q], 0)
+                            .unwrap_or_else(|e| die_errno("setsockopt(RDS_FREE_MR) failed", &e));
                     }
                     r.cookie[q] = 0;
                 }

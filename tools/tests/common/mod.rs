@@ -62,10 +62,8 @@ impl Proc {
             .unwrap_or_else(|e| panic!("spawn {tool}: {e}"));
         let out = Arc::new(Mutex::new(Vec::new()));
         let err = Arc::new(Mutex::new(Vec::new()));
-        let readers = vec![
-            reader(child.stdout.take().unwrap(), out.clone()),
-            reader(child.stderr.take().unwrap(), err.clone()),
-        ];
+        let readers =
+            vec![reader(child.stdout.take().unwrap(), out.clone()), reader(child.stderr.take().unwrap(), err.clone())];
         Proc { name: format!("{tool} {}", args.join(" ")), child, out, err, readers, status: None }
     }
 
