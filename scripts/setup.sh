@@ -23,10 +23,18 @@ if ! command -v cargo >/dev/null 2>&1; then
     else
         echo "setup: installing the Rust toolchain (rustup)"
         command -v curl >/dev/null || apt-get install -y -qq curl >/dev/null
-        curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal -c clippy >/dev/null
+        curl -sSf https://sh.rustup.rs | sh -s -- -y --profile minimal -c clippy -c rustfmt >/dev/null
         export PATH="$HOME/.cargo/bin:$PATH"
     fi
 fi
+# The test command checks formatting and lints: a toolchain installed
+# without them gets them.
+for comp in clippy rustfmt; do
+    if ! cargo "${comp/rustfmt/fmt}" --version >/dev/null 2>&1 && command -v rustup >/dev/null 2>&1; then
+        echo "setup: adding the $comp component"
+        rustup component add "$comp" >/dev/null 2>&1 || echo "setup: WARNING: could not add $comp" >&2
+    fi
+done
 
 # The VM rig: boots a stock Debian 6.1 kernel with RDS for the conformance
 # tests. Found at $VMRIG_DIR, ../shared/vmrig next to this repository, or

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test of the project: formatting-independent lint, unit and
+# Runs every test of the project: the habits (rustfmt, rustdoc and clippy
+# without warnings, every unsafe block documented), unit and
 # integration tests (release build: the stress tests move gigabytes), the
 # conformance tests against the Linux kernel in the VM rig (TCP, and rds-ib's
 # verbs feature against rds_rdma over rxe; skipped with a loud line when the
@@ -9,6 +10,12 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 export PATH="$HOME/.cargo/bin:$PATH"
 
+echo "== habits (formatting, docs without warnings; clippy below denies undocumented unsafe blocks)"
+cargo fmt --all -- --check
+(cd fuzz && cargo fmt -- --check)
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps --workspace --quiet
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p rds-ib --features verbs --quiet
+RUSTDOCFLAGS="-D warnings" cargo doc --no-deps -p rds-sock --features ib --quiet
 echo "== build"
 cargo build --release --workspace --all-targets
 echo "== clippy"
