@@ -150,7 +150,7 @@
 //! protocol errors. Every report carries the instance of the connection it
 //! is about; the core ignores reports of older instances.
 
-mod conn;
+mod path_conn;
 mod reactor;
 mod sys;
 
@@ -170,7 +170,7 @@ use rds_core::{
 };
 use socket2::{Domain, SockAddr, Socket, TcpKeepalive, Type};
 
-use conn::{Conn, UP, WriteRes};
+use path_conn::{PathConn, UP, WriteRes};
 use reactor::{Cmd, ReactorHandle};
 
 /// Settings of the TCP transport.
@@ -318,7 +318,7 @@ pub(crate) struct Inner {
     sink: RwLock<Option<Weak<dyn TransportSink>>>,
     pub reactors: Vec<ReactorHandle>,
     /// The current connection of every path that has one.
-    pub paths: Mutex<HashMap<PathId, Arc<Conn>>>,
+    pub paths: Mutex<HashMap<PathId, Arc<PathConn>>>,
     /// Receive flow control per path, whatever connection serves it:
     /// (paused, seq of the last applied `rx_flow`).
     rx_flow: Mutex<HashMap<PathId, (bool, u64)>>,
@@ -376,17 +376,17 @@ impl Inner {
 
     /// Transmits on the connection unless another thread is doing it (then
     /// that thread goes around once more).
-    pub fn xmit(&self, conn: &Arc<Conn>) {
+    pub fn xmit(&self, conn: &Arc<PathConn>) {
         let on_reactor = reactor::on_reactor();
         if !on_reactor && !self.cfg.coalesce.is_zero() {
-            let now = conn::now_ns();
+            let now = path_conn::now_ns();
             let window = u64::try_from(self.cfg.coalesce.as_nanos()).unwrap_or(u64::MAX);
             let due = conn.last_write.load(SeqCst).saturating_add(window);
             if now < due {
                 // Written moments ago: let this window's messages go out
                 // together; the reactor flushes at the window's end.
                 if !conn.flush_pending.swap(true, SeqCst) {
-                    self.reactors[conn.reactor].flush_at(conn.clone(), conn::instant_of(due));
+                    self.reactors[conn.reactor].flush_at(conn.clone(), path_conn::instant_of(due));
                 }
                 return;
             }
@@ -418,7 +418,7 @@ impl Inner {
     }
 
     /// One transmitter's work: write what is queued, pull more, repeat.
-    fn xmit_round(&self, conn: &Arc<Conn>, on_reactor: bool) -> Round {
+    fn xmit_round(&self, conn: &Arc<PathConn>, on_reactor: bool) -> Round {
         let Some(sink) = self.sink() else { return Round::Dead };
         let limit = if on_reactor { self.cfg.reactor_xmit_limit } else { self.cfg.inline_limit } as u64;
         let (id, inst) = (conn.info.id, conn.info.inst);
@@ -433,7 +433,7 @@ impl Inner {
                 }
                 let before = tx.written;
                 let res = if tx.has_queued() {
-                    conn.last_write.store(conn::now_ns(), SeqCst);
+                    conn.last_write.store(path_conn::now_ns(), SeqCst);
                     tx.write(&conn.stream)
                 } else {
                     Ok(WriteRes::Flushed)
@@ -692,7 +692,7 @@ impl RdsTransport for TcpTransport {
     }
 
     fn conn_info(&self) -> Vec<TransportConnInfo> {
-        let conns: Vec<Arc<Conn>> = self.inner.paths.lock().values().cloned().collect();
+        let conns: Vec<Arc<PathConn>> = self.inner.paths.lock().values().cloned().collect();
         let mut rows: Vec<TransportConnInfo> = conns
             .iter()
             .map(|c| {
@@ -706,9 +706,9 @@ impl RdsTransport for TcpTransport {
                 let detail = format!(
                     "state={} in_xmit={} wait_writable={} queued={} unacked={} watched={} rx_buf={rx_buf} rx_paused={rx_paused}",
                     match c.state() {
-                        conn::CONNECTING => "connecting",
+                        path_conn::CONNECTING => "connecting",
                         UP => "up",
-                        conn::DRAINING => "draining",
+                        path_conn::DRAINING => "draining",
                         _ => "closed",
                     },
                     c.in_xmit.load(Relaxed),
@@ -757,6 +757,6 @@ impl RdsTransport for TcpTransport {
 }
 
 /// The down reason a connection reports when it ends on its own.
-pub(crate) fn down_reason(conn: &Conn, otherwise: DownReason) -> DownReason {
+pub(crate) fn down_reason(conn: &PathConn, otherwise: DownReason) -> DownReason {
     conn.requested.lock().unwrap_or(otherwise)
 }

@@ -19,7 +19,7 @@ use rds_core::wire::Frame;
 use rds_core::{Accept, DownReason, PathInfo, RxMessage, TransportKind, addr_cmp};
 use socket2::{SockAddr, SockRef, Socket, Type};
 
-use crate::conn::{CLOSED, CONNECTING, Conn, DRAINING, UP};
+use crate::path_conn::{CLOSED, CONNECTING, DRAINING, PathConn, UP};
 use crate::{Inner, down_reason, inc, sock_domain};
 
 const WAKER: Token = Token(0);
@@ -54,14 +54,14 @@ pub(crate) fn on_reactor() -> bool {
 pub(crate) enum Cmd {
     Connect(PathInfo),
     /// An accepted connection the core assigned to a path.
-    Adopt(Arc<Conn>),
+    Adopt(Arc<PathConn>),
     Shutdown(PathInfo),
     /// Continue transmitting (handed over by an application thread).
-    Xmit(Arc<Conn>),
+    Xmit(Arc<PathConn>),
     /// A write failed.
-    Failed(Arc<Conn>),
+    Failed(Arc<PathConn>),
     /// Fallback of [`ReactorHandle::watch`] without a timerfd.
-    Watch(Arc<Conn>),
+    Watch(Arc<PathConn>),
     Listen(IpAddr, TcpListener),
     Unlisten(IpAddr),
     /// The core resumed reading the path: read what waits in its socket.
@@ -76,9 +76,9 @@ struct TimerShared {
     /// When the timerfd fires, if armed.
     at: Option<Instant>,
     /// Connections that started awaiting acks, not yet seen by the reactor.
-    watch_in: Vec<Arc<Conn>>,
+    watch_in: Vec<Arc<PathConn>>,
     /// Connections to flush at the end of their coalescing window.
-    flush_in: Vec<(Instant, Arc<Conn>)>,
+    flush_in: Vec<(Instant, Arc<PathConn>)>,
 }
 
 impl TimerShared {
@@ -131,7 +131,7 @@ impl ReactorHandle {
 
     /// Have the reactor transmit on the connection at `at` (the end of a
     /// write-coalescing window), through its timer.
-    pub fn flush_at(&self, conn: Arc<Conn>, at: Instant) {
+    pub fn flush_at(&self, conn: Arc<PathConn>, at: Instant) {
         let now = Instant::now();
         let armed = {
             let mut t = self.timer.lock();
@@ -148,7 +148,7 @@ impl ReactorHandle {
     /// poll it within `within`. Arms the reactor's timer instead of waking
     /// the reactor now (one wake-up saved per message in request/response
     /// traffic).
-    pub fn watch(&self, conn: Arc<Conn>, within: Duration) {
+    pub fn watch(&self, conn: Arc<PathConn>, within: Duration) {
         let now = Instant::now();
         let at = later(now, within);
         let armed = {
@@ -192,18 +192,18 @@ struct Reactor {
     inner: Arc<Inner>,
     idx: usize,
     poll: Poll,
-    conns: HashMap<Token, Arc<Conn>>,
+    conns: HashMap<Token, Arc<PathConn>>,
     listeners: HashMap<Token, (IpAddr, TcpListener)>,
     /// Connections with messages awaiting their TCP ack.
-    watch: Vec<Arc<Conn>>,
+    watch: Vec<Arc<PathConn>>,
     ack_interval: Duration,
     next_ack_poll: Option<Instant>,
     /// Shutdowns waiting for the peer's FIN, with their deadline.
-    drains: Vec<(Instant, Arc<Conn>)>,
+    drains: Vec<(Instant, Arc<PathConn>)>,
     /// Connections that hit the read budget.
-    rx_more: Vec<Arc<Conn>>,
+    rx_more: Vec<Arc<PathConn>>,
     /// Coalescing windows to close (flush at the time).
-    flushes: Vec<(Instant, Arc<Conn>)>,
+    flushes: Vec<(Instant, Arc<PathConn>)>,
     rbuf: Vec<u8>,
     /// Listeners whose accept failed for lack of resources (EMFILE,
     /// ENOBUFS...), retried at this time.
@@ -289,7 +289,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
             return;
         }
         // Connection events, lower path indexes first.
-        let mut ready: Vec<(u8, Arc<Conn>, bool, bool, bool)> = Vec::new();
+        let mut ready: Vec<(u8, Arc<PathConn>, bool, bool, bool)> = Vec::new();
         let mut accept_on = Vec::new();
         for ev in events.iter() {
             match ev.token() {
@@ -439,7 +439,7 @@ impl Reactor {
                         c.rx.lock().progress_at = Instant::now();
                         // Path 0 held its connection's other paths back
                         // (`path0_read`): read them too.
-                        let lanes: Vec<Arc<Conn>> = if id.index == 0 {
+                        let lanes: Vec<Arc<PathConn>> = if id.index == 0 {
                             self.conns
                                 .values()
                                 .filter(|x| x.info.id.conn == id.conn && x.info.id.index != 0)
@@ -499,7 +499,7 @@ impl Reactor {
         self.rx_more.clear();
     }
 
-    fn register(&mut self, conn: &Arc<Conn>) -> io::Result<()> {
+    fn register(&mut self, conn: &Arc<PathConn>) -> io::Result<()> {
         let fd = conn.stream.as_raw_fd();
         self.poll.registry().register(&mut SourceFd(&fd), conn.token, Interest::READABLE | Interest::WRITABLE)?;
         self.conns.insert(conn.token, conn.clone());
@@ -524,7 +524,7 @@ impl Reactor {
                 return;
             }
         };
-        let conn = Arc::new(Conn::new(self.inner.token(), self.idx, info, stream, peer, CONNECTING));
+        let conn = Arc::new(PathConn::new(self.inner.token(), self.idx, info, stream, peer, CONNECTING));
         if self.register(&conn).is_err() {
             sink.path_down(info.id, info.inst, DownReason::ConnectFailed);
             return;
@@ -546,7 +546,7 @@ impl Reactor {
     }
 
     /// An outgoing connection became writable (or failed).
-    fn check_connect(&mut self, conn: &Arc<Conn>, hup: bool) {
+    fn check_connect(&mut self, conn: &Arc<PathConn>, hup: bool) {
         let failed = match conn.stream.take_error() {
             Ok(Some(_)) | Err(_) => true,
             Ok(None) => match conn.stream.peer_addr() {
@@ -651,7 +651,7 @@ impl Reactor {
         match sink.accept(TransportKind::Tcp, local.ip(), peer.ip(), peer.port()) {
             Accept::Path(info) => {
                 let r = self.inner.reactor_of(info.laddr, info.faddr);
-                let conn = Arc::new(Conn::new(self.inner.token(), r, info, stream, peer, UP));
+                let conn = Arc::new(PathConn::new(self.inner.token(), r, info, stream, peer, UP));
                 if r == self.idx {
                     self.adopt(conn);
                 } else {
@@ -744,7 +744,7 @@ impl Reactor {
     }
 
     /// Starts serving an accepted connection on this reactor.
-    fn adopt(&mut self, conn: Arc<Conn>) {
+    fn adopt(&mut self, conn: Arc<PathConn>) {
         let id = conn.info.id;
         let old = self.inner.paths.lock().get(&id).cloned();
         if let Some(old) = old {
@@ -821,7 +821,7 @@ impl Reactor {
         }
     }
 
-    fn watch(&mut self, conn: Arc<Conn>) {
+    fn watch(&mut self, conn: Arc<PathConn>) {
         if conn.state() == CLOSED {
             conn.tx.lock().watched = false;
             return;
@@ -868,7 +868,7 @@ impl Reactor {
     }
 
     /// Acks of one connection (after it was readable or writable).
-    fn poll_one(&self, conn: &Arc<Conn>) {
+    fn poll_one(&self, conn: &Arc<PathConn>) {
         let (seq, advanced) = {
             let mut tx = conn.tx.lock();
             if !tx.watched {
@@ -887,7 +887,7 @@ impl Reactor {
     /// `end`: the peer's FIN or an error came with the event; a paused path
     /// is read then too (to its end: what is left in the socket, bounded by
     /// its receive buffer), so that it notices the end and goes down.
-    fn conn_event(&mut self, conn: &Arc<Conn>, readable: bool, writable: bool, end: bool) {
+    fn conn_event(&mut self, conn: &Arc<PathConn>, readable: bool, writable: bool, end: bool) {
         if end {
             conn.rx_ending.store(true, SeqCst);
         }
@@ -929,7 +929,7 @@ impl Reactor {
     /// readiness is reported in, the path-0 bytes must be delivered first.
     /// Returns false when path 0 stopped at the read budget: `conn` is then
     /// read on a later pass (after path 0 again).
-    fn path0_read(&mut self, conn: &Arc<Conn>) -> bool {
+    fn path0_read(&mut self, conn: &Arc<PathConn>) -> bool {
         let id = conn.info.id;
         if id.index == 0 {
             return true;
@@ -961,7 +961,7 @@ impl Reactor {
     /// `force` (the connection is ending: what it holds is delivered, never
     /// dropped). A pause that comes with a batch handed to the sink stops
     /// the reading after that batch: the overshoot is one batch.
-    fn read_conn(&mut self, conn: &Arc<Conn>, force: bool) -> bool {
+    fn read_conn(&mut self, conn: &Arc<PathConn>, force: bool) -> bool {
         let Some(sink) = self.inner.sink() else { return false };
         let (id, inst) = (conn.info.id, conn.info.inst);
         let force = force || conn.rx_ending.load(SeqCst);
@@ -1049,7 +1049,7 @@ impl Reactor {
     fn sweep_stalls(&mut self, now: Instant) {
         let timeout = self.inner.cfg.rx_frame_timeout;
         self.next_stall_sweep = None;
-        let stalled: Vec<Arc<Conn>> = self
+        let stalled: Vec<Arc<PathConn>> = self
             .conns
             .values()
             .filter(|c| matches!(c.state(), UP | DRAINING) && !self.inner.rx_paused(c.info.id))
@@ -1066,7 +1066,7 @@ impl Reactor {
     }
 
     /// Closes a connection (reset when `rst`) and reports it down.
-    fn close_conn(&mut self, conn: &Arc<Conn>, why: DownReason, rst: bool) {
+    fn close_conn(&mut self, conn: &Arc<PathConn>, why: DownReason, rst: bool) {
         let (acked, was_up) = {
             let mut tx = conn.tx.lock();
             let prev = conn.state.swap(CLOSED, SeqCst);

@@ -204,8 +204,12 @@ pub(crate) fn instant_of(ns: u64) -> std::time::Instant {
     rds_core::types::later(*EPOCH.get_or_init(std::time::Instant::now), std::time::Duration::from_nanos(ns))
 }
 
-/// A TCP connection of one path instance.
-pub(crate) struct Conn {
+/// One TCP connection serving one instance of one RDS path (the kernel's
+/// `rds_tcp_connection`, one per `rds_conn_path`): the socket, its state,
+/// the transmit and receive state, and the flags the transmitting threads
+/// and the reactor share. A path that reconnects gets a new one (a new
+/// `info.inst`); reports about an older one are ignored by the core.
+pub(crate) struct PathConn {
     pub token: Token,
     pub reactor: usize,
     pub info: PathInfo,
@@ -235,10 +239,17 @@ pub(crate) struct Conn {
     pub flush_pending: AtomicBool,
 }
 
-impl Conn {
-    pub fn new(token: Token, reactor: usize, info: PathInfo, stream: TcpStream, peer: SocketAddr, state: u8) -> Conn {
+impl PathConn {
+    pub fn new(
+        token: Token,
+        reactor: usize,
+        info: PathInfo,
+        stream: TcpStream,
+        peer: SocketAddr,
+        state: u8,
+    ) -> PathConn {
         let local = stream.local_addr().ok();
-        Conn {
+        PathConn {
             token,
             reactor,
             info,
