@@ -20,7 +20,8 @@ use rds_core::{Accept, DownReason, PathInfo, RxMessage, TransportKind, addr_cmp}
 use socket2::{SockAddr, SockRef, Socket, Type};
 
 use crate::path_conn::{CLOSED, CONNECTING, DRAINING, PathConn, UP};
-use crate::{Inner, down_reason, inc, sock_domain};
+use crate::stats::inc;
+use crate::{Inner, down_reason, sock_domain};
 
 const WAKER: Token = Token(0);
 const TIMER: Token = Token(1);

@@ -1,0 +1,417 @@
+//! The transmit path: pulling messages from the core and writing them
+//! to a path's TCP connection ([`Inner::xmit`]), the per-connection
+//! transmit state ([`TxState`]: `writev` batching, partial writes, the
+//! stream offsets of messages awaiting their TCP ack) and ack polling
+//! with `SIOCOUTQ`.
+//!
+//! # Transmit
+//!
+//! [`RdsTransport::kick`](rds_core::RdsTransport::kick) means "pull and
+//! send". At most one thread transmits on a connection at a time (the
+//! kernel's `RDS_IN_XMIT` bit): a kick that finds the connection busy marks
+//! it "again" and returns, and the transmitting thread loops until a pull
+//! returns nothing. The calling thread transmits inline, as the kernel does
+//! in the `sendmsg` caller's context: it pulls up to
+//! [`crate::TcpConfig::pull_budget`] bytes of messages and writes them with
+//! `writev` (header and payload slices, up to 1024 per call), so a burst of
+//! small messages costs few system calls. Writes are coalesced in time
+//! ([`crate::TcpConfig::coalesce`], 20 µs by default): a thread that finds
+//! the connection written moments ago leaves its message queued, and the
+//! next send after the window (or the reactor, through its timer, at the
+//! window's end) writes everything queued at once. A message sent after a
+//! pause goes out immediately. On `EAGAIN` the connection waits for the
+//! reactor's next writable event, which resumes transmission there; a
+//! message interrupted by `EAGAIN` is finished before anything else. An
+//! application thread hands over to the reactor after
+//! [`crate::TcpConfig::inline_limit`] bytes. No lock of the transport is
+//! held while it calls the sink.
+//!
+//! How acks are polled (after writes, on events, on the reactor's ack
+//! timer) is in the crate docs' "Acks" section.
+
+use std::collections::VecDeque;
+use std::io::{self, IoSlice, Write};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+use std::sync::Arc;
+use std::sync::atomic::Ordering::SeqCst;
+
+use rds_core::wire::HEADER_LEN;
+use rds_core::{Payload, TxMessage};
+
+use crate::path_conn::{self, PathConn, UP};
+use crate::reactor::{self, Cmd};
+use crate::stats::inc;
+use crate::{Inner, sys};
+
+/// How one transmitter's round ended.
+enum Round {
+    /// Nothing more to send.
+    Idle,
+    /// The socket is full; the reactor resumes on the next writable event.
+    Blocked,
+    /// Transmitted enough here; the reactor continues.
+    Yield,
+    /// The connection is closing or failed.
+    Dead,
+}
+
+impl Inner {
+    /// Transmits on the connection unless another thread is doing it (then
+    /// that thread goes around once more).
+    pub fn xmit(&self, conn: &Arc<PathConn>) {
+        let on_reactor = reactor::on_reactor();
+        if !on_reactor && !self.cfg.coalesce.is_zero() {
+            let now = path_conn::now_ns();
+            let window = u64::try_from(self.cfg.coalesce.as_nanos()).unwrap_or(u64::MAX);
+            let due = conn.last_write.load(SeqCst).saturating_add(window);
+            if now < due {
+                // Written moments ago: let this window's messages go out
+                // together; the reactor flushes at the window's end.
+                if !conn.flush_pending.swap(true, SeqCst) {
+                    self.reactors[conn.reactor].flush_at(conn.clone(), path_conn::instant_of(due));
+                }
+                return;
+            }
+        }
+        conn.again.store(true, SeqCst);
+        loop {
+            if conn.wait_writable.load(SeqCst) || conn.state() != UP {
+                return;
+            }
+            if conn.in_xmit.swap(true, SeqCst) {
+                return;
+            }
+            conn.again.store(false, SeqCst);
+            let r = self.xmit_round(conn, on_reactor);
+            conn.in_xmit.store(false, SeqCst);
+            match r {
+                Round::Idle | Round::Blocked => {
+                    if !conn.again.load(SeqCst) {
+                        return;
+                    }
+                }
+                Round::Yield => {
+                    self.reactors[conn.reactor].send(Cmd::Xmit(conn.clone()));
+                    return;
+                }
+                Round::Dead => return,
+            }
+        }
+    }
+
+    /// One transmitter's work: write what is queued, pull more, repeat.
+    fn xmit_round(&self, conn: &Arc<PathConn>, on_reactor: bool) -> Round {
+        let Some(sink) = self.sink() else { return Round::Dead };
+        let limit = if on_reactor { self.cfg.reactor_xmit_limit } else { self.cfg.inline_limit } as u64;
+        let (id, inst) = (conn.info.id, conn.info.inst);
+        let mut sent = 0u64;
+        let mut msgs: Vec<TxMessage> = Vec::new();
+        loop {
+            let wgen = conn.wr_gen.load(SeqCst);
+            let (res, acked) = {
+                let mut tx = conn.tx.lock();
+                if conn.state() != UP {
+                    return Round::Dead;
+                }
+                let before = tx.written;
+                let res = if tx.has_queued() {
+                    conn.last_write.store(path_conn::now_ns(), SeqCst);
+                    tx.write(&conn.stream)
+                } else {
+                    Ok(WriteRes::Flushed)
+                };
+                sent += tx.written - before;
+                // Acks only free send-buffer space; the reactor's ack timer
+                // polls them too. Ask the kernel (an ioctl) once per
+                // ACK_POLL_BYTES written, not after every write.
+                let acked = if tx.written_since_poll() >= ACK_POLL_BYTES {
+                    let (acked, advanced) = tx.poll_acks(&conn.stream);
+                    if advanced {
+                        inc(&self.stats.write_space_calls);
+                    }
+                    acked
+                } else {
+                    None
+                };
+                (res, acked)
+            };
+            if let Some(seq) = acked {
+                sink.acked(id, inst, seq);
+            }
+            match res {
+                Ok(WriteRes::Flushed) => {}
+                Ok(WriteRes::WouldBlock) => {
+                    inc(&self.stats.sndbuf_full);
+                    conn.wait_writable.store(true, SeqCst);
+                    // A writable event between our EAGAIN and the flag would
+                    // be lost: if one came, take the flag back and retry.
+                    if conn.wr_gen.load(SeqCst) != wgen && conn.wait_writable.swap(false, SeqCst) {
+                        continue;
+                    }
+                    return Round::Blocked;
+                }
+                Err(_) => {
+                    self.reactors[conn.reactor].send(Cmd::Failed(conn.clone()));
+                    return Round::Dead;
+                }
+            }
+            if sent >= limit {
+                return Round::Yield;
+            }
+            msgs.clear();
+            sink.pull(id, inst, self.cfg.pull_budget, &mut msgs);
+            if msgs.is_empty() {
+                return Round::Idle;
+            }
+            let notify = {
+                let mut tx = conn.tx.lock();
+                let tracked = tx.enqueue(&mut msgs);
+                if tracked && !tx.watched {
+                    tx.watched = true;
+                    true
+                } else {
+                    false
+                }
+            };
+            if notify {
+                self.reactors[conn.reactor].watch(conn.clone(), self.cfg.ack_poll_min);
+            }
+        }
+    }
+}
+
+/// Bytes a transmitting thread writes between two polls of the acks.
+const ACK_POLL_BYTES: u64 = 256 << 10;
+
+/// Slices per `writev` (Linux `IOV_MAX` is 1024).
+const IOV_BATCH: usize = 1024;
+
+/// A message pulled from the core, being written.
+pub(crate) struct TxItem {
+    hdr: [u8; HEADER_LEN],
+    payload: Payload,
+}
+
+impl TxItem {
+    fn len(&self) -> usize {
+        HEADER_LEN + self.payload.len()
+    }
+}
+
+#[derive(Default)]
+pub(crate) struct TxState {
+    /// Pulled messages not completely written; the first one has `head_off`
+    /// bytes on the wire already.
+    queue: VecDeque<TxItem>,
+    head_off: usize,
+    /// Stream bytes written to the socket.
+    pub written: u64,
+    /// Stream offset of the end of the last queued message.
+    queued_end: u64,
+    /// (end offset, sequence) of sequenced messages not yet acked.
+    unacked: VecDeque<(u64, u64)>,
+    /// Stream bytes the peer's TCP acknowledged, as last seen.
+    pub acked: u64,
+    /// End offset of the last sequenced message queued.
+    pub expected_una: u64,
+    /// The reactor polls this connection's acks.
+    pub watched: bool,
+    /// `written` when acks were last polled.
+    polled_at: u64,
+}
+
+/// How a write attempt ended.
+pub(crate) enum WriteRes {
+    /// Everything queued is in the socket.
+    Flushed,
+    /// The socket's send buffer is full.
+    WouldBlock,
+}
+
+impl TxState {
+    pub fn has_queued(&self) -> bool {
+        !self.queue.is_empty()
+    }
+
+    /// Queues pulled messages; returns whether a sequenced message was added.
+    pub fn enqueue(&mut self, msgs: &mut Vec<TxMessage>) -> bool {
+        let mut tracked = false;
+        for m in msgs.drain(..) {
+            self.queued_end += m.wire_len() as u64;
+            if !m.is_cong_map() {
+                self.unacked.push_back((self.queued_end, m.header.sequence));
+                self.expected_una = self.queued_end;
+                tracked = true;
+            }
+            self.queue.push_back(TxItem { hdr: m.header.to_bytes(), payload: m.payload });
+        }
+        tracked
+    }
+
+    /// A message is partly written.
+    pub fn mid_message(&self) -> bool {
+        self.head_off > 0
+    }
+
+    pub fn queued_len(&self) -> usize {
+        self.queue.len()
+    }
+
+    pub fn unacked_len(&self) -> usize {
+        self.unacked.len()
+    }
+
+    pub fn has_unacked(&self) -> bool {
+        !self.unacked.is_empty()
+    }
+
+    /// Bytes written since acks were last polled.
+    pub fn written_since_poll(&self) -> u64 {
+        self.written - self.polled_at
+    }
+
+    /// Reads `SIOCOUTQ` and returns the highest sequence now fully acked,
+    /// plus whether the acked offset advanced. Called with the state locked,
+    /// so `written` and the queue length are read consistently.
+    pub fn poll_acks(&mut self, stream: &TcpStream) -> (Option<u64>, bool) {
+        if self.unacked.is_empty() {
+            return (None, false);
+        }
+        self.polled_at = self.written;
+        let Ok(outq) = sys::outq(stream.as_raw_fd()) else { return (None, false) };
+        let acked = self.written.saturating_sub(outq);
+        let advanced = acked > self.acked;
+        if advanced {
+            self.acked = acked;
+        }
+        let mut seq = None;
+        while let Some(&(end, s)) = self.unacked.front() {
+            if end > self.acked {
+                break;
+            }
+            seq = Some(s);
+            self.unacked.pop_front();
+        }
+        (seq, advanced)
+    }
+
+    /// Writes queued messages until done or the socket is full.
+    pub fn write(&mut self, stream: &TcpStream) -> io::Result<WriteRes> {
+        while !self.queue.is_empty() {
+            let res = {
+                // Only as many slices as there are messages (two each).
+                let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity((2 * self.queue.len()).min(IOV_BATCH));
+                for (i, item) in self.queue.iter().enumerate() {
+                    if iov.len() + 2 > IOV_BATCH {
+                        break;
+                    }
+                    let skip = if i == 0 { self.head_off } else { 0 };
+                    if skip < HEADER_LEN {
+                        iov.push(IoSlice::new(&item.hdr[skip..]));
+                    }
+                    let pskip = skip.saturating_sub(HEADER_LEN);
+                    if pskip < item.payload.len() {
+                        iov.push(IoSlice::new(&item.payload[pskip..]));
+                    }
+                }
+                (&*stream).write_vectored(&iov)
+            };
+            match res {
+                Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
+                Ok(k) => self.advance(k),
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(WriteRes::WouldBlock),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(WriteRes::Flushed)
+    }
+
+    fn advance(&mut self, mut k: usize) {
+        self.written += k as u64;
+        while k > 0 {
+            let Some(front) = self.queue.front() else { break };
+            let rem = front.len() - self.head_off;
+            if k >= rem {
+                k -= rem;
+                self.head_off = 0;
+                self.queue.pop_front();
+            } else {
+                self.head_off += k;
+                k = 0;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rds_core::wire::Header;
+    use std::io::Read;
+    use std::net::TcpListener;
+
+    fn msg(seq: u64, len: usize) -> TxMessage {
+        let mut header = Header::data(1000, 2000, len as u32);
+        header.sequence = seq;
+        let payload: Vec<u8> = (0..len).map(|i| (i as u64 * 7 + seq) as u8).collect();
+        TxMessage { header, payload: Payload::new(payload), ack_required: false, rdma: None }
+    }
+
+    /// Partial writes (a tiny send buffer, a reader that is late) never
+    /// corrupt the stream, and acks cover exactly the messages whose last
+    /// byte the peer acknowledged.
+    #[test]
+    fn partial_writes_keep_the_stream_exact() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let tx_sock = socket2::Socket::new(socket2::Domain::IPV4, socket2::Type::STREAM, None).unwrap();
+        tx_sock.set_send_buffer_size(4096).unwrap();
+        tx_sock.connect(&l.local_addr().unwrap().into()).unwrap();
+        tx_sock.set_nonblocking(true).unwrap();
+        let stream: TcpStream = tx_sock.into();
+        let (mut rx, _) = l.accept().unwrap();
+
+        let mut msgs: Vec<TxMessage> = (1..=200).map(|i| msg(i, (i as usize * 997) % 20_000)).collect();
+        msgs.insert(3, TxMessage { header: Header::cong_map(), ..msg(0, 8192) });
+        let mut expect = Vec::new();
+        for m in &msgs {
+            expect.extend_from_slice(&m.header.to_bytes());
+            expect.extend_from_slice(&m.payload);
+        }
+        let mut st = TxState::default();
+        assert!(st.enqueue(&mut msgs));
+        assert_eq!(st.unacked_len(), 200, "the congestion map is not tracked");
+        let reader = std::thread::spawn(move || {
+            let mut got = vec![0u8; expect.len()];
+            rx.read_exact(&mut got).unwrap();
+            assert!(got == expect, "byte stream differs");
+        });
+        let mut blocked = 0;
+        let mut last_seq = 0;
+        loop {
+            match st.write(&stream).unwrap() {
+                WriteRes::Flushed => break,
+                WriteRes::WouldBlock => {
+                    blocked += 1;
+                    std::thread::sleep(std::time::Duration::from_micros(200));
+                }
+            }
+            if let (Some(s), _) = st.poll_acks(&stream) {
+                assert!(s > last_seq);
+                last_seq = s;
+            }
+        }
+        assert!(blocked > 0, "the small buffer forced partial writes");
+        reader.join().unwrap();
+        let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while last_seq < 200 {
+            assert!(std::time::Instant::now() < until, "acks");
+            if let (Some(s), _) = st.poll_acks(&stream) {
+                last_seq = s;
+            }
+        }
+        assert_eq!(st.acked, st.written);
+        assert!(!st.has_unacked());
+    }
+}
