@@ -136,6 +136,9 @@
 //! protocol errors. Every report carries the instance of the connection it
 //! is about; the core ignores reports of older instances.
 
+// Unsafe is confined to sys.rs (FFI); every block says why it is sound.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
 mod path_conn;
 mod reactor;
 mod stats;
