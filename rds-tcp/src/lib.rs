@@ -247,6 +247,10 @@ impl Default for TcpConfig {
     }
 }
 
+/// What the facade ([`TcpTransport`]) and the reactor threads share: the
+/// configuration, the sink, the reactors' handles, the connection of every
+/// path, receive flow control, listeners and counters. Its transmit path
+/// (`Inner::xmit`) is in the `xmit` module.
 pub(crate) struct Inner {
     pub cfg: TcpConfig,
     sink: RwLock<Option<Weak<dyn TransportSink>>>,
