@@ -30,6 +30,8 @@
 //! ([`Node::poll_timeout`]). A driver with real sockets and threads lives in
 //! `rds-sock`; a deterministic simulator drives the same code in tests.
 
+#![forbid(unsafe_code)]
+
 pub mod cong;
 pub mod conn;
 pub mod info;

@@ -47,24 +47,10 @@
 //!
 //! ## Transmit
 //!
-//! [`RdsTransport::kick`] means "pull and send". At most one thread
-//! transmits on a connection at a time (the kernel's `RDS_IN_XMIT` bit):
-//! a kick that finds the connection busy marks it "again" and returns, and
-//! the transmitting thread loops until a pull returns nothing. The calling
-//! thread transmits inline, as the kernel does in the `sendmsg` caller's
-//! context: it pulls up to [`TcpConfig::pull_budget`] bytes of messages and
-//! writes them with `writev` (header and payload slices, up to 1024 per
-//! call), so a burst of small messages costs few system calls. Writes are
-//! coalesced in time ([`TcpConfig::coalesce`], 20 µs by default): a thread
-//! that finds the connection written moments ago leaves its message queued,
-//! and the next send after the window (or the reactor, through its timer, at
-//! the window's end) writes everything queued at once. A message sent after
-//! a pause goes out immediately. On `EAGAIN`
-//! the connection waits for the reactor's next writable event, which
-//! resumes transmission there; a message interrupted by `EAGAIN` is
-//! finished before anything else. An application thread hands over to the
-//! reactor after [`TcpConfig::inline_limit`] bytes. No lock of the transport
-//! is held while it calls the sink.
+//! [`RdsTransport::kick`] means "pull and send"; the calling thread transmits
+//! inline, as the kernel does, one thread at a time per connection, with
+//! write coalescing ([`TcpConfig::coalesce`]) and `writev` batching: see
+//! the docs of the `xmit` module (`src/xmit.rs`).
 //!
 //! ## Acks
 //!
@@ -150,28 +136,32 @@
 //! protocol errors. Every report carries the instance of the connection it
 //! is about; the core ignores reports of older instances.
 
-mod conn;
+// Unsafe is confined to sys.rs (FFI); every block says why it is sound.
+#![deny(clippy::undocumented_unsafe_blocks)]
+
+mod path_conn;
 mod reactor;
+mod stats;
 mod sys;
+mod xmit;
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::io;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Weak};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::Duration;
 
 use parking_lot::{Mutex, RwLock};
 use rds_core::wire::RDS_TCP_PORT;
-use rds_core::{
-    DownReason, PathId, PathInfo, RdsTransport, TransportCaps, TransportConnInfo, TransportSink, TxMessage,
-};
+use rds_core::{DownReason, PathId, PathInfo, RdsTransport, TransportCaps, TransportConnInfo, TransportSink};
 use socket2::{Domain, SockAddr, Socket, TcpKeepalive, Type};
 
-use conn::{Conn, UP, WriteRes};
+use path_conn::{PathConn, UP};
 use reactor::{Cmd, ReactorHandle};
+use stats::Stats;
 
 /// Settings of the TCP transport.
 #[derive(Clone, Debug)]
@@ -257,68 +247,16 @@ impl Default for TcpConfig {
     }
 }
 
-/// Counters under the kernel's names (`rds_tcp_statistics`).
-#[derive(Default)]
-pub(crate) struct Stats {
-    /// Readable events handled (`sk_data_ready`).
-    pub data_ready_calls: AtomicU64,
-    /// Times the peer's TCP was seen to have acked more bytes
-    /// (`sk_write_space`, where the kernel processes acks).
-    pub write_space_calls: AtomicU64,
-    /// Writes that found the socket's send buffer full.
-    pub sndbuf_full: AtomicU64,
-    /// An accepted connection took over a path whose own connect was in
-    /// progress.
-    pub connect_raced: AtomicU64,
-    /// Accepted connections reset because the core did not take them.
-    pub listen_closed_stale: AtomicU64,
-    /// Connections that ended in the middle of a received message.
-    pub rx_partial_discarded: AtomicU64,
-    /// Connections that ended in the middle of a message being written.
-    pub tx_partial: AtomicU64,
-    /// Reads of a path above 0 put off because path 0 of the same
-    /// connection still had more than the read budget (ours; see
-    /// `Reactor::path0_read`).
-    pub rx_lane_deferred: AtomicU64,
-    /// Connections reset because a partly received message made no
-    /// progress for [`TcpConfig::rx_frame_timeout`].
-    pub rx_frame_stalled: AtomicU64,
-    /// Reads skipped because the core paused the path (receive flow
-    /// control, [`RdsTransport::rx_flow`]).
-    pub rx_paused: AtomicU64,
-    /// Deferred connections reset because they waited `defer_max`.
-    pub deferred_expired: AtomicU64,
-    /// Deferred connections reset to make room for a newer one of the
-    /// same peer (`defer_per_peer`).
-    pub deferred_replaced: AtomicU64,
-    /// `accept` failed for lack of descriptors (EMFILE/ENFILE) or memory.
-    pub accept_no_resources: AtomicU64,
-    /// Connections accepted and closed at once with the reserve descriptor
-    /// while the process was out of descriptors.
-    pub accept_shed: AtomicU64,
-}
-
-pub(crate) fn inc(c: &AtomicU64) {
-    c.fetch_add(1, Relaxed);
-}
-
-pub(crate) enum Round {
-    /// Nothing more to send.
-    Idle,
-    /// The socket is full; the reactor resumes on the next writable event.
-    Blocked,
-    /// Transmitted enough here; the reactor continues.
-    Yield,
-    /// The connection is closing or failed.
-    Dead,
-}
-
+/// What the facade ([`TcpTransport`]) and the reactor threads share: the
+/// configuration, the sink, the reactors' handles, the connection of every
+/// path, receive flow control, listeners and counters. Its transmit path
+/// (`Inner::xmit`) is in the `xmit` module.
 pub(crate) struct Inner {
     pub cfg: TcpConfig,
     sink: RwLock<Option<Weak<dyn TransportSink>>>,
     pub reactors: Vec<ReactorHandle>,
     /// The current connection of every path that has one.
-    pub paths: Mutex<HashMap<PathId, Arc<Conn>>>,
+    pub paths: Mutex<HashMap<PathId, Arc<PathConn>>>,
     /// Receive flow control per path, whatever connection serves it:
     /// (paused, seq of the last applied `rx_flow`).
     rx_flow: Mutex<HashMap<PathId, (bool, u64)>>,
@@ -373,133 +311,7 @@ impl Inner {
         }
         Ok(())
     }
-
-    /// Transmits on the connection unless another thread is doing it (then
-    /// that thread goes around once more).
-    pub fn xmit(&self, conn: &Arc<Conn>) {
-        let on_reactor = reactor::on_reactor();
-        if !on_reactor && !self.cfg.coalesce.is_zero() {
-            let now = conn::now_ns();
-            let window = u64::try_from(self.cfg.coalesce.as_nanos()).unwrap_or(u64::MAX);
-            let due = conn.last_write.load(SeqCst).saturating_add(window);
-            if now < due {
-                // Written moments ago: let this window's messages go out
-                // together; the reactor flushes at the window's end.
-                if !conn.flush_pending.swap(true, SeqCst) {
-                    self.reactors[conn.reactor].flush_at(conn.clone(), conn::instant_of(due));
-                }
-                return;
-            }
-        }
-        conn.again.store(true, SeqCst);
-        loop {
-            if conn.wait_writable.load(SeqCst) || conn.state() != UP {
-                return;
-            }
-            if conn.in_xmit.swap(true, SeqCst) {
-                return;
-            }
-            conn.again.store(false, SeqCst);
-            let r = self.xmit_round(conn, on_reactor);
-            conn.in_xmit.store(false, SeqCst);
-            match r {
-                Round::Idle | Round::Blocked => {
-                    if !conn.again.load(SeqCst) {
-                        return;
-                    }
-                }
-                Round::Yield => {
-                    self.reactors[conn.reactor].send(Cmd::Xmit(conn.clone()));
-                    return;
-                }
-                Round::Dead => return,
-            }
-        }
-    }
-
-    /// One transmitter's work: write what is queued, pull more, repeat.
-    fn xmit_round(&self, conn: &Arc<Conn>, on_reactor: bool) -> Round {
-        let Some(sink) = self.sink() else { return Round::Dead };
-        let limit = if on_reactor { self.cfg.reactor_xmit_limit } else { self.cfg.inline_limit } as u64;
-        let (id, inst) = (conn.info.id, conn.info.inst);
-        let mut sent = 0u64;
-        let mut msgs: Vec<TxMessage> = Vec::new();
-        loop {
-            let wgen = conn.wr_gen.load(SeqCst);
-            let (res, acked) = {
-                let mut tx = conn.tx.lock();
-                if conn.state() != UP {
-                    return Round::Dead;
-                }
-                let before = tx.written;
-                let res = if tx.has_queued() {
-                    conn.last_write.store(conn::now_ns(), SeqCst);
-                    tx.write(&conn.stream)
-                } else {
-                    Ok(WriteRes::Flushed)
-                };
-                sent += tx.written - before;
-                // Acks only free send-buffer space; the reactor's ack timer
-                // polls them too. Ask the kernel (an ioctl) once per
-                // ACK_POLL_BYTES written, not after every write.
-                let acked = if tx.written_since_poll() >= ACK_POLL_BYTES {
-                    let (acked, advanced) = tx.poll_acks(&conn.stream);
-                    if advanced {
-                        inc(&self.stats.write_space_calls);
-                    }
-                    acked
-                } else {
-                    None
-                };
-                (res, acked)
-            };
-            if let Some(seq) = acked {
-                sink.acked(id, inst, seq);
-            }
-            match res {
-                Ok(WriteRes::Flushed) => {}
-                Ok(WriteRes::WouldBlock) => {
-                    inc(&self.stats.sndbuf_full);
-                    conn.wait_writable.store(true, SeqCst);
-                    // A writable event between our EAGAIN and the flag would
-                    // be lost: if one came, take the flag back and retry.
-                    if conn.wr_gen.load(SeqCst) != wgen && conn.wait_writable.swap(false, SeqCst) {
-                        continue;
-                    }
-                    return Round::Blocked;
-                }
-                Err(_) => {
-                    self.reactors[conn.reactor].send(Cmd::Failed(conn.clone()));
-                    return Round::Dead;
-                }
-            }
-            if sent >= limit {
-                return Round::Yield;
-            }
-            msgs.clear();
-            sink.pull(id, inst, self.cfg.pull_budget, &mut msgs);
-            if msgs.is_empty() {
-                return Round::Idle;
-            }
-            let notify = {
-                let mut tx = conn.tx.lock();
-                let tracked = tx.enqueue(&mut msgs);
-                if tracked && !tx.watched {
-                    tx.watched = true;
-                    true
-                } else {
-                    false
-                }
-            };
-            if notify {
-                self.reactors[conn.reactor].watch(conn.clone(), self.cfg.ack_poll_min);
-            }
-        }
-    }
 }
-
-/// Bytes a transmitting thread writes between two polls of the acks.
-const ACK_POLL_BYTES: u64 = 256 << 10;
 
 /// The RDS-TCP transport. Create it with [`TcpTransport::new`], give it its
 /// sink with [`TcpTransport::set_sink`], then register it with the driver.
@@ -692,7 +504,7 @@ impl RdsTransport for TcpTransport {
     }
 
     fn conn_info(&self) -> Vec<TransportConnInfo> {
-        let conns: Vec<Arc<Conn>> = self.inner.paths.lock().values().cloned().collect();
+        let conns: Vec<Arc<PathConn>> = self.inner.paths.lock().values().cloned().collect();
         let mut rows: Vec<TransportConnInfo> = conns
             .iter()
             .map(|c| {
@@ -706,9 +518,9 @@ impl RdsTransport for TcpTransport {
                 let detail = format!(
                     "state={} in_xmit={} wait_writable={} queued={} unacked={} watched={} rx_buf={rx_buf} rx_paused={rx_paused}",
                     match c.state() {
-                        conn::CONNECTING => "connecting",
+                        path_conn::CONNECTING => "connecting",
                         UP => "up",
-                        conn::DRAINING => "draining",
+                        path_conn::DRAINING => "draining",
                         _ => "closed",
                     },
                     c.in_xmit.load(Relaxed),
@@ -736,27 +548,11 @@ impl RdsTransport for TcpTransport {
     }
 
     fn counters(&self) -> Vec<(&'static str, u64)> {
-        let s = &self.inner.stats;
-        vec![
-            ("tcp_data_ready_calls", s.data_ready_calls.load(Relaxed)),
-            ("tcp_write_space_calls", s.write_space_calls.load(Relaxed)),
-            ("tcp_sndbuf_full", s.sndbuf_full.load(Relaxed)),
-            ("tcp_connect_raced", s.connect_raced.load(Relaxed)),
-            ("tcp_listen_closed_stale", s.listen_closed_stale.load(Relaxed)),
-            ("tcp_rx_partial_discarded", s.rx_partial_discarded.load(Relaxed)),
-            ("tcp_tx_partial", s.tx_partial.load(Relaxed)),
-            ("tcp_rx_lane_deferred", s.rx_lane_deferred.load(Relaxed)),
-            ("tcp_rx_frame_stalled", s.rx_frame_stalled.load(Relaxed)),
-            ("tcp_rx_paused", s.rx_paused.load(Relaxed)),
-            ("tcp_deferred_expired", s.deferred_expired.load(Relaxed)),
-            ("tcp_deferred_replaced", s.deferred_replaced.load(Relaxed)),
-            ("tcp_accept_no_resources", s.accept_no_resources.load(Relaxed)),
-            ("tcp_accept_shed", s.accept_shed.load(Relaxed)),
-        ]
+        self.inner.stats.counters()
     }
 }
 
 /// The down reason a connection reports when it ends on its own.
-pub(crate) fn down_reason(conn: &Conn, otherwise: DownReason) -> DownReason {
+pub(crate) fn down_reason(conn: &PathConn, otherwise: DownReason) -> DownReason {
     conn.requested.lock().unwrap_or(otherwise)
 }

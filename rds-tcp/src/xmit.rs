@@ -1,27 +1,188 @@
-//! One TCP connection serving one instance of one RDS path: its transmit
-//! state (messages pulled and not yet fully written, stream offsets of
-//! messages awaiting their TCP ack) and its receive state (the frame
-//! decoder).
+//! The transmit path: pulling messages from the core and writing them
+//! to a path's TCP connection ([`Inner::xmit`]), the per-connection
+//! transmit state ([`TxState`]: `writev` batching, partial writes, the
+//! stream offsets of messages awaiting their TCP ack) and ack polling
+//! with `SIOCOUTQ`.
+//!
+//! # Transmit
+//!
+//! [`RdsTransport::kick`](rds_core::RdsTransport::kick) means "pull and
+//! send". At most one thread transmits on a connection at a time (the
+//! kernel's `RDS_IN_XMIT` bit): a kick that finds the connection busy marks
+//! it "again" and returns, and the transmitting thread loops until a pull
+//! returns nothing. The calling thread transmits inline, as the kernel does
+//! in the `sendmsg` caller's context: it pulls up to
+//! [`crate::TcpConfig::pull_budget`] bytes of messages and writes them with
+//! `writev` (header and payload slices, up to 1024 per call), so a burst of
+//! small messages costs few system calls. Writes are coalesced in time
+//! ([`crate::TcpConfig::coalesce`], 20 µs by default): a thread that finds
+//! the connection written moments ago leaves its message queued, and the
+//! next send after the window (or the reactor, through its timer, at the
+//! window's end) writes everything queued at once. A message sent after a
+//! pause goes out immediately. On `EAGAIN` the connection waits for the
+//! reactor's next writable event, which resumes transmission there; a
+//! message interrupted by `EAGAIN` is finished before anything else. An
+//! application thread hands over to the reactor after
+//! [`crate::TcpConfig::inline_limit`] bytes. No lock of the transport is
+//! held while it calls the sink.
+//!
+//! How acks are polled (after writes, on events, on the reactor's ack
+//! timer) is in the crate docs' "Acks" section.
 
 use std::collections::VecDeque;
 use std::io::{self, IoSlice, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::TcpStream;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::SeqCst};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::SeqCst;
 
-use mio::Token;
-use parking_lot::Mutex;
-use rds_core::wire::{FrameDecoder, HEADER_LEN};
-use rds_core::{DownReason, PathInfo, Payload, TxMessage};
+use rds_core::wire::HEADER_LEN;
+use rds_core::{Payload, TxMessage};
 
-use crate::sys;
+use crate::path_conn::{self, PathConn, UP};
+use crate::reactor::{self, Cmd};
+use crate::stats::inc;
+use crate::{Inner, sys};
 
-/// Connection states.
-pub(crate) const CONNECTING: u8 = 0;
-pub(crate) const UP: u8 = 1;
-/// Shutdown requested: no more writes, reading until the peer's FIN.
-pub(crate) const DRAINING: u8 = 2;
-pub(crate) const CLOSED: u8 = 3;
+/// How one transmitter's round ended.
+enum Round {
+    /// Nothing more to send.
+    Idle,
+    /// The socket is full; the reactor resumes on the next writable event.
+    Blocked,
+    /// Transmitted enough here; the reactor continues.
+    Yield,
+    /// The connection is closing or failed.
+    Dead,
+}
+
+impl Inner {
+    /// Transmits on the connection unless another thread is doing it (then
+    /// that thread goes around once more).
+    pub fn xmit(&self, conn: &Arc<PathConn>) {
+        let on_reactor = reactor::on_reactor();
+        if !on_reactor && !self.cfg.coalesce.is_zero() {
+            let now = path_conn::now_ns();
+            let window = u64::try_from(self.cfg.coalesce.as_nanos()).unwrap_or(u64::MAX);
+            let due = conn.last_write.load(SeqCst).saturating_add(window);
+            if now < due {
+                // Written moments ago: let this window's messages go out
+                // together; the reactor flushes at the window's end.
+                if !conn.flush_pending.swap(true, SeqCst) {
+                    self.reactors[conn.reactor].flush_at(conn.clone(), path_conn::instant_of(due));
+                }
+                return;
+            }
+        }
+        conn.again.store(true, SeqCst);
+        loop {
+            if conn.wait_writable.load(SeqCst) || conn.state() != UP {
+                return;
+            }
+            if conn.in_xmit.swap(true, SeqCst) {
+                return;
+            }
+            conn.again.store(false, SeqCst);
+            let r = self.xmit_round(conn, on_reactor);
+            conn.in_xmit.store(false, SeqCst);
+            match r {
+                Round::Idle | Round::Blocked => {
+                    if !conn.again.load(SeqCst) {
+                        return;
+                    }
+                }
+                Round::Yield => {
+                    self.reactors[conn.reactor].send(Cmd::Xmit(conn.clone()));
+                    return;
+                }
+                Round::Dead => return,
+            }
+        }
+    }
+
+    /// One transmitter's work: write what is queued, pull more, repeat.
+    fn xmit_round(&self, conn: &Arc<PathConn>, on_reactor: bool) -> Round {
+        let Some(sink) = self.sink() else { return Round::Dead };
+        let limit = if on_reactor { self.cfg.reactor_xmit_limit } else { self.cfg.inline_limit } as u64;
+        let (id, inst) = (conn.info.id, conn.info.inst);
+        let mut sent = 0u64;
+        let mut msgs: Vec<TxMessage> = Vec::new();
+        loop {
+            let wgen = conn.wr_gen.load(SeqCst);
+            let (res, acked) = {
+                let mut tx = conn.tx.lock();
+                if conn.state() != UP {
+                    return Round::Dead;
+                }
+                let before = tx.written;
+                let res = if tx.has_queued() {
+                    conn.last_write.store(path_conn::now_ns(), SeqCst);
+                    tx.write(&conn.stream)
+                } else {
+                    Ok(WriteRes::Flushed)
+                };
+                sent += tx.written - before;
+                // Acks only free send-buffer space; the reactor's ack timer
+                // polls them too. Ask the kernel (an ioctl) once per
+                // ACK_POLL_BYTES written, not after every write.
+                let acked = if tx.written_since_poll() >= ACK_POLL_BYTES {
+                    let (acked, advanced) = tx.poll_acks(&conn.stream);
+                    if advanced {
+                        inc(&self.stats.write_space_calls);
+                    }
+                    acked
+                } else {
+                    None
+                };
+                (res, acked)
+            };
+            if let Some(seq) = acked {
+                sink.acked(id, inst, seq);
+            }
+            match res {
+                Ok(WriteRes::Flushed) => {}
+                Ok(WriteRes::WouldBlock) => {
+                    inc(&self.stats.sndbuf_full);
+                    conn.wait_writable.store(true, SeqCst);
+                    // A writable event between our EAGAIN and the flag would
+                    // be lost: if one came, take the flag back and retry.
+                    if conn.wr_gen.load(SeqCst) != wgen && conn.wait_writable.swap(false, SeqCst) {
+                        continue;
+                    }
+                    return Round::Blocked;
+                }
+                Err(_) => {
+                    self.reactors[conn.reactor].send(Cmd::Failed(conn.clone()));
+                    return Round::Dead;
+                }
+            }
+            if sent >= limit {
+                return Round::Yield;
+            }
+            msgs.clear();
+            sink.pull(id, inst, self.cfg.pull_budget, &mut msgs);
+            if msgs.is_empty() {
+                return Round::Idle;
+            }
+            let notify = {
+                let mut tx = conn.tx.lock();
+                let tracked = tx.enqueue(&mut msgs);
+                if tracked && !tx.watched {
+                    tx.watched = true;
+                    true
+                } else {
+                    false
+                }
+            };
+            if notify {
+                self.reactors[conn.reactor].watch(conn.clone(), self.cfg.ack_poll_min);
+            }
+        }
+    }
+}
+
+/// Bytes a transmitting thread writes between two polls of the acks.
+const ACK_POLL_BYTES: u64 = 256 << 10;
 
 /// Slices per `writev` (Linux `IOV_MAX` is 1024).
 const IOV_BATCH: usize = 1024;
@@ -181,86 +342,6 @@ impl TxState {
                 k = 0;
             }
         }
-    }
-}
-
-pub(crate) struct RxState {
-    pub decoder: FrameDecoder,
-    /// When a read last brought bytes (or the path was resumed): a partial
-    /// message older than `TcpConfig::rx_frame_timeout` resets the
-    /// connection.
-    pub progress_at: std::time::Instant,
-}
-
-static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-
-/// Monotonic nanoseconds since the first call (for cheap atomics).
-pub(crate) fn now_ns() -> u64 {
-    EPOCH.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
-}
-
-/// The instant of a [`now_ns`] value.
-pub(crate) fn instant_of(ns: u64) -> std::time::Instant {
-    rds_core::types::later(*EPOCH.get_or_init(std::time::Instant::now), std::time::Duration::from_nanos(ns))
-}
-
-/// A TCP connection of one path instance.
-pub(crate) struct Conn {
-    pub token: Token,
-    pub reactor: usize,
-    pub info: PathInfo,
-    pub stream: TcpStream,
-    pub local: Option<SocketAddr>,
-    pub peer: SocketAddr,
-    pub state: AtomicU8,
-    /// `RDS_IN_XMIT`: a thread is transmitting on this connection.
-    pub in_xmit: AtomicBool,
-    /// Kicked while someone was transmitting: go around again.
-    pub again: AtomicBool,
-    /// A write hit EAGAIN: the reactor resumes on the next writable event.
-    pub wait_writable: AtomicBool,
-    /// Writable events seen (closes the race between EAGAIN and the event).
-    pub wr_gen: AtomicU64,
-    /// Why the connection is being closed, when the core asked.
-    pub requested: Mutex<Option<DownReason>>,
-    /// The peer's FIN or an error was seen: the connection is ending, so
-    /// it is read to its end even while the core has its path paused, by
-    /// every later pass too (one pass stops at the read budget).
-    pub rx_ending: AtomicBool,
-    pub tx: Mutex<TxState>,
-    pub rx: Mutex<RxState>,
-    /// [`now_ns`] of the last write (write coalescing).
-    pub last_write: AtomicU64,
-    /// The reactor will flush this connection at the end of a window.
-    pub flush_pending: AtomicBool,
-}
-
-impl Conn {
-    pub fn new(token: Token, reactor: usize, info: PathInfo, stream: TcpStream, peer: SocketAddr, state: u8) -> Conn {
-        let local = stream.local_addr().ok();
-        Conn {
-            token,
-            reactor,
-            info,
-            stream,
-            local,
-            peer,
-            state: AtomicU8::new(state),
-            in_xmit: AtomicBool::new(false),
-            again: AtomicBool::new(false),
-            wait_writable: AtomicBool::new(false),
-            wr_gen: AtomicU64::new(0),
-            requested: Mutex::new(None),
-            rx_ending: AtomicBool::new(false),
-            tx: Mutex::new(TxState::default()),
-            rx: Mutex::new(RxState { decoder: FrameDecoder::default(), progress_at: std::time::Instant::now() }),
-            last_write: AtomicU64::new(0),
-            flush_pending: AtomicBool::new(false),
-        }
-    }
-
-    pub fn state(&self) -> u8 {
-        self.state.load(SeqCst)
     }
 }
 

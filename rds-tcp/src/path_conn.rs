@@ -1,0 +1,113 @@
+//! One TCP connection serving one instance of one RDS path
+//! ([`PathConn`]): its state, its transmit state ([`TxState`], in the
+//! `xmit` module: messages pulled and not yet fully written, stream offsets
+//! of messages awaiting their TCP ack) and its receive state (the frame
+//! decoder).
+
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::SeqCst};
+
+use mio::Token;
+use parking_lot::Mutex;
+use rds_core::wire::FrameDecoder;
+use rds_core::{DownReason, PathInfo};
+
+use crate::xmit::TxState;
+
+/// Connection states.
+pub(crate) const CONNECTING: u8 = 0;
+pub(crate) const UP: u8 = 1;
+/// Shutdown requested: no more writes, reading until the peer's FIN.
+pub(crate) const DRAINING: u8 = 2;
+pub(crate) const CLOSED: u8 = 3;
+
+pub(crate) struct RxState {
+    pub decoder: FrameDecoder,
+    /// When a read last brought bytes (or the path was resumed): a partial
+    /// message older than `TcpConfig::rx_frame_timeout` resets the
+    /// connection.
+    pub progress_at: std::time::Instant,
+}
+
+static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+
+/// Monotonic nanoseconds since the first call (for cheap atomics).
+pub(crate) fn now_ns() -> u64 {
+    EPOCH.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
+}
+
+/// The instant of a [`now_ns`] value.
+pub(crate) fn instant_of(ns: u64) -> std::time::Instant {
+    rds_core::types::later(*EPOCH.get_or_init(std::time::Instant::now), std::time::Duration::from_nanos(ns))
+}
+
+/// One TCP connection serving one instance of one RDS path (the kernel's
+/// `rds_tcp_connection`, one per `rds_conn_path`): the socket, its state,
+/// the transmit and receive state, and the flags the transmitting threads
+/// and the reactor share. A path that reconnects gets a new one (a new
+/// `info.inst`); reports about an older one are ignored by the core.
+pub(crate) struct PathConn {
+    pub token: Token,
+    pub reactor: usize,
+    pub info: PathInfo,
+    pub stream: TcpStream,
+    pub local: Option<SocketAddr>,
+    pub peer: SocketAddr,
+    pub state: AtomicU8,
+    /// `RDS_IN_XMIT`: a thread is transmitting on this connection.
+    pub in_xmit: AtomicBool,
+    /// Kicked while someone was transmitting: go around again.
+    pub again: AtomicBool,
+    /// A write hit EAGAIN: the reactor resumes on the next writable event.
+    pub wait_writable: AtomicBool,
+    /// Writable events seen (closes the race between EAGAIN and the event).
+    pub wr_gen: AtomicU64,
+    /// Why the connection is being closed, when the core asked.
+    pub requested: Mutex<Option<DownReason>>,
+    /// The peer's FIN or an error was seen: the connection is ending, so
+    /// it is read to its end even while the core has its path paused, by
+    /// every later pass too (one pass stops at the read budget).
+    pub rx_ending: AtomicBool,
+    pub tx: Mutex<TxState>,
+    pub rx: Mutex<RxState>,
+    /// [`now_ns`] of the last write (write coalescing).
+    pub last_write: AtomicU64,
+    /// The reactor will flush this connection at the end of a window.
+    pub flush_pending: AtomicBool,
+}
+
+impl PathConn {
+    pub fn new(
+        token: Token,
+        reactor: usize,
+        info: PathInfo,
+        stream: TcpStream,
+        peer: SocketAddr,
+        state: u8,
+    ) -> PathConn {
+        let local = stream.local_addr().ok();
+        PathConn {
+            token,
+            reactor,
+            info,
+            stream,
+            local,
+            peer,
+            state: AtomicU8::new(state),
+            in_xmit: AtomicBool::new(false),
+            again: AtomicBool::new(false),
+            wait_writable: AtomicBool::new(false),
+            wr_gen: AtomicU64::new(0),
+            requested: Mutex::new(None),
+            rx_ending: AtomicBool::new(false),
+            tx: Mutex::new(TxState::default()),
+            rx: Mutex::new(RxState { decoder: FrameDecoder::default(), progress_at: std::time::Instant::now() }),
+            last_write: AtomicU64::new(0),
+            flush_pending: AtomicBool::new(false),
+        }
+    }
+
+    pub fn state(&self) -> u8 {
+        self.state.load(SeqCst)
+    }
+}

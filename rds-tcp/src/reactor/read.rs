@@ -1,0 +1,213 @@
+//! Reading: a connection read until `EAGAIN` or the read budget, split
+//! into messages and delivered in batches; path 0 of a connection read
+//! before its other paths; receive flow control (paused paths are not
+//! read unless the connection is ending); stalled partial messages reset.
+
+use std::io::{self, Read};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::SeqCst;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use rds_core::wire::Frame;
+use rds_core::{DownReason, RxMessage};
+
+use super::Reactor;
+use crate::down_reason;
+use crate::path_conn::{DRAINING, PathConn, UP};
+use crate::stats::inc;
+
+/// Read buffer of a reactor.
+pub(super) const RBUF: usize = 256 << 10;
+/// Payload bytes still missing above which reads go straight into the
+/// message's buffer.
+const DIRECT_MIN: usize = 16 << 10;
+/// Bytes offered per direct read at most (a whole maximal payload: one
+/// `read` takes all that is queued). The decoder offers less until that
+/// much arrived: its window grows with the bytes received
+/// (`FrameDecoder::read_direct`), so a hostile `h_len` costs what the peer
+/// really sent.
+const DIRECT_MAX: usize = 1 << 20;
+/// Messages handed to the sink per call at most.
+const BATCH_MSGS: usize = 1024;
+const BATCH_BYTES: usize = 4 << 20;
+
+/// How reading a connection ended.
+enum ReadEnd {
+    /// `EAGAIN`: read everything there was.
+    Drained,
+    /// The fairness budget ran out; more may be readable.
+    Budget,
+    /// The core paused the path (receive flow control).
+    Paused,
+    Eof,
+    Error,
+    Protocol,
+}
+
+impl ReadEnd {
+    /// A failed `read`: `EAGAIN` drained the socket, `EINTR` reads again
+    /// (0 bytes so far), anything else ends the connection.
+    fn of_error(e: &io::Error) -> Result<usize, ReadEnd> {
+        match e.kind() {
+            io::ErrorKind::WouldBlock => Err(ReadEnd::Drained),
+            io::ErrorKind::Interrupted => Ok(0),
+            _ => Err(ReadEnd::Error),
+        }
+    }
+}
+
+fn rx_time_ns() -> Option<u64> {
+    SystemTime::now().duration_since(UNIX_EPOCH).ok().map(|d| d.as_nanos() as u64)
+}
+
+fn rx_msg(f: Frame, ts: Option<u64>) -> RxMessage {
+    let mut m = RxMessage::from(f);
+    m.rx_time_ns = ts;
+    m
+}
+
+impl Reactor {
+    /// Before another path of a connection is read, its path 0 is read
+    /// until `EAGAIN`. A socket moves from path 0 to its own lane once its
+    /// path-0 messages are acked, and our TCP acks what it queued, not what
+    /// we read: the peer's first message on the lane may arrive while its
+    /// last path-0 message still waits in our socket, and whatever order
+    /// readiness is reported in, the path-0 bytes must be delivered first.
+    /// Returns false when path 0 stopped at the read budget: `conn` is then
+    /// read on a later pass (after path 0 again).
+    pub(super) fn path0_read(&mut self, conn: &Arc<PathConn>) -> bool {
+        let id = conn.info.id;
+        if id.index == 0 {
+            return true;
+        }
+        let p0 = self.inner.paths.lock().get(&rds_core::PathId { conn: id.conn, index: 0 }).cloned();
+        let Some(p0) = p0.filter(|p| matches!(p.state(), UP | DRAINING)) else { return true };
+        if self.inner.rx_paused(p0.info.id) {
+            // Path 0's bytes wait in its socket: the lanes wait behind them
+            // (path 0's resume reads them all again).
+            inc(&self.inner.stats.rx_lane_deferred);
+            return false;
+        }
+        if self.read_conn(&p0, false) {
+            // Path 0 has more than the budget: it goes first again.
+            self.rx_more.push(conn.clone());
+            inc(&self.inner.stats.rx_lane_deferred);
+            return false;
+        }
+        true
+    }
+
+    /// Reads and delivers until `EAGAIN`, the budget, the end or an error;
+    /// closes the connection at the end of the stream or on an error.
+    /// Returns true when it stopped at the budget (`conn` is then queued in
+    /// `rx_more` for the next pass).
+    ///
+    /// A path the core paused is not read (its bytes wait in the socket and
+    /// the TCP window closes; the resume queues it in `rx_more`), unless
+    /// `force` (the connection is ending: what it holds is delivered, never
+    /// dropped). A pause that comes with a batch handed to the sink stops
+    /// the reading after that batch: the overshoot is one batch.
+    pub(super) fn read_conn(&mut self, conn: &Arc<PathConn>, force: bool) -> bool {
+        let Some(sink) = self.inner.sink() else { return false };
+        let (id, inst) = (conn.info.id, conn.info.inst);
+        let force = force || conn.rx_ending.load(SeqCst);
+        if !force && self.inner.rx_paused(id) {
+            inc(&self.inner.stats.rx_paused);
+            return false;
+        }
+        let budget = self.inner.cfg.read_budget;
+        let mut batch: Vec<RxMessage> = Vec::new();
+        let mut batch_bytes = 0usize;
+        let mut total = 0usize;
+        let end = loop {
+            if total >= budget {
+                break ReadEnd::Budget;
+            }
+            let step = {
+                let mut rx = conn.rx.lock();
+                let dec = &mut rx.decoder;
+                if dec.payload_remaining() >= DIRECT_MIN {
+                    match dec.read_direct(DIRECT_MAX, |buf| (&conn.stream).read(buf)) {
+                        Ok((0, _)) => Err(ReadEnd::Eof),
+                        Ok((n, f)) => {
+                            if let Some(f) = f {
+                                batch_bytes += f.payload.len();
+                                batch.push(rx_msg(f, rx_time_ns()));
+                            }
+                            Ok(n)
+                        }
+                        Err(e) => ReadEnd::of_error(&e),
+                    }
+                } else {
+                    match (&conn.stream).read(&mut self.rbuf) {
+                        Ok(0) => Err(ReadEnd::Eof),
+                        Ok(n) => {
+                            let ts = rx_time_ns();
+                            let fed = dec.feed(&self.rbuf[..n], &mut |f| {
+                                batch_bytes += f.payload.len();
+                                batch.push(rx_msg(f, ts));
+                            });
+                            match fed {
+                                Ok(()) => Ok(n),
+                                Err(_) => Err(ReadEnd::Protocol),
+                            }
+                        }
+                        Err(e) => ReadEnd::of_error(&e),
+                    }
+                }
+            };
+            match step {
+                Ok(n) => total += n,
+                Err(end) => break end,
+            }
+            if batch.len() >= BATCH_MSGS || batch_bytes >= BATCH_BYTES {
+                sink.received(id, inst, &mut batch);
+                batch.clear();
+                batch_bytes = 0;
+                if !force && self.inner.rx_paused(id) {
+                    break ReadEnd::Paused;
+                }
+            }
+        };
+        if total > 0 {
+            conn.rx.lock().progress_at = Instant::now();
+        }
+        if !batch.is_empty() {
+            sink.received(id, inst, &mut batch);
+        }
+        match end {
+            ReadEnd::Drained | ReadEnd::Paused => {}
+            ReadEnd::Budget => {
+                self.rx_more.push(conn.clone());
+                return true;
+            }
+            ReadEnd::Eof | ReadEnd::Error => {
+                let why = down_reason(conn, DownReason::Closed);
+                self.close_conn(conn, why, false);
+            }
+            ReadEnd::Protocol => self.close_conn(conn, DownReason::ProtocolError, true),
+        }
+        false
+    }
+
+    /// Resets the connections whose partly received message got no byte
+    /// for `rx_frame_timeout` (paused paths are exempt: we stopped reading).
+    pub(super) fn sweep_stalls(&mut self, now: Instant) {
+        let timeout = self.inner.cfg.rx_frame_timeout;
+        self.next_stall_sweep = None;
+        let stalled: Vec<Arc<PathConn>> = self
+            .conns
+            .values()
+            .filter(|c| matches!(c.state(), UP | DRAINING) && !self.inner.rx_paused(c.info.id))
+            .filter(|c| {
+                let rx = c.rx.lock();
+                !rx.decoder.is_idle() && now.saturating_duration_since(rx.progress_at) >= timeout
+            })
+            .cloned()
+            .collect();
+        for c in stalled {
+            inc(&self.inner.stats.rx_frame_stalled);
+            self.close_conn(&c, DownReason::ProtocolError, true);
+        }
+    }
+}

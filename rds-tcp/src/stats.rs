@@ -1,0 +1,73 @@
+//! The transport's counters, under the kernel's names
+//! (`rds_tcp_statistics`), as `RdsTransport::counters` reports them.
+
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::Relaxed;
+
+/// Counters under the kernel's names (`rds_tcp_statistics`).
+#[derive(Default)]
+pub(crate) struct Stats {
+    /// Readable events handled (`sk_data_ready`).
+    pub data_ready_calls: AtomicU64,
+    /// Times the peer's TCP was seen to have acked more bytes
+    /// (`sk_write_space`, where the kernel processes acks).
+    pub write_space_calls: AtomicU64,
+    /// Writes that found the socket's send buffer full.
+    pub sndbuf_full: AtomicU64,
+    /// An accepted connection took over a path whose own connect was in
+    /// progress.
+    pub connect_raced: AtomicU64,
+    /// Accepted connections reset because the core did not take them.
+    pub listen_closed_stale: AtomicU64,
+    /// Connections that ended in the middle of a received message.
+    pub rx_partial_discarded: AtomicU64,
+    /// Connections that ended in the middle of a message being written.
+    pub tx_partial: AtomicU64,
+    /// Reads of a path above 0 put off because path 0 of the same
+    /// connection still had more than the read budget (ours; see
+    /// `Reactor::path0_read`).
+    pub rx_lane_deferred: AtomicU64,
+    /// Connections reset because a partly received message made no
+    /// progress for [`crate::TcpConfig::rx_frame_timeout`].
+    pub rx_frame_stalled: AtomicU64,
+    /// Reads skipped because the core paused the path (receive flow
+    /// control, [`RdsTransport::rx_flow`](rds_core::RdsTransport::rx_flow)).
+    pub rx_paused: AtomicU64,
+    /// Deferred connections reset because they waited `defer_max`.
+    pub deferred_expired: AtomicU64,
+    /// Deferred connections reset to make room for a newer one of the
+    /// same peer (`defer_per_peer`).
+    pub deferred_replaced: AtomicU64,
+    /// `accept` failed for lack of descriptors (EMFILE/ENFILE) or memory.
+    pub accept_no_resources: AtomicU64,
+    /// Connections accepted and closed at once with the reserve descriptor
+    /// while the process was out of descriptors.
+    pub accept_shed: AtomicU64,
+}
+
+impl Stats {
+    /// Every counter with its name (`tcp_*`), what
+    /// `RdsTransport::counters` reports.
+    pub fn counters(&self) -> Vec<(&'static str, u64)> {
+        vec![
+            ("tcp_data_ready_calls", self.data_ready_calls.load(Relaxed)),
+            ("tcp_write_space_calls", self.write_space_calls.load(Relaxed)),
+            ("tcp_sndbuf_full", self.sndbuf_full.load(Relaxed)),
+            ("tcp_connect_raced", self.connect_raced.load(Relaxed)),
+            ("tcp_listen_closed_stale", self.listen_closed_stale.load(Relaxed)),
+            ("tcp_rx_partial_discarded", self.rx_partial_discarded.load(Relaxed)),
+            ("tcp_tx_partial", self.tx_partial.load(Relaxed)),
+            ("tcp_rx_lane_deferred", self.rx_lane_deferred.load(Relaxed)),
+            ("tcp_rx_frame_stalled", self.rx_frame_stalled.load(Relaxed)),
+            ("tcp_rx_paused", self.rx_paused.load(Relaxed)),
+            ("tcp_deferred_expired", self.deferred_expired.load(Relaxed)),
+            ("tcp_deferred_replaced", self.deferred_replaced.load(Relaxed)),
+            ("tcp_accept_no_resources", self.accept_no_resources.load(Relaxed)),
+            ("tcp_accept_shed", self.accept_shed.load(Relaxed)),
+        ]
+    }
+}
+
+pub(crate) fn inc(c: &AtomicU64) {
+    c.fetch_add(1, Relaxed);
+}
