@@ -42,7 +42,7 @@
 //!
 //! ```text
 //! cargo build --release -p rds-ib --features verbs
-//! cargo test --release -p rds-ib --features verbs --test kernel_ib
+//! cargo test --release -p rds-tests --features verbs --test kernel_ib
 //! ```
 //!
 //! [`verbs`]: device discovery, one PD per device context
@@ -52,10 +52,11 @@
 //! 3.1 on a reject) and accept ([`verbs::Listener`]), an RC QP per
 //! connection with its CQs, a ring of 512 two-SGE receives (header + 4 KiB)
 //! and two-SGE sends (header copy + fragment), reassembly and acks from the
-//! sans-IO modules. The `ib-probe` bin drives it; `tests/kernel_ib.rs` runs
-//! it in the VM rig against the 6.1 kernel's `rds_rdma` over Soft-RoCE
-//! (ping/pong, 0 B to 1 MiB both ways, the kernel connecting to our
-//! listener), and prints `SKIP:` when the rig is not there.
+//! sans-IO modules. The `ib-probe` test bin (rds-tests) drives it;
+//! rds-tests' `tests/kernel_ib.rs` runs it in the VM rig against the 6.1
+//! kernel's `rds_rdma` over Soft-RoCE (ping/pong, 0 B to 1 MiB both ways,
+//! the kernel connecting to our listener), and prints `SKIP:` when the rig
+//! is not there.
 //!
 //! [`transport::IbTransport`] puts it behind [`rds_core::RdsTransport`]: an
 //! event thread per transport waiting in epoll on the CQ completion channels
@@ -92,7 +93,7 @@
 //!   not served by RDS-TCP (which carries no key) unless the engine is
 //!   told so (`RDS_IB_PSK_TCP=1`, `EngineConfig::ib_psk_tcp`), and a
 //!   socket receives only over its own transport. VM test:
-//!   `cargo test --release -p rds-sock --features ib --test ib_vm_psk`.
+//!   `cargo test --release -p rds-tests --features ib --test ib_vm_psk`.
 //!
 //! Connection loss: RC QPs retry a lost packet [`verbs::RETRY_COUNT`]
 //! times (the kernel's `rds_ib_retry_count`, 1; Soft-RoCE would take the
@@ -103,7 +104,7 @@
 //! its connect request a moment, so that both sides reconnecting at once
 //! do not make the kernel drop the new connection again and again (its
 //! stale-connection rule; see [`transport`]). VM test `cargo test
-//! --release -p rds-sock --features ib --test ib_vm_disconnect`: a stream
+//! --release -p rds-tests --features ib --test ib_vm_disconnect`: a stream
 //! broken mid-way, verbs-only (side channel killed) and RDMA CM (incoming
 //! RoCE v2 dropped for seconds; ours with ours and with the 6.1 kernel's
 //! rds_rdma both ways), every datagram exactly once.
@@ -123,7 +124,7 @@
 //! device never reaches memory that was freed. rds-sock
 //! exposes `get_mr`, `get_mr_for_dest`, `free_mr`, `send_rdma_map` and the
 //! RDMA_ARGS / RDMA_DEST / RDMA_STATUS ancillary data; VM test
-//! `cargo test --release -p rds-sock --features ib --test ib_vm_rdma`
+//! `cargo test --release -p rds-tests --features ib --test ib_vm_rdma`
 //! (ours with ours and with the 6.1 kernel's rds_rdma, both directions).
 //!
 //! ## What does not exist yet

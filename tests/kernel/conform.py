@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Kernel side of the conformance scenarios (runs in a vmrig guest with rds_tcp).
 
-Each scenario is the mirror of one in tests/src/bin/rds-conform.rs,
+Each scenario is the mirror of one in tests/src/bin/rds-conform/,
 which runs on the other guest with our userspace RDS. The two sides meet at
 `barrier NAME` points (the vmrig helper) and print
 
@@ -76,7 +76,7 @@ def barrier(name, secs=120):
 
 
 # ----------------------------------------------------------------------------
-# payloads (mirrored in rds-conform.rs)
+# payloads (mirrored in rds-conform/flows.rs)
 
 def flow_id(sport, dport):
     return (sport << 16) | dport

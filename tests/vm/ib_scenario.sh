@@ -1,6 +1,6 @@
 #!/bin/sh
 # RDS-IB through our engine, in two vmrig guests (vmrig run -n 2).
-# Env: PEER_BIN = rds-ib-peer, KSIDE = kernel_side.py of rds-ib, KPEER =
+# Env: PEER_BIN = rds-ib-peer, KSIDE = kernel_side.py (next to this script), KPEER =
 # rds-kernel-peer (kernel sockets bound to IPv6: no ctypes in the guests'
 # Python), SIZES.
 # Phase A: our engine (node1, recv then send, port 4000) with our engine

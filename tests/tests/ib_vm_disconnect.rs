@@ -48,15 +48,15 @@
 //! kernel logged a failed completion ("disconnecting and reconnecting")
 //! and connected more than once. The counter deltas are printed.
 //!
-//! Run: `cargo test --release -p rds-sock --features ib --test
+//! Run: `cargo test --release -p rds-tests --features ib --test
 //! ib_vm_disconnect -- --nocapture` (the two tests boot one after the
 //! other). When the rig cannot start a test prints one line starting with
 //! `SKIP:` and passes.
 #![cfg(feature = "ib")]
 
-mod common;
+mod ib_vm_common;
 
-use common::{field, node_lines};
+use ib_vm_common::{field, node_lines};
 use std::path::Path;
 use std::process::Output;
 
@@ -75,7 +75,7 @@ const CUT_S: u64 = 4;
 /// the rig cannot start.
 fn boot(what: &str, env: &[(&str, String)], timeout_s: u32) -> Option<(String, Output)> {
     let peer = Path::new(env!("CARGO_BIN_EXE_rds-ib-peer"));
-    common::boot(what, "ib_disconnect_scenario.sh", peer, env, timeout_s)
+    ib_vm_common::boot(what, "ib_disconnect_scenario.sh", peer, env, timeout_s)
 }
 
 fn num(line: &str, key: &str) -> u64 {

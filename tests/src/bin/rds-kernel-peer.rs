@@ -10,7 +10,7 @@
 //! `recv` binds, waits at the rig's barrier `$BARRIER` (if set) so that the
 //! sender starts only then, and receives one message per SIZE, checking
 //! sender, length and contents (byte i of message k is (i + k) % 251, as
-//! rds-ib-peer and rds-ib's `kernel_side.py` write them), in order. `send`
+//! rds-ib-peer and `tests/vm/kernel_side.py` write them), in order. `send`
 //! sends them. Prints `KBOUND`, `KRX`/`KTX` and `KRESULT ok|FAIL` lines, as
 //! `kernel_side.py` does; the exit status is 0 only for ok.
 

@@ -1,74 +1,31 @@
 //! The verbs path against the Linux kernel's `rds_rdma` over Soft-RoCE (rxe),
 //! in the VM rig (`/work/shared/vmrig`: two Debian 12 guests, kernel 6.1).
 //!
-//! One boot runs `tests/vm/scenario.sh`: node1 loads `rds_rdma` and uses
-//! AF_RDS sockets (`tests/vm/kernel_side.py`), node2 runs `ib-probe` (this
-//! crate's bin, our verbs path). Phase 1: we connect through RDMA CM with the
-//! kernel's private data, ping and get the kernel's pong, send 0 B, 1 B,
-//! 4 KiB, 64 KiB and 1 MiB to the kernel's socket, which checks sender,
-//! lengths and contents in order; the kernel acks them all. Phase 2: after
-//! our disconnect the kernel connects to our listener and sends the same
-//! sizes, which we check.
+//! One boot runs `tests/vm/kernel_ib_scenario.sh`: node1 loads `rds_rdma`
+//! and uses AF_RDS sockets (`tests/vm/kernel_side.py`), node2 runs
+//! `ib-probe` (this crate's test bin, driving rds-ib's verbs path). Phase 1:
+//! we connect through RDMA CM with the kernel's private data, ping and get
+//! the kernel's pong, send 0 B, 1 B, 4 KiB, 64 KiB and 1 MiB to the
+//! kernel's socket, which checks sender, lengths and contents in order; the
+//! kernel acks them all. Phase 2: after our disconnect the kernel connects
+//! to our listener and sends the same sizes, which we check.
 //!
-//! Run: `cargo test --release -p rds-ib --features verbs --test kernel_ib`.
+//! Run: `cargo test --release -p rds-tests --features verbs --test kernel_ib`.
 //! When the rig cannot start (not found, never set up, guests not coming
 //! up) the test prints one line starting with `SKIP:` and passes.
 #![cfg(feature = "verbs")]
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::Instant;
 
+use rds_testkit::rig::{field, node_lines, usable_rig, workspace_root};
+
 const SIZES: [usize; 5] = [0, 1, 4096, 65536, 1 << 20];
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().unwrap()
-}
-
-fn find_rig() -> Result<PathBuf, String> {
-    let mut cands = Vec::new();
-    if let Ok(d) = std::env::var("VMRIG_DIR") {
-        cands.push(PathBuf::from(d));
-    }
-    cands.push(workspace_root().join("../shared/vmrig"));
-    cands.push(PathBuf::from("/work/shared/vmrig"));
-    let tried: Vec<String> = cands.iter().map(|d| d.display().to_string()).collect();
-    cands
-        .into_iter()
-        .find(|d| d.join("vmrig").is_file())
-        .ok_or_else(|| format!("no VM rig found (tried {}; set VMRIG_DIR)", tried.join(", ")))
-}
-
-fn rig_ready() -> Result<(), String> {
-    let cache = PathBuf::from(std::env::var("VMRIG_CACHE").unwrap_or_else(|_| "/var/cache/vmrig".into()));
-    for f in ["initrd.img", "kernel", "qemu"] {
-        if !cache.join(f).exists() {
-            return Err(format!("the VM rig is not set up ({} missing; run `vmrig setup`)", cache.join(f).display()));
-        }
-    }
-    Ok(())
-}
-
-/// Lines of one node, prefix stripped.
-fn node_lines<'a>(out: &'a str, node: u8, prefix: &str) -> Vec<&'a str> {
-    let tag = format!("[node{node}] {prefix}");
-    out.lines().filter_map(|l| l.strip_prefix(tag.as_str())).collect()
-}
-
-/// The value after `key` in a line of space-separated words.
-fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let mut w = line.split_whitespace();
-    while let Some(x) = w.next() {
-        if x == key {
-            return w.next();
-        }
-    }
-    None
-}
 
 #[test]
 fn verbs_path_interoperates_with_kernel_rds_rdma() {
-    let rig = match find_rig().and_then(|r| rig_ready().map(|()| r)) {
+    let rig = match usable_rig() {
         Ok(r) => r,
         Err(why) => {
             println!("SKIP: rds-ib verbs against the kernel's rds_rdma not run: {why}");
@@ -85,7 +42,7 @@ fn verbs_path_interoperates_with_kernel_rds_rdma() {
     }
     cmd.arg("-e").arg(format!("IB_PROBE={}", bin.display()));
     cmd.arg("-e").arg(format!("SIZES={}", sizes.join(" ")));
-    cmd.args(["--", "sh"]).arg(root.join("rds-ib/tests/vm/scenario.sh"));
+    cmd.args(["--", "sh"]).arg(root.join("tests/vm/kernel_ib_scenario.sh"));
     let t0 = Instant::now();
     let out = match cmd.output() {
         Ok(o) => o,

@@ -1,43 +1,17 @@
-//! Shared by the VM-rig tests of RDS over IB (feature `ib`): finding the
-//! rig, booting a scenario in it, and reading the `[nodeN] ...` lines its
-//! guests print.
+//! Shared by the VM-rig tests of RDS over IB (feature `ib`): booting a
+//! scenario of `tests/vm/` in the rig (found by `rds_testkit::rig`), and
+//! reading the `[nodeN] ...` lines its guests print.
 #![allow(dead_code)] // each test uses a part
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Output};
 use std::sync::Mutex;
 use std::time::Instant;
 
+pub use rds_testkit::rig::{field, node_lines, usable_rig, workspace_root};
+
 /// The datagram sizes the scenarios send: 0 B to 1 MiB.
 pub const SIZES: [usize; 5] = [0, 1, 4096, 65536, 1 << 20];
-
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().unwrap()
-}
-
-pub fn find_rig() -> Result<PathBuf, String> {
-    let mut cands = Vec::new();
-    if let Ok(d) = std::env::var("VMRIG_DIR") {
-        cands.push(PathBuf::from(d));
-    }
-    cands.push(workspace_root().join("../shared/vmrig"));
-    cands.push(PathBuf::from("/work/shared/vmrig"));
-    let tried: Vec<String> = cands.iter().map(|d| d.display().to_string()).collect();
-    cands
-        .into_iter()
-        .find(|d| d.join("vmrig").is_file())
-        .ok_or_else(|| format!("no VM rig found (tried {}; set VMRIG_DIR)", tried.join(", ")))
-}
-
-pub fn rig_ready() -> Result<(), String> {
-    let cache = PathBuf::from(std::env::var("VMRIG_CACHE").unwrap_or_else(|_| "/var/cache/vmrig".into()));
-    for f in ["initrd.img", "kernel", "qemu"] {
-        if !cache.join(f).exists() {
-            return Err(format!("the VM rig is not set up ({} missing; run `vmrig setup`)", cache.join(f).display()));
-        }
-    }
-    Ok(())
-}
 
 /// One two-guest boot at a time per test binary (the machine has 2 cores).
 static BOOT: Mutex<()> = Mutex::new(());
@@ -56,7 +30,7 @@ pub fn boot(
     timeout_s: u32,
 ) -> Option<(String, Output)> {
     let _one = BOOT.lock().unwrap_or_else(|p| p.into_inner());
-    let rig = match find_rig().and_then(|r| rig_ready().map(|()| r)) {
+    let rig = match usable_rig() {
         Ok(r) => r,
         Err(why) => {
             println!("SKIP: {what} in the VM rig not run: {why}");
@@ -73,7 +47,7 @@ pub fn boot(
     for (k, v) in env {
         cmd.arg("-e").arg(format!("{k}={v}"));
     }
-    cmd.args(["--", "sh"]).arg(root.join("rds-sock/tests/vm").join(script));
+    cmd.args(["--", "sh"]).arg(root.join("tests/vm").join(script));
     let t0 = Instant::now();
     let out = match cmd.output() {
         Ok(o) => o,
@@ -103,22 +77,6 @@ pub fn ctr(out: &str, node: u8, phase: &str, name: &str) -> u64 {
     let l = node_lines(out, node, &format!("{phase} CTR {name} "));
     assert_eq!(l.len(), 1, "node{node} phase {phase}: counter {name}: {l:?}");
     l[0].trim().parse().unwrap_or_else(|_| panic!("counter {name}: {}", l[0]))
-}
-
-/// Lines of one node, prefix stripped.
-pub fn node_lines<'a>(out: &'a str, node: u8, prefix: &str) -> Vec<&'a str> {
-    let tag = format!("[node{node}] {prefix}");
-    out.lines().filter_map(|l| l.strip_prefix(tag.as_str())).collect()
-}
-
-pub fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let mut w = line.split_whitespace();
-    while let Some(x) = w.next() {
-        if x == key {
-            return w.next();
-        }
-    }
-    None
 }
 
 /// `RX k len n from A ok` lines: every size, in order, from `from`.

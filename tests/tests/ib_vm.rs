@@ -7,7 +7,7 @@
 //!   RDS_TRANS_IB): 0 B, 1 B, 4 KiB, 64 KiB and 1 MiB from node2 to node1,
 //!   then the same back, each checked byte by byte, in order, all acked;
 //! * phase B: our engine (node2) to the kernel's `rds_rdma` (node1, AF_RDS
-//!   sockets through rds-ib's `tests/vm/kernel_side.py`): the same sizes to
+//!   sockets through `tests/vm/kernel_side.py`): the same sizes to
 //!   the kernel, then from the kernel;
 //! * phases C and D: the same over IPv6 (the rig's fd99::1 and fd99::2;
 //!   RDMA CM port 16385 and the 56-byte private data, as the kernel's
@@ -27,21 +27,21 @@
 //!   far fewer than all; then every datagram is read exactly once, in
 //!   order, byte for byte.
 //!
-//! Run: `cargo test --release -p rds-sock --features ib --test ib_vm`.
+//! Run: `cargo test --release -p rds-tests --features ib --test ib_vm`.
 //! When the rig cannot start the test prints one line starting with
 //! `SKIP:` and passes.
 #![cfg(feature = "ib")]
 
-mod common;
+mod ib_vm_common;
 
-use common::{SIZES, boot, check_rx, ctr, field, node_lines, sizes_env, workspace_root};
+use ib_vm_common::{SIZES, boot, check_rx, ctr, field, node_lines, sizes_env, workspace_root};
 use std::path::Path;
 
 #[test]
 fn engine_over_ib_with_itself_and_with_kernel_rds_rdma() {
     let root = workspace_root();
     let env = [
-        ("KSIDE", root.join("rds-ib/tests/vm/kernel_side.py").display().to_string()),
+        ("KSIDE", root.join("tests/vm/kernel_side.py").display().to_string()),
         ("KPEER", env!("CARGO_BIN_EXE_rds-kernel-peer").to_string()),
         ("SIZES", sizes_env()),
     ];

@@ -1,5 +1,5 @@
 //! ib-probe: exercises the verbs path of rds-ib against a kernel `rds_rdma`
-//! peer (built with `cargo build --release -p rds-ib --features verbs`;
+//! peer (built with `cargo build --release -p rds-tests --features verbs`;
 //! `tests/kernel_ib.rs` runs it in the VM rig against the kernel's
 //! `rds_rdma` over Soft-RoCE).
 //!

@@ -14,14 +14,14 @@
 //! * C: the kernel as the initiator (RDMA_ARGS with NOTIFY_ME, statuses
 //!   through RDMA_STATUS), ours as the target.
 //!
-//! Run: `cargo test --release -p rds-sock --features ib --test ib_vm_rdma`.
+//! Run: `cargo test --release -p rds-tests --features ib --test ib_vm_rdma`.
 //! When the rig cannot start the test prints one line starting with
 //! `SKIP:` and passes.
 #![cfg(feature = "ib")]
 
-mod common;
+mod ib_vm_common;
 
-use common::{boot, field, node_lines};
+use ib_vm_common::{boot, field, node_lines};
 use std::path::Path;
 
 const N: usize = 70000;

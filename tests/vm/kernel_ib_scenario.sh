@@ -1,5 +1,5 @@
 #!/bin/sh
-# The rds-ib verbs scenario in two vmrig guests (vmrig run -n 2 -c 'sh scenario.sh').
+# The rds-ib verbs scenario in two vmrig guests (vmrig run -n 2 -- sh kernel_ib_scenario.sh).
 # Node 1 runs the kernel's rds_rdma (and AF_RDS sockets via kernel_side.py);
 # node 2 runs ib-probe (our verbs path) and must not load rds_rdma, which
 # would take port 18634. Env: IB_PROBE = path of the ib-probe binary.

@@ -33,14 +33,14 @@
 //! * phase K: a key file of mode 0644 is refused with an error naming the
 //!   file and the mode, and the engine runs without IB.
 //!
-//! Run: `cargo test --release -p rds-sock --features ib --test ib_vm_psk`.
+//! Run: `cargo test --release -p rds-tests --features ib --test ib_vm_psk`.
 //! When the rig cannot start the test prints one line starting with
 //! `SKIP:` and passes.
 #![cfg(feature = "ib")]
 
-mod common;
+mod ib_vm_common;
 
-use common::{SIZES, boot, check_rx, ctr, field, node_lines, sizes_env};
+use ib_vm_common::{SIZES, boot, check_rx, ctr, field, node_lines, sizes_env};
 use std::path::Path;
 
 #[test]

@@ -1,7 +1,7 @@
 #!/bin/sh
 # RDS-IB with the connection forcibly broken mid-stream, in two vmrig
 # guests (vmrig run -n 2). Env: MODE (psk, default, or cm), PEER_BIN =
-# rds-ib-peer, KSIDE = rds-ib's kernel_side.py (cm; found next to this
+# rds-ib-peer, KSIDE = kernel_side.py (cm; found next to this
 # script by default), N, GAP_US, KILLS (psk), CUT_S (cm).
 #
 # MODE=psk: the verbs-only setup (TCP side channel, pre-shared key; no
@@ -37,7 +37,7 @@ GAP_US=${GAP_US:-3000}
 KILLS=${KILLS:-3}
 CUT_S=${CUT_S:-6}
 CUT_MAX_S=${CUT_MAX_S:-30}
-KSIDE=${KSIDE:-$(cd "$(dirname "$0")/../../../rds-ib/tests/vm" && pwd)/kernel_side.py}
+KSIDE=${KSIDE:-$(cd "$(dirname "$0")" && pwd)/kernel_side.py}
 modprobe rdma_rxe
 modprobe ib_uverbs
 rdma link add rxe0 type rxe netdev eth0
