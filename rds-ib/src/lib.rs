@@ -151,7 +151,8 @@ pub mod sidechannel;
 
 use rds_core::TransportCaps;
 
-/// What the IB transport will be able to do (RDMA, no multipath).
+/// What the IB transport does: RDMA, credit flow control (offered on every
+/// new connection, `verbs::Verbs::set_flow_control`), no multipath.
 pub const CAPS: TransportCaps = TransportCaps::ib();
 
 #[cfg(feature = "verbs")]

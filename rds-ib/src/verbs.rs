@@ -175,7 +175,9 @@ impl Verbs {
             pds: Mutex::new(Vec::new()),
             opened: Mutex::new(Vec::new()),
             qp_created: Default::default(),
-            flow_control: std::sync::atomic::AtomicBool::new(true),
+            // On by default: the transport declares credit flow control
+            // ([`rds_core::TransportCaps::credits`]).
+            flow_control: std::sync::atomic::AtomicBool::new(crate::CAPS.credits),
         })
     }
 
