@@ -144,10 +144,18 @@
 //! layer answers `SO_RDS_TRANSPORT = RDS_TRANS_IB` with ENOPROTOOPT, as the
 //! kernel does when `rds_rdma` is not loaded.
 
-pub mod credits;
-pub mod frag;
-pub mod private;
-pub mod sidechannel;
+pub mod proto;
+pub mod secrets;
+
+pub use proto::{credits, frag, private};
+
+/// The verbs-only setup's side channel: the codec and handshake of
+/// [`proto::sidechannel`] with the OS services of [`secrets`] (nonces,
+/// PSNs, the key file), under the one path its users import.
+pub mod sidechannel {
+    pub use crate::proto::sidechannel::*;
+    pub use crate::secrets::{random_bytes, random_nonce, random_psn};
+}
 
 use rds_core::TransportCaps;
 

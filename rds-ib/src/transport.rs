@@ -71,8 +71,8 @@ use rds_core::{
     TransportKind, TransportSink, TxMessage,
 };
 
-use crate::frag::OutMessage;
-use crate::sidechannel::{DEFAULT_PORT, Key};
+use crate::proto::frag::OutMessage;
+use crate::proto::sidechannel::{DEFAULT_PORT, Key};
 use crate::verbs::{Conn, Listener, Received, SideEvent, SideListener, Verbs, device_names};
 
 /// How connections are set up.
@@ -84,7 +84,7 @@ pub enum SetupMode {
     Cm,
     /// No RDMA CM: a TCP side channel on `port` authenticated with the
     /// pre-shared `key` (HMAC-SHA256 challenge-response, see
-    /// [`crate::sidechannel`]) carries the QP parameters; QPs are moved
+    /// [`crate::proto::sidechannel`]) carries the QP parameters; QPs are moved
     /// INIT -> RTR -> RTS by hand. Only our own nodes speak it.
     VerbsOnly { key: Key, port: u16 },
 }
@@ -189,7 +189,7 @@ struct Counters {
     /// connection held.
     rx_held_peak: u64,
     /// Credit and ack counters of every connection so far.
-    flow: crate::credits::FlowCounters,
+    flow: crate::proto::credits::FlowCounters,
 }
 
 impl Shared {
@@ -587,7 +587,7 @@ struct Active {
     /// The highest `h_ack` reported to the core.
     acked: u64,
     /// The connection's flow counters already added to `Counters::flow`.
-    fc_seen: crate::credits::FlowCounters,
+    fc_seen: crate::proto::credits::FlowCounters,
 }
 
 struct EventLoop {

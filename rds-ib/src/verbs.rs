@@ -20,17 +20,17 @@
 //!   every reposted buffer is granted again in `h_credit` (an ack-only
 //!   frame once 16 wait), and our sends are limited by credits when both
 //!   sides advertised some; a mainline kernel advertises 0, which turns it
-//!   off ([`crate::credits`]);
+//!   off ([`crate::proto::credits`]);
 //! * the connect request carries `rds_ib_connect_private` proposing 4.1
-//!   ([`crate::private`]), falling back to 3.1 after a reject with value 1;
+//!   ([`crate::proto::private`]), falling back to 3.1 after a reject with value 1;
 //!   the passive side answers with the version `passive_negotiate` picks and
 //!   rejects incompatible requests with the reject value 1;
 //! * one RC QP per connection; a ring of [`RECV_WR`] receive work requests of
 //!   two SGEs each (the 48-byte header buffer and a 4 KiB fragment buffer),
 //!   refilled as each completes; SENDs of two SGEs (a header copy and the
 //!   fragment, one SGE for a 0-byte message), signaled and solicited as
-//!   [`crate::frag`] decides; explicit ack-only frames as
-//!   [`crate::credits`] decides.
+//!   [`crate::proto::frag`] decides; explicit ack-only frames as
+//!   [`crate::proto::credits`] decides.
 //!
 //! Device contexts: librdmacm opens every RDMA device once per process and
 //! hands that context out in `rdma_cm_id::verbs`; a QP must be created on a
@@ -53,15 +53,17 @@ use std::time::{Duration, Instant};
 use rdma_sys as sys;
 use rds_core::wire::{self, HEADER_LEN, Header, PROTOCOL_3_1};
 
-use crate::credits::{FlowControl, RxGate};
-use crate::frag::{FRAG_SIZE, OutFrame, OutMessage, Reassembler, RecvError, RxKind, SignalState, ack_only_header};
+use crate::proto::credits::{FlowControl, RxGate};
+use crate::proto::frag::{
+    FRAG_SIZE, OutFrame, OutMessage, Reassembler, RecvError, RxKind, SignalState, ack_only_header,
+};
 mod side;
 pub use side::{PortInfo, SideEvent, SideListener};
 pub mod mr;
 mod rdma;
 pub use rdma::MAX_RDMA_SGES;
 
-use crate::private::{
+use crate::proto::private::{
     ActiveNegotiation, ConnectPrivate, Family, PrivAddrs, RejectAction, passive_negotiate, reject_data, version_usable,
 };
 
@@ -182,7 +184,7 @@ impl Verbs {
     }
 
     /// Whether new connections offer credit flow control (on by
-    /// default; [`crate::credits`]): our private data advertises the
+    /// default; [`crate::proto::credits`]): our private data advertises the
     /// posted receive ring, and our sends are limited by credits when the
     /// peer advertised some too. A peer that advertises 0 (every mainline
     /// kernel) turns our limiting off; then RNR retry paces the sender.
@@ -473,7 +475,7 @@ pub struct ConnStats {
 
 /// The reject value for a connect request we refuse for now (a connect of
 /// our own to that peer is under way, or the path is busy): 0, which the
-/// kernel's active side takes like [`crate::private::REJ_INCOMPAT`]: it drops the attempt
+/// kernel's active side takes like [`crate::proto::private::REJ_INCOMPAT`]: it drops the attempt
 /// and reconnects (proposing 3.1 from then on, as after any such reject of
 /// its own). A value above 1 is only logged by the kernel: its connection
 /// then stays CONNECTING for good and it rejects every connect of ours as
@@ -865,7 +867,7 @@ impl Conn {
     }
 
     /// Credit and ack counters (`ib_tx_credit_updates`, ...).
-    pub fn flow_counters(&self) -> crate::credits::FlowCounters {
+    pub fn flow_counters(&self) -> crate::proto::credits::FlowCounters {
         self.fc.counters
     }
 
@@ -1235,7 +1237,7 @@ impl Conn {
     /// paused, receive buffers that complete are reassembled (the messages
     /// wait in [`Conn::take_ready`], the owner does not take them) but not
     /// reposted, so the peer runs out of credits, or without credit flow
-    /// control meets RNR and retries (see [`crate::credits`]); at most one
+    /// control meets RNR and retries (see [`crate::proto::credits`]); at most one
     /// ring ([`RECV_WR`] fragments) is held. Resuming reposts the held
     /// buffers and grants them (an ack-only credit update when due).
     pub fn set_rx_paused(&mut self, paused: bool) -> io::Result<()> {
@@ -1842,7 +1844,7 @@ impl<T> Listener<T> {
                     ev.id,
                     match res {
                         Err(i) => i.reject_value(),
-                        Ok(_) => crate::private::REJ_INCOMPAT,
+                        Ok(_) => crate::proto::private::REJ_INCOMPAT,
                     },
                 );
                 self.rejected += 1;

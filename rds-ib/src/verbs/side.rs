@@ -1,10 +1,10 @@
 //! The verbs-only connection setup (no RDMA CM): a TCP side channel
-//! carries the handshake of [`crate::sidechannel`] (pre-shared key,
+//! carries the handshake of [`crate::proto::sidechannel`] (pre-shared key,
 //! HMAC-SHA256 challenge-response), then the QP parameters, and each side
 //! moves its own QP INIT -> RTR -> RTS with `ibv_modify_qp`.
 //!
 //! * The accepting side ([`SideListener`], TCP port
-//!   [`crate::sidechannel::DEFAULT_PORT`] 18635 unless configured) creates
+//!   [`crate::proto::sidechannel::DEFAULT_PORT`] 18635 unless configured) creates
 //!   nothing before the client's CLIENT_PARAMS frame verified: a peer
 //!   without the key, or with a replayed or altered frame, has its TCP
 //!   connection closed and is counted (`auth_failed`, or `bad_handshake`
@@ -51,7 +51,8 @@ use rdma_sys as sys;
 use rds_core::wire::{PROTOCOL_3_1, PROTOCOL_4_1};
 
 use super::{Conn, Link, Verbs, err, errno, sockaddr_v4};
-use crate::sidechannel::{Client, HEADER_LEN, Key, Params, Server, SideError, parse_header, random_nonce, random_psn};
+use crate::proto::sidechannel::{Client, HEADER_LEN, Key, Params, Server, SideError, parse_header};
+use crate::secrets::{random_nonce, random_psn};
 
 /// How long the accepting side waits for a peer's handshake: HELLO to
 /// CLIENT_PARAMS in all, then again for SERVER_PARAMS to READY.
@@ -899,7 +900,7 @@ impl<T> SideListener<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sidechannel::{HELLO_LEN, MAGIC};
+    use crate::proto::sidechannel::{HELLO_LEN, MAGIC};
 
     const KEY: &[u8] = b"rds-ib side listener test key 01";
 
@@ -1130,7 +1131,7 @@ mod tests {
         // well within any per-read timeout.
         let drip = std::thread::spawn(move || {
             let s = TcpStream::connect(srv).unwrap();
-            let (_, hello) = Client::new(&key(), [7; crate::sidechannel::NONCE_LEN]);
+            let (_, hello) = Client::new(&key(), [7; crate::proto::sidechannel::NONCE_LEN]);
             for (i, b) in hello.iter().enumerate() {
                 if (&s).write_all(&[*b]).is_err() {
                     return i;

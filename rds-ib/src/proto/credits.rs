@@ -52,7 +52,7 @@ pub struct AckState {
 }
 
 /// An ack-only frame to post: its `h_ack` and `h_credit`
-/// ([`crate::frag::ack_only_header`]).
+/// ([`crate::proto::frag::ack_only_header`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AckOnly {
     pub ack: u64,
