@@ -46,7 +46,7 @@
 //! ```
 //!
 //! [`verbs`]: device discovery, one PD per device context
-//! shared by all connections, RDMA CM connect ([`verbs::Conn::connect`], to
+//! shared by all connections, RDMA CM connect ([`verbs::IbConnection::connect`], to
 //! port 18634 for IPv4 and 16385 for IPv6 as the kernel's two listeners,
 //! with the 32- or 56-byte private data, proposing 4.1 with the kernel's private data, falling back to
 //! 3.1 on a reject) and accept ([`verbs::Listener`]), an RC QP per

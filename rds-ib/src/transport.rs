@@ -73,7 +73,7 @@ use rds_core::{
 
 use crate::proto::frag::OutMessage;
 use crate::proto::sidechannel::{DEFAULT_PORT, Key};
-use crate::verbs::{Conn, Listener, Received, SideEvent, SideListener, Verbs, device_names};
+use crate::verbs::{IbConnection, Listener, Received, SideEvent, SideListener, Verbs, device_names};
 
 /// How connections are set up.
 #[derive(Clone, Debug, Default)]
@@ -140,9 +140,9 @@ enum Cmd {
     Kick(PathId, u64),
     Shutdown(PathId, u64),
     /// An outgoing connect finished.
-    Connected(PathInfo, io::Result<Conn>),
+    Connected(PathInfo, io::Result<IbConnection>),
     /// The listener accepted a connection the core took as this path.
-    Accepted(PathInfo, Conn),
+    Accepted(PathInfo, IbConnection),
     /// The path's receive flow control changed (`Shared::rx_flow`).
     RxFlow(PathId),
     Close,
@@ -368,9 +368,11 @@ impl RdsTransport for IbTransport {
                 return;
             }
             let r = match &mode {
-                SetupMode::Cm => Conn::connect(&verbs, l, f, CONNECT_TIMEOUT),
+                SetupMode::Cm => IbConnection::connect(&verbs, l, f, CONNECT_TIMEOUT),
                 SetupMode::VerbsOnly { key, port } => match (l, f) {
-                    (IpAddr::V4(l), IpAddr::V4(f)) => Conn::connect_side(&verbs, l, f, key, *port, CONNECT_TIMEOUT),
+                    (IpAddr::V4(l), IpAddr::V4(f)) => {
+                        IbConnection::connect_side(&verbs, l, f, key, *port, CONNECT_TIMEOUT)
+                    }
                     _ => Err(io::Error::from_raw_os_error(libc::EAFNOSUPPORT)),
                 },
             };
@@ -392,7 +394,7 @@ impl RdsTransport for IbTransport {
     }
 
     /// Receive flow control: a paused path's connection hands nothing up
-    /// and reposts no receive buffer (see [`Conn::set_rx_paused`]): with
+    /// and reposts no receive buffer (see [`IbConnection::set_rx_paused`]): with
     /// credit flow control the peer stops when its credits run out; a
     /// kernel peer (no credit flow control) gets RNR NAKs and retries
     /// without end (`rnr_retry_count` 7). What completes meanwhile (at
@@ -577,10 +579,11 @@ fn side_listen_loop(l: &mut SideListener<PathInfo>, stop: &AtomicBool, shared: &
     }
 }
 
-/// One established connection owned by the event thread.
-struct Active {
+/// The established connection of a path, owned by the event thread, with
+/// what it still has to post.
+struct PathConnection {
     info: PathInfo,
-    conn: Conn,
+    conn: IbConnection,
     token: u64,
     /// Messages pulled and not fully posted yet, the first possibly half.
     tx: VecDeque<(TxMessage, Option<OutMessage>)>,
@@ -593,7 +596,7 @@ struct Active {
 struct EventLoop {
     shared: Arc<Shared>,
     epfd: c_int,
-    conns: HashMap<PathId, Active>,
+    conns: HashMap<PathId, PathConnection>,
     tokens: HashMap<u64, PathId>,
     next_token: u64,
 }
@@ -753,7 +756,7 @@ impl EventLoop {
     }
 
     /// Registers a connection for a path (ending an older one of the path).
-    fn install(&mut self, info: PathInfo, mut conn: Conn, acked: u64) -> bool {
+    fn install(&mut self, info: PathInfo, mut conn: IbConnection, acked: u64) -> bool {
         conn.set_eager_acks(true);
         if self.conns.contains_key(&info.id) {
             self.teardown(info.id, DownReason::Closed);
@@ -764,8 +767,10 @@ impl EventLoop {
         let ok = self.ctl(libc::EPOLL_CTL_ADD, cm, token << 1).is_ok()
             && self.ctl(libc::EPOLL_CTL_ADD, cq, (token << 1) | 1).is_ok();
         self.tokens.insert(token, info.id);
-        self.conns
-            .insert(info.id, Active { info, conn, token, tx: VecDeque::new(), acked, fc_seen: Default::default() });
+        self.conns.insert(
+            info.id,
+            PathConnection { info, conn, token, tx: VecDeque::new(), acked, fc_seen: Default::default() },
+        );
         if !ok {
             self.teardown(info.id, DownReason::Closed);
             return false;
