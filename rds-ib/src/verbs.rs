@@ -77,7 +77,7 @@ pub use listener::{ESTABLISH_TIMEOUT, Listener, MAX_PENDING_ACCEPTS, MAX_PENDING
 pub use qp::IbConnection as Conn;
 pub use qp::{ConnError, ConnStats, IbConnection, Received};
 pub use rdma::MAX_RDMA_SGES;
-pub use side::{PortInfo, SideEvent, SideListener};
+pub use side::{HANDSHAKE_TIMEOUT, MAX_PENDING_HANDSHAKES, MAX_PENDING_PER_SOURCE, PortInfo, SideEvent, SideListener};
 
 /// The RDMA CM port of RDS over IPv4 (`RDS_PORT` 18634).
 pub const RDS_IB_PORT: u16 = 18634;
