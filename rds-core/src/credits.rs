@@ -109,7 +109,8 @@ impl Credits {
     }
 
     /// The negotiation (`rds_ib_set_flow_control`): our sends are limited
-    /// only if flow control is `enabled` locally and the peer's private data
+    /// only if flow control is `enabled` locally and the peer's connection
+    /// setup (IB: its CM private data or side channel parameters)
     /// advertised `peer_credits` > 0, which become our send credits. We
     /// advertise when limited, and also after having sent non-zero initial
     /// credits ourselves (see the type's docs). Returns whether our sends
@@ -123,9 +124,9 @@ impl Credits {
         self.limiting
     }
 
-    /// The credits to put in our private data (`rds_ib_cm_fill_conn_param`):
-    /// all posted credits when flow control is (being) advertised, 0
-    /// otherwise. They count as advertised.
+    /// The credits to put in our connection setup (IB: our private data,
+    /// `rds_ib_cm_fill_conn_param`): all posted credits when flow control
+    /// is (being) advertised, 0 otherwise. They count as advertised.
     pub fn take_initial_advertisement(&mut self) -> u32 {
         if !self.advertising {
             return 0;
