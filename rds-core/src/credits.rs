@@ -193,6 +193,14 @@ impl Credits {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::TransportCaps;
+
+    #[test]
+    fn only_ib_declares_credit_flow_control() {
+        assert!(TransportCaps::ib().credits);
+        assert!(!TransportCaps::tcp().credits);
+        assert!(!TransportCaps::loopback().credits);
+    }
 
     #[test]
     fn no_flow_control_grants_everything() {
