@@ -12,7 +12,7 @@
 //! | [`proto`] (`src/proto/`) | the sans-IO half: [`proto::private`], [`proto::frag`], [`proto::credits`], [`proto::sidechannel`] | none |
 //! | [`secrets`] | nonces and PSNs from `getrandom(2)`, the pre-shared key file | OS |
 //! | `verbs` (`src/verbs.rs`, `src/verbs/`) | devices and PDs, RDMA CM channel and connect, listener, queue pair, rings, MRs, RDMA operations, verbs-only setup | verbs, RDMA CM |
-//! | `transport` | `IbTransport`: threads, epoll, the core's [`rds_core::TransportSink`] | all |
+//! | `transport` (`src/transport.rs`, `src/transport/`) | `IbTransport` and its config; its event thread (`event_loop.rs`: epoll, the core's [`rds_core::TransportSink`]) and listener threads (`listen.rs`) | all |
 //! | `rdma_api` | the RDMA services of `IbTransport` the socket layer calls | via `verbs` |
 //!
 //! [`credits`], [`frag`], [`private`] and [`sidechannel`] are the paths the
