@@ -17,6 +17,8 @@
 //!   implement, and the [`TransportSink`] through which they report; its
 //!   docs explain how TCP and InfiniBand (fragments, credits, piggybacked
 //!   acks, RDMA) map onto it;
+//! * [`credits`]: credit-based flow control ([`Credits`]), for the
+//!   transports whose [`TransportCaps::credits`] says they use it (IB);
 //! * [`loopback`]: the in-process transport for addresses one node serves;
 //! * [`rdma_buf`]: [`RdmaBuf`] / [`RdmaSeg`], the only memory an RDMA
 //!   operation or an MR can name from safe code (every registration holds
@@ -34,6 +36,7 @@
 
 pub mod cong;
 pub mod conn;
+pub mod credits;
 pub mod info;
 pub mod loopback;
 pub mod message;
@@ -48,6 +51,7 @@ pub mod types;
 pub mod wire;
 
 pub use conn::{DownReason, PathInfo, PathState};
+pub use credits::{CreditGrant, Credits};
 pub use info::{ConnSnapshot, MsgSnapshot, PathSnapshot, Queue, SockSnapshot};
 pub use message::{Incoming, Notification, RdmaOp, Received, RxMessage, TxMessage};
 pub use node::{Accept, HandshakeExts, Node, NodeConfig, Output, SockOpt};

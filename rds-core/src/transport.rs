@@ -68,8 +68,11 @@
 //!   complete message.
 //! * **Credits.** Send credits gate how many SENDs the transport posts; when
 //!   it has none it simply stops pulling. Received credit updates make it pull
-//!   again. Nothing in the node knows about credits, so flow control on or off
-//!   (negotiated in the CM private data) is the transport's business.
+//!   again. The rule is the general layer's ([`crate::credits::Credits`],
+//!   declared by [`TransportCaps::credits`]), one state per connection that
+//!   the transport feeds from its completions and the header's `h_credit`;
+//!   the node's message path never sees credits, so flow control on or off
+//!   (negotiated in the CM private data) does not change what it does.
 //! * **Piggybacked and ack-only frames.** Every frame carries `h_ack`, the
 //!   last sequence number received on the path; an ack-only frame is a header
 //!   with ports 0, sequence 0 and length 0. Neither is an RDS message: the
@@ -116,6 +119,10 @@ pub struct TransportCaps {
     pub sends_cong_map: bool,
     /// Supports RDMA operations (IB).
     pub rdma: bool,
+    /// Paces its sends with credit-based flow control ([`crate::credits`]):
+    /// IB (negotiated per connection; the kernel's `rds_ib` flow control),
+    /// not TCP (its own window) nor loopback.
+    pub credits: bool,
 }
 
 impl TransportCaps {
@@ -126,6 +133,7 @@ impl TransportCaps {
             smaller_connects: true,
             sends_cong_map: true,
             rdma: false,
+            credits: false,
         }
     }
 
@@ -136,6 +144,7 @@ impl TransportCaps {
             smaller_connects: false,
             sends_cong_map: true,
             rdma: true,
+            credits: true,
         }
     }
 
@@ -146,6 +155,7 @@ impl TransportCaps {
             smaller_connects: false,
             sends_cong_map: false,
             rdma: false,
+            credits: false,
         }
     }
 }

@@ -1,15 +1,29 @@
 //! # rds-ib: RDS over InfiniBand / RoCE verbs
 //!
-//! This crate will hold the IB transport behind [`rds_core::RdsTransport`],
-//! wire-compatible with the kernel's `rds_rdma`. How each part of it maps
-//! onto the transport interface is written down in `rds_core::transport`.
+//! The IB transport behind [`rds_core::RdsTransport`]
+//! (`transport::IbTransport`, feature `verbs`), wire-compatible with the
+//! kernel's `rds_rdma`. How each part of it maps onto the transport
+//! interface is written down in `rds_core::transport`.
 //!
-//! ## What exists
+//! ## Layout
 //!
-//! The host-testable, sans-IO half of the transport: pure state machines and
-//! codecs that take bytes and events and return what to post, with unit
-//! tests (`cargo test -p rds-ib`) and no device, verbs library or RDMA CM
-//! involved:
+//! | module | what | I/O |
+//! | --- | --- | --- |
+//! | [`proto`] (`src/proto/`) | the sans-IO half: [`proto::private`], [`proto::frag`], [`proto::credits`], [`proto::sidechannel`] | none |
+//! | [`secrets`] | nonces and PSNs from `getrandom(2)`, the pre-shared key file | OS |
+//! | `verbs` (`src/verbs.rs`, `src/verbs/`) | devices and PDs, RDMA CM channel and connect, listener, queue pair, rings, MRs, RDMA operations, verbs-only setup | verbs, RDMA CM |
+//! | `transport` (`src/transport.rs`, `src/transport/`) | `IbTransport` and its config; its event thread (`event_loop.rs`: epoll, the core's [`rds_core::TransportSink`]) and listener threads (`listen.rs`) | all |
+//! | `rdma_api` | the RDMA services of `IbTransport` the socket layer calls | via `verbs` |
+//!
+//! [`credits`], [`frag`], [`private`] and [`sidechannel`] are the paths the
+//! tests, the fuzz targets and the peers import (re-exports of `proto`'s;
+//! `sidechannel` adds the randomness of `secrets`).
+//!
+//! ## The sans-IO half
+//!
+//! Pure state machines and codecs that take bytes and events and return
+//! what to post, with unit tests (`cargo test -p rds-ib`) and no device,
+//! verbs library or RDMA CM involved:
 //!
 //! * [`private`]: the RDMA CM private data (`rds_ib_connect_private`, 32
 //!   bytes for IPv4, 56 for IPv6) encoder and decoder, the passive side's
@@ -21,17 +35,20 @@
 //!   choice per work request; the ack-only frame; and reassembly with the
 //!   kernel's checks (header present, checksum, fragments matching the first
 //!   one) plus a 1 MiB bound and exact fragment sizes;
-//! * [`credits`]: the credit flow control state machine (send and posted
-//!   credits, the credit kept back for a credit update, at most 255
-//!   advertised per header, negotiation through the private data) and the
-//!   ack state (piggybacked `h_ack`, explicit ack requests, one ack-only
-//!   frame in flight);
+//! * [`credits`]: credit flow control is the general layer's rule
+//!   ([`rds_core::credits`]: send and posted credits, the credit kept back
+//!   for a credit update, at most 255 advertised per header, the
+//!   negotiation), which the IB transport declares it uses
+//!   ([`CAPS`]`.credits`); this module is the IB glue: credits granted in
+//!   `h_credit`, the ack state (piggybacked `h_ack`, explicit ack requests,
+//!   one ack-only frame in flight), the `ib_*` counters and the receive
+//!   ring's flow control gate;
 //! * [`sidechannel`]: the verbs-only setup's side channel: fixed-size,
 //!   versioned frames carrying QPN, PSN, GID, LID, MTU and the RDS
 //!   connection identity, and a challenge-response handshake with
 //!   HMAC-SHA256 over a pre-shared key (random nonces from both sides, each
 //!   side's MAC over both nonces and what it sends, constant-time compare);
-//!   nonces and 24-bit PSNs from `getrandom(2)`.
+//!   nonces and 24-bit PSNs from `getrandom(2)` ([`secrets`]).
 //!
 //! ## The verbs path (feature `verbs`)
 //!
@@ -46,7 +63,7 @@
 //! ```
 //!
 //! [`verbs`]: device discovery, one PD per device context
-//! shared by all connections, RDMA CM connect ([`verbs::Conn::connect`], to
+//! shared by all connections, RDMA CM connect ([`verbs::IbConnection::connect`], to
 //! port 18634 for IPv4 and 16385 for IPv6 as the kernel's two listeners,
 //! with the 32- or 56-byte private data, proposing 4.1 with the kernel's private data, falling back to
 //! 3.1 on a reject) and accept ([`verbs::Listener`]), an RC QP per
@@ -145,14 +162,28 @@
 //! layer answers `SO_RDS_TRANSPORT = RDS_TRANS_IB` with ENOPROTOOPT, as the
 //! kernel does when `rds_rdma` is not loaded.
 
-pub mod credits;
-pub mod frag;
-pub mod private;
-pub mod sidechannel;
+// The crate docs name the `verbs` and `transport` modules, which only a
+// build with the feature has; that build (`cargo doc --features verbs`)
+// checks those links.
+#![cfg_attr(not(feature = "verbs"), allow(rustdoc::broken_intra_doc_links))]
+
+pub mod proto;
+pub mod secrets;
+
+pub use proto::{credits, frag, private};
+
+/// The verbs-only setup's side channel: the codec and handshake of
+/// [`proto::sidechannel`] with the OS services of [`secrets`] (nonces,
+/// PSNs, the key file), under the one path its users import.
+pub mod sidechannel {
+    pub use crate::proto::sidechannel::*;
+    pub use crate::secrets::{random_bytes, random_nonce, random_psn};
+}
 
 use rds_core::TransportCaps;
 
-/// What the IB transport will be able to do (RDMA, no multipath).
+/// What the IB transport does: RDMA, credit flow control (offered on every
+/// new connection, `verbs::Verbs::set_flow_control`), no multipath.
 pub const CAPS: TransportCaps = TransportCaps::ib();
 
 #[cfg(feature = "verbs")]

@@ -1,7 +1,8 @@
 //! [`IbTransport`]: the verbs path behind [`rds_core::RdsTransport`]
 //! (feature `verbs`, IPv4).
 //!
-//! Threads:
+//! Threads (the event thread's code is in `transport/event_loop.rs`, the
+//! listener threads' in `transport/listen.rs`):
 //!
 //! * one event thread per transport owns every established connection. It
 //!   waits in `epoll` on an eventfd (commands), each connection's RDMA CM
@@ -64,16 +65,18 @@ use std::os::raw::c_int;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock, Weak};
 use std::thread::JoinHandle;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use rds_core::{
-    Accept, DownReason, PathId, PathInfo, Payload, RdsTransport, RxMessage, TransportCaps, TransportConnInfo,
-    TransportKind, TransportSink, TxMessage,
-};
+use rds_core::{PathId, PathInfo, RdsTransport, TransportCaps, TransportConnInfo, TransportSink};
 
-use crate::frag::OutMessage;
-use crate::sidechannel::{DEFAULT_PORT, Key};
-use crate::verbs::{Conn, Listener, Received, SideEvent, SideListener, Verbs, device_names};
+use crate::proto::sidechannel::{DEFAULT_PORT, Key};
+use crate::verbs::{IbConnection, Listener, SideListener, Verbs, device_names};
+
+mod event_loop;
+mod listen;
+
+use event_loop::EventLoop;
+use listen::{AnyListener, listen_loop};
 
 /// How connections are set up.
 #[derive(Clone, Debug, Default)]
@@ -84,7 +87,7 @@ pub enum SetupMode {
     Cm,
     /// No RDMA CM: a TCP side channel on `port` authenticated with the
     /// pre-shared `key` (HMAC-SHA256 challenge-response, see
-    /// [`crate::sidechannel`]) carries the QP parameters; QPs are moved
+    /// [`crate::proto::sidechannel`]) carries the QP parameters; QPs are moved
     /// INIT -> RTR -> RTS by hand. Only our own nodes speak it.
     VerbsOnly { key: Key, port: u16 },
 }
@@ -140,9 +143,9 @@ enum Cmd {
     Kick(PathId, u64),
     Shutdown(PathId, u64),
     /// An outgoing connect finished.
-    Connected(PathInfo, io::Result<Conn>),
+    Connected(PathInfo, io::Result<IbConnection>),
     /// The listener accepted a connection the core took as this path.
-    Accepted(PathInfo, Conn),
+    Accepted(PathInfo, IbConnection),
     /// The path's receive flow control changed (`Shared::rx_flow`).
     RxFlow(PathId),
     Close,
@@ -189,7 +192,7 @@ struct Counters {
     /// connection held.
     rx_held_peak: u64,
     /// Credit and ack counters of every connection so far.
-    flow: crate::credits::FlowCounters,
+    flow: crate::proto::credits::FlowCounters,
 }
 
 impl Shared {
@@ -368,9 +371,11 @@ impl RdsTransport for IbTransport {
                 return;
             }
             let r = match &mode {
-                SetupMode::Cm => Conn::connect(&verbs, l, f, CONNECT_TIMEOUT),
+                SetupMode::Cm => IbConnection::connect(&verbs, l, f, CONNECT_TIMEOUT),
                 SetupMode::VerbsOnly { key, port } => match (l, f) {
-                    (IpAddr::V4(l), IpAddr::V4(f)) => Conn::connect_side(&verbs, l, f, key, *port, CONNECT_TIMEOUT),
+                    (IpAddr::V4(l), IpAddr::V4(f)) => {
+                        IbConnection::connect_side(&verbs, l, f, key, *port, CONNECT_TIMEOUT)
+                    }
                     _ => Err(io::Error::from_raw_os_error(libc::EAFNOSUPPORT)),
                 },
             };
@@ -392,7 +397,7 @@ impl RdsTransport for IbTransport {
     }
 
     /// Receive flow control: a paused path's connection hands nothing up
-    /// and reposts no receive buffer (see [`Conn::set_rx_paused`]): with
+    /// and reposts no receive buffer (see [`IbConnection::set_rx_paused`]): with
     /// credit flow control the peer stops when its credits run out; a
     /// kernel peer (no credit flow control) gets RNR NAKs and retries
     /// without end (`rnr_retry_count` 7). What completes meanwhile (at
@@ -483,503 +488,4 @@ fn hold_back(shared: &Shared, path: PathInfo) -> bool {
     let jitter = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
     std::thread::sleep(Duration::from_millis(20 + u64::from(jitter % 250)));
     lock(&shared.connecting).get(&path.id) == Some(&path.inst)
-}
-
-/// The listener of either setup mode.
-enum AnyListener {
-    Cm(Listener<PathInfo>),
-    Side(SideListener<PathInfo>),
-}
-
-fn listen_loop(l: &mut AnyListener, stop: &AtomicBool, shared: &Arc<Shared>) {
-    match l {
-        AnyListener::Cm(l) => cm_listen_loop(l, stop, shared),
-        AnyListener::Side(l) => side_listen_loop(l, stop, shared),
-    }
-}
-
-/// The admission check of an accepting listener: the core's path, or
-/// `None` (counted in `refused`).
-fn admit(shared: &Shared, local: IpAddr, peer: IpAddr, refused: &mut u64) -> Option<PathInfo> {
-    // Crossed connects: the smaller address's own connect wins.
-    if rds_core::addr_cmp(&local, &peer).is_lt() && lock(&shared.connecting_pairs).contains(&(local, peer)) {
-        *refused += 1;
-        return None;
-    }
-    let sink = shared.sink()?;
-    match sink.accept(TransportKind::Ib, local, peer, 0) {
-        Accept::Path(info) => Some(info),
-        _ => {
-            *refused += 1;
-            None
-        }
-    }
-}
-
-/// A path the core gave a connection that did not come up.
-fn taken_but_failed(shared: &Shared, info: PathInfo) {
-    if let Some(sink) = shared.sink() {
-        sink.path_down(info.id, info.inst, DownReason::ConnectFailed);
-    }
-}
-
-fn cm_listen_loop(l: &mut Listener<PathInfo>, stop: &AtomicBool, shared: &Arc<Shared>) {
-    // The listener's counts already added: refusals (the core's, crossed
-    // connects and the pending limits) and failed setups.
-    let mut seen = (l.refused, l.establish_failed);
-    while !stop.load(Ordering::Acquire) {
-        let deadline = Instant::now() + Duration::from_millis(200);
-        // The listener counts admit's refusals itself.
-        let res = l.accept_with(deadline, &mut |local, peer| admit(shared, local, peer, &mut 0));
-        {
-            let mut c = lock(&shared.counters);
-            c.refused += l.refused - seen.0;
-            c.establish_failed += l.establish_failed - seen.1;
-            seen = (l.refused, l.establish_failed);
-        }
-        listener_outcome(shared, res);
-    }
-}
-
-/// What one accept of either listener produced: an established
-/// connection goes to the event thread; one the core took but that did not
-/// come up is reported down; after an error the listener pauses briefly.
-fn listener_outcome(shared: &Arc<Shared>, res: io::Result<Option<SideEvent<PathInfo>>>) {
-    match res {
-        Ok(Some(SideEvent::Up(conn, info))) => {
-            lock(&shared.counters).accepted += 1;
-            shared.push(Cmd::Accepted(info, *conn));
-        }
-        Ok(Some(SideEvent::Failed(_, info))) => taken_but_failed(shared, info),
-        Ok(None) => {}
-        Err(_) => std::thread::sleep(Duration::from_millis(50)),
-    }
-}
-
-/// The verbs-only listener: it only accepts, counts and admits; every
-/// connection's handshake and setup runs on a thread of its own, whose
-/// outcome comes back here with the path the core gave it.
-fn side_listen_loop(l: &mut SideListener<PathInfo>, stop: &AtomicBool, shared: &Arc<Shared>) {
-    let mut seen = (0, 0);
-    while !stop.load(Ordering::Acquire) {
-        let mut refused = 0;
-        let deadline = Instant::now() + Duration::from_millis(200);
-        let res = l
-            .accept_with(deadline, &mut |local, peer| admit(shared, IpAddr::V4(local), IpAddr::V4(peer), &mut refused));
-        {
-            let mut c = lock(&shared.counters);
-            c.refused += refused;
-            c.side_auth_failed += l.auth_failed - seen.0;
-            c.side_bad_handshake += l.bad_handshake - seen.1;
-            seen = (l.auth_failed, l.bad_handshake);
-        }
-        listener_outcome(shared, res);
-    }
-}
-
-/// One established connection owned by the event thread.
-struct Active {
-    info: PathInfo,
-    conn: Conn,
-    token: u64,
-    /// Messages pulled and not fully posted yet, the first possibly half.
-    tx: VecDeque<(TxMessage, Option<OutMessage>)>,
-    /// The highest `h_ack` reported to the core.
-    acked: u64,
-    /// The connection's flow counters already added to `Counters::flow`.
-    fc_seen: crate::credits::FlowCounters,
-}
-
-struct EventLoop {
-    shared: Arc<Shared>,
-    epfd: c_int,
-    conns: HashMap<PathId, Active>,
-    tokens: HashMap<u64, PathId>,
-    next_token: u64,
-}
-
-const WAKE_TOKEN: u64 = u64::MAX;
-
-impl EventLoop {
-    fn new(shared: Arc<Shared>) -> io::Result<EventLoop> {
-        // SAFETY: plain epoll creation.
-        let epfd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
-        if epfd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let ev = EventLoop { shared, epfd, conns: HashMap::new(), tokens: HashMap::new(), next_token: 0 };
-        ev.ctl(libc::EPOLL_CTL_ADD, ev.shared.wake_fd, WAKE_TOKEN)?;
-        Ok(ev)
-    }
-
-    fn ctl(&self, op: c_int, fd: c_int, token: u64) -> io::Result<()> {
-        let mut e = libc::epoll_event { events: libc::EPOLLIN as u32, u64: token };
-        // SAFETY: epfd and fd are live descriptors; e is valid for the call.
-        if unsafe { libc::epoll_ctl(self.epfd, op, fd, &mut e) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
-    }
-
-    fn run(&mut self) {
-        // SAFETY: epoll_event is plain data.
-        let mut evs: [libc::epoll_event; 64] = unsafe { std::mem::zeroed() };
-        loop {
-            // SAFETY: evs has room for 64 events.
-            let n = unsafe { libc::epoll_wait(self.epfd, evs.as_mut_ptr(), 64, 1000) };
-            let n = if n < 0 { 0 } else { n as usize };
-            for e in &evs[..n] {
-                let token = e.u64;
-                if token == WAKE_TOKEN {
-                    let mut v: u64 = 0;
-                    // SAFETY: reading 8 bytes into a live u64 from our eventfd.
-                    unsafe { libc::read(self.shared.wake_fd, (&mut v as *mut u64).cast(), 8) };
-                    continue;
-                }
-                let Some(&pid) = self.tokens.get(&(token >> 1)) else { continue };
-                if token & 1 == 1 {
-                    self.on_cq(pid);
-                } else {
-                    self.on_cm(pid);
-                }
-            }
-            let cmds: Vec<Cmd> = lock(&self.shared.cmds).drain(..).collect();
-            for c in cmds {
-                if !self.on_cmd(c) {
-                    self.close_all();
-                    // SAFETY: our epoll descriptor, closed once.
-                    unsafe { libc::close(self.epfd) };
-                    return;
-                }
-            }
-        }
-    }
-
-    fn on_cmd(&mut self, c: Cmd) -> bool {
-        match c {
-            Cmd::Close => return false,
-            Cmd::Kick(pid, inst) => {
-                if self.conns.get(&pid).is_some_and(|a| a.info.inst == inst) {
-                    self.transmit(pid);
-                }
-            }
-            Cmd::Shutdown(pid, inst) => {
-                let connecting = {
-                    let mut c = lock(&self.shared.connecting);
-                    if c.get(&pid) == Some(&inst) {
-                        c.remove(&pid);
-                        true
-                    } else {
-                        false
-                    }
-                };
-                if connecting {
-                    if let Some(s) = self.shared.sink() {
-                        s.path_down(pid, inst, DownReason::ShutdownDone);
-                    }
-                } else if self.conns.get(&pid).is_some_and(|a| a.info.inst == inst) {
-                    self.teardown(pid, DownReason::ShutdownDone);
-                } else if let Some(s) = self.shared.sink() {
-                    // Nothing of that instance left: done already.
-                    s.path_down(pid, inst, DownReason::ShutdownDone);
-                }
-            }
-            Cmd::Connected(info, res) => {
-                let current = {
-                    let mut c = lock(&self.shared.connecting);
-                    if c.get(&info.id) == Some(&info.inst) {
-                        c.remove(&info.id);
-                        true
-                    } else {
-                        false
-                    }
-                };
-                match res {
-                    Ok(conn) if current && !self.shared.stopped.load(Ordering::Acquire) => {
-                        let ack = conn.peer_acked();
-                        if self.install(info, conn, ack) {
-                            if let Some(s) = self.shared.sink() {
-                                s.path_up(info.id, info.inst);
-                                if ack > 0 {
-                                    s.acked(info.id, info.inst, ack);
-                                }
-                            }
-                            // Completions that came before the descriptors
-                            // were watched; then the first pull.
-                            self.on_cq(info.id);
-                        }
-                    }
-                    Ok(mut conn) => {
-                        // Superseded (shut down, or an accepted connection
-                        // took the path meanwhile).
-                        conn.drain(Instant::now() + DRAIN_TIMEOUT);
-                    }
-                    Err(_) => {
-                        lock(&self.shared.counters).connect_failed += 1;
-                        if current {
-                            if let Some(s) = self.shared.sink() {
-                                s.path_down(info.id, info.inst, DownReason::ConnectFailed);
-                            }
-                        }
-                    }
-                }
-            }
-            Cmd::RxFlow(pid) => {
-                if self.conns.contains_key(&pid) && !self.apply_rx_flow(pid) {
-                    // Resumed: hand up what was held, then go on.
-                    self.on_cq(pid);
-                }
-            }
-            Cmd::Accepted(info, conn) if self.conns.get(&info.id).is_some_and(|a| a.info.inst > info.inst) => {
-                // Established after a newer connection took the path (the
-                // listener waits on several at once): the core has moved
-                // on; this one goes (dropping it disconnects it).
-                drop(conn);
-            }
-            Cmd::Accepted(info, conn) => {
-                lock(&self.shared.connecting).remove(&info.id);
-                let ack = conn.peer_acked();
-                if self.install(info, conn, ack) {
-                    if let Some(s) = self.shared.sink() {
-                        if ack > 0 {
-                            s.acked(info.id, info.inst, ack);
-                        }
-                    }
-                    self.on_cq(info.id);
-                }
-            }
-        }
-        true
-    }
-
-    /// Registers a connection for a path (ending an older one of the path).
-    fn install(&mut self, info: PathInfo, mut conn: Conn, acked: u64) -> bool {
-        conn.set_eager_acks(true);
-        if self.conns.contains_key(&info.id) {
-            self.teardown(info.id, DownReason::Closed);
-        }
-        let token = self.next_token;
-        self.next_token += 1;
-        let (cm, cq) = (conn.cm_fd(), conn.cq_fd());
-        let ok = self.ctl(libc::EPOLL_CTL_ADD, cm, token << 1).is_ok()
-            && self.ctl(libc::EPOLL_CTL_ADD, cq, (token << 1) | 1).is_ok();
-        self.tokens.insert(token, info.id);
-        self.conns
-            .insert(info.id, Active { info, conn, token, tx: VecDeque::new(), acked, fc_seen: Default::default() });
-        if !ok {
-            self.teardown(info.id, DownReason::Closed);
-            return false;
-        }
-        // A path paused before (an earlier connection) stays paused.
-        self.apply_rx_flow(info.id);
-        true
-    }
-
-    /// Applies the path's receive flow control to its connection; returns
-    /// whether it is paused. A failed repost ends the connection at its
-    /// next completion (the error is kept in the connection).
-    fn apply_rx_flow(&mut self, pid: PathId) -> bool {
-        let paused = lock(&self.shared.rx_flow).get(&pid).is_some_and(|f| f.0);
-        let Some(a) = self.conns.get_mut(&pid) else { return paused };
-        if a.conn.rx_gate_paused() != paused {
-            let _ = a.conn.set_rx_paused(paused);
-            let mut c = lock(&self.shared.counters);
-            if paused {
-                c.rx_paused += 1;
-            } else {
-                c.rx_resumed += 1;
-            }
-        }
-        paused
-    }
-
-    fn on_cq(&mut self, pid: PathId) {
-        let paused = self.apply_rx_flow(pid);
-        let Some(a) = self.conns.get_mut(&pid) else { return };
-        let res = a.conn.on_cq_event();
-        let mut ready = Vec::new();
-        if paused {
-            // Held in the connection, in order, until the resume (or the
-            // connection's end: teardown hands them up).
-            let held = a.conn.ready_bytes() as u64;
-            let mut c = lock(&self.shared.counters);
-            c.rx_held_peak = c.rx_held_peak.max(held);
-        } else {
-            a.conn.take_ready(&mut ready);
-        }
-        let (inst, peer_acked) = (a.info.inst, a.conn.peer_acked());
-        let newly_acked = (peer_acked > a.acked).then(|| {
-            a.acked = peer_acked;
-            peer_acked
-        });
-        let protocol = a.conn.protocol_error();
-        let fc = a.conn.flow_counters();
-        let fc_new = fc.since(&a.fc_seen);
-        a.fc_seen = fc;
-        lock(&self.shared.counters).flow.add(&fc_new);
-        let mut rdma_done = Vec::new();
-        a.conn.take_rdma_done(&mut rdma_done);
-        // Completions first: the notification of an op is queued before a
-        // reply the peer sent after the op's message (reaped together).
-        self.rdma_complete(pid, inst, rdma_done);
-        self.deliver(pid, inst, ready);
-        if let (Some(seq), Some(s)) = (newly_acked, self.shared.sink()) {
-            s.acked(pid, inst, seq);
-        }
-        match res {
-            Ok(_) => self.transmit(pid),
-            Err(_) => self.teardown(pid, if protocol { DownReason::ProtocolError } else { DownReason::Closed }),
-        }
-    }
-
-    fn on_cm(&mut self, pid: PathId) {
-        let Some(a) = self.conns.get_mut(&pid) else { return };
-        loop {
-            match a.conn.poll_cm_event() {
-                Ok(Some(_)) => continue,
-                Ok(None) => return,
-                Err(_) => break,
-            }
-        }
-        self.teardown(pid, DownReason::Closed);
-    }
-
-    fn deliver(&self, pid: PathId, inst: u64, ready: Vec<Received>) {
-        if ready.is_empty() {
-            return;
-        }
-        lock(&self.shared.counters).rx_messages += ready.len() as u64;
-        let mut msgs: Vec<RxMessage> = ready
-            .into_iter()
-            .map(|r| RxMessage { header: r.header, payload: Payload::new(r.payload), rx_time_ns: None })
-            .collect();
-        if let Some(s) = self.shared.sink() {
-            s.received(pid, inst, &mut msgs);
-        }
-    }
-
-    /// Reports completed RDMA operations (sequence, `RDS_RDMA_*`) to the core.
-    fn rdma_complete(&self, pid: PathId, inst: u64, done: Vec<(u64, i32)>) {
-        if done.is_empty() {
-            return;
-        }
-        {
-            let mut c = lock(&self.shared.counters);
-            c.rdma_ops += done.len() as u64;
-            c.rdma_failed += done.iter().filter(|d| d.1 != 0).count() as u64;
-        }
-        if let Some(s) = self.shared.sink() {
-            for (seq, status) in done {
-                s.rdma_complete(pid, inst, seq, status);
-            }
-        }
-    }
-
-    /// Posts pulled messages while the ring and the credits allow, pulling
-    /// more from the core as the queue empties.
-    fn transmit(&mut self, pid: PathId) {
-        let Some(sink) = self.shared.sink() else { return };
-        let mut failed = false;
-        let mut sent = 0u64;
-        loop {
-            let Some(a) = self.conns.get_mut(&pid) else { return };
-            if a.tx.is_empty() {
-                let mut out = Vec::new();
-                sink.pull(pid, a.info.inst, PULL_BUDGET, &mut out);
-                // The sink may have called back into us; the entry is still
-                // ours (only this thread changes the map).
-                let Some(a) = self.conns.get_mut(&pid) else { return };
-                if out.is_empty() {
-                    break;
-                }
-                a.tx.extend(out.into_iter().map(|m| (m, None)));
-                continue;
-            }
-            let (m, om) = a.tx.front_mut().unwrap();
-            if om.is_none() {
-                // An RDMA op goes first, and the message tells the peer its
-                // rkey (RDS_EXTHDR_RDMA: a USE_ONCE MR is released on it).
-                if let Some(op) = m.rdma.clone() {
-                    match a.conn.post_rdma(m.header.sequence, &op) {
-                        Ok(true) => {
-                            let _ =
-                                m.header.push_extension(rds_core::wire::Ext::Rdma { rkey: op.remote_cookie as u32 });
-                        }
-                        Ok(false) => break,
-                        Err(_) => {
-                            failed = true;
-                            break;
-                        }
-                    }
-                }
-                match OutMessage::new(m.header, m.payload.len(), m.ack_required) {
-                    Ok(o) => *om = Some(o),
-                    Err(_) => {
-                        // Never from the core (it bounds lengths); skip it.
-                        a.tx.pop_front();
-                        continue;
-                    }
-                }
-            }
-            let payload = m.payload.clone();
-            let Some(o) = om.as_mut() else { break };
-            match a.conn.post_message(o, &payload) {
-                Ok(true) => {
-                    a.tx.pop_front();
-                    sent += 1;
-                }
-                Ok(false) => break,
-                Err(_) => {
-                    failed = true;
-                    break;
-                }
-            }
-        }
-        if sent > 0 {
-            lock(&self.shared.counters).tx_messages += sent;
-        }
-        if failed {
-            self.teardown(pid, DownReason::Closed);
-        }
-    }
-
-    /// Ends a connection: disconnect, drain (delivering what completed
-    /// before the flush), report `path_down`.
-    fn teardown(&mut self, pid: PathId, reason: DownReason) {
-        let Some(mut a) = self.conns.remove(&pid) else { return };
-        self.tokens.remove(&a.token);
-        let _ = self.ctl(libc::EPOLL_CTL_DEL, a.conn.cm_fd(), 0);
-        let _ = self.ctl(libc::EPOLL_CTL_DEL, a.conn.cq_fd(), 0);
-        let reason = if a.conn.protocol_error() { DownReason::ProtocolError } else { reason };
-        a.conn.drain(Instant::now() + DRAIN_TIMEOUT);
-        let mut ready = Vec::new();
-        a.conn.take_ready(&mut ready);
-        let st = a.conn.stats();
-        {
-            let mut c = lock(&self.shared.counters);
-            c.conn_down += 1;
-            c.rx_flushed += st.rx_flushed;
-            c.tx_flushed += st.tx_flushed;
-        }
-        let inst = a.info.inst;
-        let mut rdma_done = Vec::new();
-        a.conn.take_rdma_done(&mut rdma_done);
-        self.rdma_complete(pid, inst, rdma_done);
-        self.deliver(pid, inst, ready);
-        let peer_acked = a.conn.peer_acked();
-        drop(a.conn);
-        if let Some(s) = self.shared.sink() {
-            if peer_acked > a.acked {
-                s.acked(pid, inst, peer_acked);
-            }
-            s.path_down(pid, inst, reason);
-        }
-    }
-
-    fn close_all(&mut self) {
-        let pids: Vec<PathId> = self.conns.keys().copied().collect();
-        for p in pids {
-            self.teardown(p, DownReason::ShutdownDone);
-        }
-    }
 }

@@ -1,4 +1,4 @@
-//! The sans-IO pieces of rds-ib used together the way the transport will:
+//! The sans-IO pieces of rds-ib used together the way the transport does:
 //! the CM private data negotiates version and flow control, messages are
 //! fragmented under credit control, frames cross a simulated in-order RC
 //! channel into bounded receive rings, are reassembled, and acks flow back.
@@ -7,25 +7,13 @@
 use std::collections::VecDeque;
 use std::net::Ipv4Addr;
 
+use rds_core::types::Rng;
 use rds_core::wire::{self, Header, MAX_MSG_SIZE, PROTOCOL_3_1, PROTOCOL_4_1};
 use rds_ib::credits::FlowControl;
 use rds_ib::frag::{OutMessage, Reassembler, RxKind, SignalState, ack_only_header, frag_count};
 use rds_ib::private::{
     ActiveNegotiation, ConnectPrivate, Family, PrivAddrs, RejectAction, passive_negotiate, reject_data,
 };
-
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
 
 /// One frame on the simulated channel: header and payload bytes.
 type WireFrame = Vec<u8>;
@@ -168,7 +156,7 @@ fn connect(ring_a: u32, ring_b: u32, flowctl: bool, kernel_like: bool) -> (Peer,
 }
 
 fn run(seed: u64, flowctl: bool, kernel_like: bool) {
-    let mut rng = Rng(seed | 1);
+    let mut rng = Rng::new(seed);
     let ring_a = 17 + rng.below(40) as u32;
     let ring_b = 17 + rng.below(40) as u32;
     let (mut a, mut b, version) = connect(ring_a, ring_b, flowctl, kernel_like);

@@ -36,7 +36,8 @@ use std::sync::{Arc, Mutex};
 use rdma_sys as sys;
 use rds_core::RdmaSeg;
 
-use super::{Channel, IdGuard, Verbs, check, errno, sockaddr_v4};
+use super::cm::{CmChannel, IdGuard};
+use super::{Verbs, check, errno, sockaddr_v4};
 
 /// Most MRs registered at a time, over all sockets.
 pub const MAX_MRS: usize = 4096;
@@ -260,7 +261,7 @@ impl MrTable {
     /// The shared PD of the device that serves `local` (the CM's device
     /// context, the one connections use).
     fn pd_for_addr(&self, local: Ipv4Addr) -> io::Result<*mut sys::ibv_pd> {
-        let ch = Channel::new()?;
+        let ch = CmChannel::new()?;
         let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
         check(
             // SAFETY: ch is live; id is an out pointer.

@@ -15,7 +15,7 @@
 //! * FENCE puts `IBV_SEND_FENCE` on the message's first SEND (the SEND waits
 //!   for the READ, as `rds_ib_xmit` fences the data after an RDMA);
 //! * the op's status once its last work request completed is
-//!   [`take_rdma_done`](super::Conn::take_rdma_done)'s
+//!   [`take_rdma_done`](super::IbConnection::take_rdma_done)'s
 //!   (sequence, `RDS_RDMA_*`): success, REMOTE_ERROR for a remote access
 //!   error, OTHER_ERROR for any other failure; a flushed op reports
 //!   nothing (`rds_ib_send_complete` ignores flushes): the core reports it
@@ -30,7 +30,7 @@ use rds_core::RdmaOp;
 use rds_core::message::{rdma_flags, rdma_status};
 
 use super::mr::{LocalMr, cookie_key, cookie_offset, register_local};
-use super::{Conn, err};
+use super::{IbConnection, err};
 
 /// Most local buffers of one op (one send-ring slot each).
 pub const MAX_RDMA_SGES: usize = 64;
@@ -96,7 +96,7 @@ impl RdmaState {
     }
 }
 
-impl Conn {
+impl IbConnection {
     /// Posts the RDMA operation of message `seq` (whose SENDs follow).
     /// `Ok(false)`: the send ring has no room for it now (try again after
     /// completions). An op without local buffers or with more than

@@ -423,20 +423,12 @@ impl Reassembler {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rds_core::types::Rng;
     use rds_core::wire::{Ext, flags};
 
-    /// xorshift64*: small deterministic RNG for the property loops.
-    struct Rng(u64);
-    impl Rng {
-        fn next(&mut self) -> u64 {
-            self.0 ^= self.0 >> 12;
-            self.0 ^= self.0 << 25;
-            self.0 ^= self.0 >> 27;
-            self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-        }
-        fn below(&mut self, n: usize) -> usize {
-            (self.next() % n as u64) as usize
-        }
+    /// `n` > 0 as a `usize` bound of the property loops.
+    fn below(rng: &mut Rng, n: usize) -> usize {
+        rng.below(n as u64) as usize
     }
 
     fn message(seq: u64, len: usize) -> (Header, Vec<u8>) {
@@ -652,14 +644,14 @@ mod tests {
 
     #[test]
     fn corrupted_missing_reordered_and_mixed_fragments_are_refused() {
-        let mut rng = Rng(0x1234_5678_9abc_def1);
+        let mut rng = Rng::new(0x1234_5678_9abc_def1);
         for round in 0..600u64 {
             // 3..=8 fragments, the last one strictly shorter than 4 KiB, so
             // that a reordered last fragment is detectable. (Reordering two
             // full fragments of one message is not: their headers are equal
             // by design, and RC delivers in order.)
-            let nfr = 3 + rng.below(6);
-            let len = (nfr - 1) * FRAG_SIZE + 1 + rng.below(FRAG_SIZE - 1);
+            let nfr = 3 + below(&mut rng, 6);
+            let len = (nfr - 1) * FRAG_SIZE + 1 + below(&mut rng, FRAG_SIZE - 1);
             let (h, p) = message(100 + round, len);
             let (wire, _) = frames_of(h, &p, false, 0);
             assert_eq!(wire.len(), nfr);
@@ -668,9 +660,9 @@ mod tests {
             let err = match case {
                 0 => {
                     // A flipped bit anywhere in one header: bad checksum.
-                    let k = rng.below(nfr);
+                    let k = below(&mut rng, nfr);
                     let mut w = wire[k].clone();
-                    let bit = rng.below(HEADER_LEN * 8);
+                    let bit = below(&mut rng, HEADER_LEN * 8);
                     w[bit / 8] ^= 1 << (bit % 8);
                     if w[30] == 0 && w[31] == 0 {
                         // A zero checksum means "not checksummed": corrupt elsewhere.
@@ -685,7 +677,7 @@ mod tests {
                 1 => {
                     // A missing fragment: refused at the short last fragment, or
                     // (last one missing) when the next message begins.
-                    let k = 1 + rng.below(nfr - 1);
+                    let k = 1 + below(&mut rng, nfr - 1);
                     let mut first_err = None;
                     for (i, f) in wire.iter().enumerate().filter(|(i, _)| *i != k) {
                         match r.on_frame(f) {
@@ -708,7 +700,7 @@ mod tests {
                 }
                 2 => {
                     // Reordered: the last fragment overtakes a middle one.
-                    let k = 1 + rng.below(nfr - 2);
+                    let k = 1 + below(&mut rng, nfr - 2);
                     for f in &wire[..k] {
                         r.on_frame(f).unwrap();
                     }
@@ -723,11 +715,11 @@ mod tests {
                 }
                 4 => {
                     // A truncated frame (no header, or a short payload).
-                    let k = rng.below(nfr);
+                    let k = below(&mut rng, nfr);
                     for f in &wire[..k] {
                         r.on_frame(f).unwrap();
                     }
-                    let cut = rng.below(wire[k].len());
+                    let cut = below(&mut rng, wire[k].len());
                     r.on_frame(&wire[k][..cut]).unwrap_err()
                 }
                 _ => {
@@ -736,7 +728,7 @@ mod tests {
                     let mut hb = [0u8; HEADER_LEN];
                     hb.copy_from_slice(&wire[1][..HEADER_LEN]);
                     let mut h2 = Header::from_bytes(&hb);
-                    if rng.below(2) == 0 {
+                    if below(&mut rng, 2) == 0 {
                         h2.dport ^= 1;
                     } else {
                         h2.len += 1;
@@ -761,16 +753,16 @@ mod tests {
 
     #[test]
     fn random_frames_never_panic() {
-        let mut rng = Rng(42);
+        let mut rng = Rng::new(42);
         let mut r = Reassembler::new(3 * FRAG_SIZE as u32);
         for _ in 0..20_000 {
-            let len = rng.below(HEADER_LEN + FRAG_SIZE + 2);
-            let mut f: Vec<u8> = (0..len).map(|_| rng.next() as u8).collect();
-            if len >= HEADER_LEN && rng.below(2) == 0 {
+            let len = below(&mut rng, HEADER_LEN + FRAG_SIZE + 2);
+            let mut f: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();
+            if len >= HEADER_LEN && below(&mut rng, 2) == 0 {
                 // Make the checksum valid (or zero) so the deeper checks run.
                 f[30] = 0;
                 f[31] = 0;
-                if rng.below(2) == 0 {
+                if below(&mut rng, 2) == 0 {
                     let mut hb = [0u8; HEADER_LEN];
                     hb.copy_from_slice(&f[..HEADER_LEN]);
                     let c = wire::checksum(&hb);
