@@ -73,8 +73,6 @@ mod side;
 pub use cm::{REJ_RETRY, StalledRequest, cm_port};
 pub use device::{Verbs, addr_has_device, device_names};
 pub use listener::{ESTABLISH_TIMEOUT, Listener, MAX_PENDING_ACCEPTS, MAX_PENDING_ACCEPTS_PER_SOURCE};
-/// The former name of [`IbConnection`], for existing callers.
-pub use qp::IbConnection as Conn;
 pub use qp::{ConnError, ConnStats, IbConnection, Received};
 pub use rdma::MAX_RDMA_SGES;
 pub use side::{HANDSHAKE_TIMEOUT, MAX_PENDING_HANDSHAKES, MAX_PENDING_PER_SOURCE, PortInfo, SideEvent, SideListener};

@@ -22,7 +22,7 @@ use std::net::IpAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use rds_ib::verbs::{Conn, Listener, Verbs, device_names};
+use rds_ib::verbs::{IbConnection, Listener, Verbs, device_names};
 
 fn pattern(k: usize, n: usize) -> Vec<u8> {
     (0..n).map(|i| ((i + k) % 251) as u8).collect()
@@ -71,7 +71,8 @@ fn active(a: &[String]) -> Result<(), String> {
     let sizes: Vec<usize> = a[4..].iter().map(|s| parse(s, "size")).collect::<Result<_, _>>()?;
     let verbs = Verbs::new();
     let t0 = Instant::now();
-    let mut conn = Conn::connect(&verbs, local, peer, Duration::from_secs(20)).map_err(|e| format!("connect: {e}"))?;
+    let mut conn =
+        IbConnection::connect(&verbs, local, peer, Duration::from_secs(20)).map_err(|e| format!("connect: {e}"))?;
     println!(
         "CONNECTED {} -> {} version {}.{} peer_credit {} pds {} in {} ms",
         conn.local(),
