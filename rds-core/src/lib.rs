@@ -17,6 +17,9 @@
 //!   implement, and the [`TransportSink`] through which they report; its
 //!   docs explain how TCP and InfiniBand (fragments, credits, piggybacked
 //!   acks, RDMA) map onto it;
+//! * [`driver`]: driving a node: [`driver::Dispatch`] and [`driver::drain`]
+//!   route its outputs, [`driver::NodeHost`] turns transport events into
+//!   node calls (every `NodeHost` is a [`TransportSink`]);
 //! * [`loopback`]: the in-process transport for addresses one node serves;
 //! * [`rdma_buf`]: [`RdmaBuf`] / [`RdmaSeg`], the only memory an RDMA
 //!   operation or an MR can name from safe code (every registration holds
@@ -32,6 +35,7 @@
 
 pub mod cong;
 pub mod conn;
+pub mod driver;
 pub mod info;
 pub mod loopback;
 pub mod message;
