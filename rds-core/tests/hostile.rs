@@ -3,16 +3,14 @@
 //! The random tests are seeded loops (the crate's own SplitMix64), so a
 //! failure reproduces from the printed seed.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{Net, config, ip, make_node, sa};
 use rds_core::conn::DownReason;
 use rds_core::types::Rng;
 use rds_core::wire::{CONG_MAP_BYTES, Ext, FrameDecoder, HEADER_LEN, Header, flags};
 use rds_core::*;
+use rds_testkit::net::{Net, config, ip, make_node, sa};
 
 /// A node at 127.0.0.2 with `n` paths accepted from a peer at 127.0.0.1
 /// (after path 0, the peer's probe announces 8 paths: before the handshake

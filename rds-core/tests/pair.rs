@@ -2,13 +2,11 @@
 //! once, pulled messages arrive in order and are acked when they arrive.
 //! Checks the basic flows end to end through the sans-IO API.
 
-mod common;
-
 use std::net::SocketAddr;
 
-use common::{Net, data, ip};
 use rds_core::wire::{Ext, Kind};
 use rds_core::*;
+use rds_testkit::net::{Net, data, ip};
 
 #[test]
 fn datagrams_arrive_in_order_with_exact_content() {

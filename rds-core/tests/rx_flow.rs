@@ -4,12 +4,10 @@
 //! counts a message delivered once our TCP acked it); the application's
 //! reads resume it. Nothing is dropped, nothing is reordered.
 
-mod common;
-
-use common::{config, ip, make_node, sa};
 use rds_core::recv::{RCV_HARD_FLOOR, RCV_MSG_OVERHEAD};
 use rds_core::wire::{Ext, Header, PROBE_PORT};
 use rds_core::*;
+use rds_testkit::net::{config, ip, make_node, sa};
 
 /// A node at 127.0.0.2 with two paths accepted from 127.0.0.1 and a socket
 /// bound to port 4000.

@@ -2,14 +2,12 @@
 //! `rds-sim --replay SEED -v` shows the original failure). Each test
 //! rebuilds the failing interleaving by hand with the in-memory driver.
 
-mod common;
-
 use std::time::Instant;
 
-use common::{Net, config, ip, make_node, sa};
 use rds_core::conn::DownReason;
 use rds_core::wire::{self, Ext, Header, Kind};
 use rds_core::*;
+use rds_testkit::net::{Net, config, ip, make_node, sa};
 
 /// rds-sim seed 20: a socket's message waiting on its lane (path 1) when
 /// every path went down was overtaken by the socket's next message, which

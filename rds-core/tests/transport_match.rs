@@ -6,11 +6,9 @@
 //! Without this, anyone reaching a node's RDS-TCP port reaches its IB
 //! sockets, and the verbs-only setup's pre-shared key protects nothing.
 
-mod common;
-
-use common::{config, data, ip, sa};
 use rds_core::wire::Header;
 use rds_core::*;
+use rds_testkit::net::{config, data, ip, sa};
 
 /// Node 127.0.0.2 with TCP, IB and loopback registered and its address
 /// served by IB and TCP (as the engine serves an address of an RDMA

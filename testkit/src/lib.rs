@@ -4,8 +4,16 @@
 //! `rds-ib`, `rds-sock`, `tools` and `tests`, the simulator and the fuzz
 //! targets use it as a dev-dependency.
 //!
+//! * [`Rng`]: the one seeded RNG of every test layer (rds-core's
+//!   [`rds_core::types::Rng`], the node's own);
+//! * [`net`]: nodes joined by an ideal in-memory link ([`net::Net`]),
+//!   driven by rds-core's driver, recording everything that crosses it
+//!   (rds-core's integration tests);
 //! * [`rig`]: finding the VM rig (`../shared/vmrig`) and whether it is set
 //!   up, for the tests against the kernel; the reading of `[nodeN]` lines
 //!   its guests print.
 
+pub mod net;
 pub mod rig;
+
+pub use rds_core::types::Rng;

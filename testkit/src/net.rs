@@ -10,14 +10,18 @@
 //!   `thaw` (messages stay on the send queue);
 //! * `refuse`: connects to these nodes fail (`DownReason::ConnectFailed`);
 //! * `pull_some`: one budgeted pull of a path, delivered at once.
-
-#![allow(dead_code)]
+//!
+//! The nodes' outputs are drained and routed by rds-core's driver
+//! ([`rds_core::driver`]): [`Net::handle`] is the net's `Dispatch` for
+//! node `i`.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
+use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use rds_core::conn::DownReason;
+use rds_core::DownReason;
+use rds_core::driver::{self, Dispatch};
 use rds_core::wire::Header;
 use rds_core::*;
 
@@ -162,10 +166,8 @@ impl Net {
         for _ in 0..100_000 {
             let mut progress = false;
             for i in 0..self.nodes.len() {
-                while let Some(o) = self.nodes[i].poll_output() {
-                    progress = true;
-                    self.handle(i, o);
-                }
+                let Ok(k) = driver::drain_with(&mut At { net: self, i }, |a| Some(&mut a.net.nodes[a.i]));
+                progress |= k > 0;
             }
             if !progress {
                 // Deferred connects are offered again (they are still
@@ -186,50 +188,45 @@ impl Net {
 
     /// Handles one output of node `i`.
     pub fn handle(&mut self, i: usize, o: Output) {
-        match o {
-            Output::Connect(info) => {
-                self.connects.push((i, info, self.now));
-                let now = self.now;
-                let j = self.node_of(info.faddr);
-                if self.refuse.contains(&j) {
-                    self.nodes[i].path_down(info.id, info.inst, DownReason::ConnectFailed, now);
-                    return;
-                }
-                let port = 40000 + u16::from(info.id.index);
-                match self.nodes[j].accept(info.kind, info.faddr, info.laddr, port) {
-                    Accept::Path(pinfo) => {
-                        self.links.insert(
-                            (i, info.id),
-                            Link { peer: j, peer_path: pinfo.id, inst: info.inst, peer_inst: pinfo.inst },
-                        );
-                        self.links.insert(
-                            (j, pinfo.id),
-                            Link { peer: i, peer_path: info.id, inst: pinfo.inst, peer_inst: info.inst },
-                        );
-                        self.nodes[i].path_up(info.id, info.inst);
-                    }
-                    Accept::Reject | Accept::RejectPeerLarger => {
-                        self.nodes[i].path_down(info.id, info.inst, DownReason::DirectionRule, now);
-                    }
-                    // Offered again when the nodes are idle (`run`).
-                    Accept::Defer => self.deferred.push((i, info)),
-                }
+        let Ok(()) = driver::route(o, &mut At { net: self, i });
+    }
+
+    fn connect(&mut self, i: usize, info: PathInfo) {
+        self.connects.push((i, info, self.now));
+        let now = self.now;
+        let j = self.node_of(info.faddr);
+        if self.refuse.contains(&j) {
+            self.nodes[i].path_down(info.id, info.inst, DownReason::ConnectFailed, now);
+            return;
+        }
+        let port = 40000 + u16::from(info.id.index);
+        match self.nodes[j].accept(info.kind, info.faddr, info.laddr, port) {
+            Accept::Path(pinfo) => {
+                self.links.insert(
+                    (i, info.id),
+                    Link { peer: j, peer_path: pinfo.id, inst: info.inst, peer_inst: pinfo.inst },
+                );
+                self.links.insert(
+                    (j, pinfo.id),
+                    Link { peer: i, peer_path: info.id, inst: pinfo.inst, peer_inst: info.inst },
+                );
+                self.nodes[i].path_up(info.id, info.inst);
             }
-            Output::Kick(info) => {
-                if info.kind == TransportKind::Loop {
-                    self.serve_loop(i, info);
-                } else if self.frozen.contains(&(i, info.id.index)) {
-                    self.frozen_kicks.insert((i, info.id));
-                } else {
-                    while self.pull_some(i, info.id, 1 << 20) {}
-                }
+            Accept::Reject | Accept::RejectPeerLarger => {
+                self.nodes[i].path_down(info.id, info.inst, DownReason::DirectionRule, now);
             }
-            Output::Shutdown(info) => {
-                self.shutdowns.push((i, info));
-                self.cut(i, info.id);
-            }
-            Output::Wake(s) => self.wakes.push((i, s)),
-            Output::RxFlow { path, paused, seq } => self.flows.push((i, path, paused, seq)),
+            // Offered again when the nodes are idle (`run`).
+            Accept::Defer => self.deferred.push((i, info)),
+        }
+    }
+
+    fn kick(&mut self, i: usize, info: PathInfo) {
+        if info.kind == TransportKind::Loop {
+            self.serve_loop(i, info);
+        } else if self.frozen.contains(&(i, info.id.index)) {
+            self.frozen_kicks.insert((i, info.id));
+        } else {
+            while self.pull_some(i, info.id, 1 << 20) {}
         }
     }
 
@@ -376,5 +373,42 @@ impl Net {
     /// Payloads of the data messages queued on socket `s` of node `i`.
     pub fn drain_payloads(&mut self, i: usize, s: SockId) -> Vec<Vec<u8>> {
         self.drain(i, s).into_iter().map(|r| data(r).payload.to_vec()).collect()
+    }
+}
+
+/// The net as the dispatcher of node `i`'s outputs: an ideal link that
+/// connects, transmits, cuts at once, and records.
+struct At<'a> {
+    net: &'a mut Net,
+    i: usize,
+}
+
+impl Dispatch for At<'_> {
+    type Error = Infallible;
+
+    fn connect(&mut self, path: PathInfo) -> Result<(), Infallible> {
+        self.net.connect(self.i, path);
+        Ok(())
+    }
+
+    fn shutdown(&mut self, path: PathInfo) -> Result<(), Infallible> {
+        self.net.shutdowns.push((self.i, path));
+        self.net.cut(self.i, path.id);
+        Ok(())
+    }
+
+    fn kick(&mut self, path: PathInfo) -> Result<(), Infallible> {
+        self.net.kick(self.i, path);
+        Ok(())
+    }
+
+    fn rx_flow(&mut self, path: PathInfo, paused: bool, seq: u64) -> Result<(), Infallible> {
+        self.net.flows.push((self.i, path, paused, seq));
+        Ok(())
+    }
+
+    fn wake(&mut self, sock: SockId) -> Result<(), Infallible> {
+        self.net.wakes.push((self.i, sock));
+        Ok(())
     }
 }
