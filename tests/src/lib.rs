@@ -93,27 +93,13 @@ pub fn tcp_from(from: IpAddr, to: SocketAddr, nonblocking: bool) -> std::io::Res
     Ok(s.into())
 }
 
-/// xorshift64* stream: deterministic pseudo-random bytes.
-pub struct Stream(u64);
-
-impl Stream {
-    pub fn new(seed: u64) -> Stream {
-        Stream(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-}
+/// The one seeded RNG of the test layers (rds-core's, through the test
+/// kit): payload filler, message sizes, random test inputs.
+pub use rds_testkit::Rng;
 
 /// Fills `buf` with bytes determined by `seed`.
 pub fn fill(seed: u64, buf: &mut [u8]) {
-    let mut s = Stream::new(seed);
+    let mut s = Rng::new(seed);
     let mut chunks = buf.chunks_exact_mut(8);
     for c in &mut chunks {
         c.copy_from_slice(&s.next_u64().to_le_bytes());
@@ -166,7 +152,7 @@ pub fn check_payload(flow: u32, index: u64, got: &[u8]) -> Result<(), String> {
 /// and the edges (0, 1, 48, 4096, `max`) forced regularly. Every order of
 /// magnitude is exercised; the mean stays near 12 KB, so 100,000 messages
 /// are about 1.2 GB.
-pub fn size(s: &mut Stream, max: usize) -> usize {
+pub fn size(s: &mut Rng, max: usize) -> usize {
     match s.below(100) {
         0 => 0,
         1 => 1,

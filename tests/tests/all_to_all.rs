@@ -58,7 +58,7 @@ fn three_nodes_all_to_all_100k() {
         let s = s.clone();
         let addrs = addrs.clone();
         threads.push(std::thread::spawn(move || -> Result<u64, String> {
-            let mut rng = Stream::new(src as u64 + 1);
+            let mut rng = Rng::new(src as u64 + 1);
             let mut bytes = 0u64;
             for k in 0..per_sock {
                 let (dst, index) = plan(src, k);

@@ -127,7 +127,7 @@ fn run(ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + 'static, whole_cuts: 
         let s = s.clone();
         let addrs = addrs.clone();
         senders.push(std::thread::spawn(move || -> Result<Vec<(u64, u64, [u8; 32])>, String> {
-            let mut rng = Stream::new(src as u64 + 101);
+            let mut rng = Rng::new(src as u64 + 101);
             let mut flows: Vec<Flow> = (0..SOCKS).map(|_| Flow::new()).collect();
             for k in 0..per_sock {
                 let (dst, index) = plan(src, k);
@@ -169,7 +169,7 @@ fn run(ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + 'static, whole_cuts: 
         let engines = engines.clone();
         let done = done.clone();
         std::thread::spawn(move || {
-            let mut rng = Stream::new(7);
+            let mut rng = Rng::new(7);
             let (mut cuts, mut whole) = (0u32, 0u32);
             let deadline = Instant::now() + Duration::from_secs(300);
             while !done.load(Ordering::SeqCst) && Instant::now() < deadline {
