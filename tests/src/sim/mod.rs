@@ -178,7 +178,21 @@
 //!   seeds run one path per node. These are the relaxations of points 2-4
 //!   for Mainline; nothing is ever flushed.
 
+/// A trace line (`-v`), formatted only when tracing.
+macro_rules! tr {
+    ($sim:expr, $($a:tt)*) => {
+        if $sim.verbose {
+            let line = format!($($a)*);
+            $sim.trace_line(line);
+        }
+    };
+}
+
+mod checks;
+mod faults;
+mod net;
 pub mod oracle;
+mod workload;
 mod world;
 
 pub use world::{MAX_LEN, Params, Report, Sim, run_seed};
