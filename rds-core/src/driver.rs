@@ -11,7 +11,7 @@
 //!   handler may call into the node; what that queues is handled in the
 //!   same drain, in order). `Vec<Output>` implements it for a driver that
 //!   collects under a lock and carries out later, and for tests that look
-//!   at the outputs.
+//!   at the outputs; [`for_each`] hands them to a closure with the node.
 //! * [`carry_out`]: an output meant for a transport (Connect, Shutdown,
 //!   Kick, RxFlow) handed to the transport of its kind.
 //! * [`NodeHost`]: whoever owns a node (behind a lock, say) and carries out
@@ -87,6 +87,18 @@ pub fn drain_with<D: Dispatch + ?Sized>(
         route(o, d)?;
     }
     Ok(k)
+}
+
+/// Drains `node`'s outputs one at a time into `f`, which gets the node too
+/// (a test serving a path by hand: pull, deliver, ack); returns how many
+/// there were.
+pub fn for_each(node: &mut Node, mut f: impl FnMut(&mut Node, Output)) -> usize {
+    let mut k = 0;
+    while let Some(o) = node.poll_output() {
+        k += 1;
+        f(node, o);
+    }
+    k
 }
 
 /// Every output the node has now, in order (for tests that look at them).

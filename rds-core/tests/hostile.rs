@@ -7,6 +7,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use rds_core::conn::DownReason;
+use rds_core::driver;
 use rds_core::types::Rng;
 use rds_core::wire::{CONG_MAP_BYTES, Ext, FrameDecoder, HEADER_LEN, Header, flags};
 use rds_core::*;
@@ -30,7 +31,7 @@ fn node_with_paths(n: usize) -> (Node, Vec<PathInfo>) {
             assert_eq!(node.received(paths[0].id, paths[0].inst, msg(probe, Vec::new())), RecvOutcome::Ping);
         }
     }
-    while node.poll_output().is_some() {}
+    driver::outputs(&mut node);
     (node, paths)
 }
 
@@ -50,7 +51,7 @@ fn congestion_map_of_the_wrong_length_resets_the_path() {
         assert_eq!(n.received(p.id, p.inst, msg(h, vec![0xff; payload_len])), RecvOutcome::ProtocolError, "len {len}");
         assert_eq!(n.counters().recv_drop_bad_frame, 1);
         assert_eq!(n.counters().cong_update_received, 0);
-        let outs: Vec<Output> = std::iter::from_fn(|| n.poll_output()).collect();
+        let outs: Vec<Output> = driver::outputs(&mut n);
         assert_eq!(outs, [Output::Shutdown(n.path_info(p.id).unwrap())]);
         assert_eq!(n.path_state(p.id), Some(PathState::Disconnecting));
         // The map was not applied: the peer's ports are not congested.

@@ -2,6 +2,7 @@
 //! `rds_recv_hs_exthdrs`, `rds_start_mprds`), lane selection, the
 //! pre-handshake path-0 rule with its order guarantee, and renegotiation.
 
+use rds_core::driver;
 use rds_core::wire::{Ext, Header, Kind};
 use rds_core::*;
 use rds_testkit::net::{Net, config, ip, make_node, sa};
@@ -91,13 +92,11 @@ fn probe_without_npaths_means_a_single_path() {
         socks.push(s);
     }
     let mut kicked = Vec::new();
-    while let Some(o) = n.poll_output() {
-        match o {
-            Output::Kick(info) => kicked.push(info.id.index),
-            Output::Connect(info) => panic!("no connect expected: {info:?}"),
-            _ => {}
-        }
-    }
+    driver::for_each(&mut n, |_, o| match o {
+        Output::Kick(info) => kicked.push(info.id.index),
+        Output::Connect(info) => panic!("no connect expected: {info:?}"),
+        _ => {}
+    });
     assert_eq!(kicked, [0]);
     let out = pull_all(&mut n, p0, inst);
     let sports: Vec<u16> = out.iter().map(|m| m.header.sport).collect();
