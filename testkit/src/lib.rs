@@ -6,6 +6,10 @@
 //!
 //! * [`Rng`]: the one seeded RNG of every test layer (rds-core's
 //!   [`rds_core::types::Rng`], the node's own);
+//! * [`faults`]: fault injection as a wrapper around a link, in the manner
+//!   of smoltcp's `phy::FaultInjector` ([`faults::FaultInjector`]: drops,
+//!   delays, duplicates, reorders across paths, cuts, by a seeded
+//!   schedule);
 //! * [`net`]: nodes joined by an ideal in-memory link ([`net::Net`]),
 //!   driven by rds-core's driver, recording everything that crosses it
 //!   (rds-core's integration tests);
@@ -13,6 +17,7 @@
 //!   up, for the tests against the kernel; the reading of `[nodeN]` lines
 //!   its guests print.
 
+pub mod faults;
 pub mod net;
 pub mod rig;
 
