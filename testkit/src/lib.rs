@@ -13,6 +13,8 @@
 //! * [`net`]: nodes joined by an ideal in-memory link ([`net::Net`]),
 //!   driven by rds-core's driver, recording everything that crosses it
 //!   (rds-core's integration tests);
+//! * `sock` (feature `sock`): socket fixtures: engines on private 127.x
+//!   addresses with bound sockets (`pair`, `mesh`), address blocks;
 //! * [`rig`]: finding the VM rig (`../shared/vmrig`) and whether it is set
 //!   up, for the tests against the kernel; the reading of `[nodeN]` lines
 //!   its guests print.
@@ -20,5 +22,7 @@
 pub mod faults;
 pub mod net;
 pub mod rig;
+#[cfg(feature = "sock")]
+pub mod sock;
 
 pub use rds_core::types::Rng;

@@ -3,29 +3,15 @@
 
 pub mod sim;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::net::{IpAddr, SocketAddr};
 
 use rds_core::wire::Header;
-use rds_sock::{Engine, EngineConfig};
+use rds_sock::Engine;
 use socket2::{Domain, SockAddr, Socket, Type};
 
-/// A fresh 127.x.y.0/24 block per call, so tests in one binary can run in
-/// parallel without sharing addresses. `group` separates test binaries.
-pub fn addr_block(group: u8) -> impl Fn(u8) -> IpAddr + Copy + Send + 'static {
-    static NEXT: AtomicU8 = AtomicU8::new(1);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    move |host| IpAddr::V4(Ipv4Addr::new(127, group, n, host))
-}
-
-/// An engine with default settings.
-pub fn engine() -> Engine {
-    Engine::new(EngineConfig::default()).expect("engine")
-}
-
-pub fn sa(ip: IpAddr, port: u16) -> SocketAddr {
-    SocketAddr::new(ip, port)
-}
+/// Socket fixtures (from the test kit): address blocks, engines, a pair of
+/// engines with a bound socket each, a mesh of engines with bound sockets.
+pub use rds_testkit::sock::{Pair, addr_block, engine, mesh, pair, sa};
 
 /// The value of an engine's counter `name`; panics naming an unknown one.
 pub fn counter(e: &Engine, name: &str) -> u64 {
