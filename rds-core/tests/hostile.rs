@@ -7,7 +7,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use rds_core::conn::DownReason;
-use rds_core::driver;
+use rds_core::driver::{self, Dispatch};
 use rds_core::types::Rng;
 use rds_core::wire::{CONG_MAP_BYTES, Ext, FrameDecoder, HEADER_LEN, Header, flags};
 use rds_core::*;
@@ -169,30 +169,64 @@ fn random_payload(rng: &mut Rng, h: &mut Header) -> Vec<u8> {
     p
 }
 
-/// Serves a node's outputs the way a sloppy but legal driver might.
+/// Serves a node's outputs the way a sloppy but legal driver might: at most
+/// 1,000 of them per call (the rest wait for the next), through rds-core's
+/// driver.
 fn drive(n: &mut Node, rng: &mut Rng, now: Instant, acked: &mut Vec<(PathId, u64, u64)>) {
-    for _ in 0..1000 {
-        let Some(o) = n.poll_output() else { return };
-        match o {
-            Output::Connect(info) => {
-                if rng.below(2) == 0 {
-                    n.path_up(info.id, info.inst);
-                } else {
-                    n.path_down(info.id, info.inst, DownReason::ConnectFailed, now);
-                }
-            }
-            Output::Shutdown(info) => n.path_down(info.id, info.inst, DownReason::ShutdownDone, now),
-            Output::Kick(info) => {
-                let mut out = Vec::new();
-                n.pull(info.id, info.inst, 1 + rng.below(5000) as usize, &mut out);
-                for m in out {
-                    if !m.is_cong_map() {
-                        acked.push((info.id, info.inst, m.header.sequence));
-                    }
-                }
-            }
-            Output::Wake(_) | Output::RxFlow { .. } => {}
+    let mut d = Sloppy { n, rng, now, acked, left: 1000 };
+    let _ = driver::drain_with(&mut d, |d| Some(&mut *d.n));
+}
+
+struct Sloppy<'a> {
+    n: &'a mut Node,
+    rng: &'a mut Rng,
+    now: Instant,
+    acked: &'a mut Vec<(PathId, u64, u64)>,
+    /// Outputs still to serve in this call; at 0 the drain stops.
+    left: u32,
+}
+
+impl Sloppy<'_> {
+    fn count(&mut self) -> Result<(), ()> {
+        self.left -= 1;
+        if self.left == 0 { Err(()) } else { Ok(()) }
+    }
+}
+
+impl Dispatch for Sloppy<'_> {
+    type Error = ();
+
+    fn connect(&mut self, info: PathInfo) -> Result<(), ()> {
+        if self.rng.below(2) == 0 {
+            self.n.path_up(info.id, info.inst);
+        } else {
+            self.n.path_down(info.id, info.inst, DownReason::ConnectFailed, self.now);
         }
+        self.count()
+    }
+
+    fn shutdown(&mut self, info: PathInfo) -> Result<(), ()> {
+        self.n.path_down(info.id, info.inst, DownReason::ShutdownDone, self.now);
+        self.count()
+    }
+
+    fn kick(&mut self, info: PathInfo) -> Result<(), ()> {
+        let mut out = Vec::new();
+        self.n.pull(info.id, info.inst, 1 + self.rng.below(5000) as usize, &mut out);
+        for m in out {
+            if !m.is_cong_map() {
+                self.acked.push((info.id, info.inst, m.header.sequence));
+            }
+        }
+        self.count()
+    }
+
+    fn rx_flow(&mut self, _: PathInfo, _: bool, _: u64) -> Result<(), ()> {
+        self.count()
+    }
+
+    fn wake(&mut self, _: SockId) -> Result<(), ()> {
+        self.count()
     }
 }
 
