@@ -5,6 +5,9 @@
 //! instances), interleaved with what the rest of a driver does (recv,
 //! send, pull and ack, connection loss, timers, new connections).
 //!
+//! The node's outputs are drained by rds-core's driver (`driver::drain_with`
+//! into this target's `Dispatch`).
+//!
 //! Checked: nothing panics; a protocol error or a bad map takes the path
 //! down; receive-buffer accounting balances once the sockets are drained;
 //! no message of a closed socket stays queued.
@@ -15,6 +18,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use libfuzzer_sys::fuzz_target;
+use rds_core::driver::{self, Dispatch};
 use rds_core::wire::{FrameDecoder, HEADER_LEN, Header};
 use rds_core::*;
 
@@ -41,6 +45,60 @@ impl Input<'_> {
 struct Conn {
     info: PathInfo,
     decoder: FrameDecoder,
+}
+
+/// The rest of a driver, through rds-core's driver: connects (to a larger
+/// peer, or pokes) fail, shutdowns end at once, kicks are pulled and their
+/// messages remembered for acks; at most `left` outputs, then an error.
+struct Driver<'a> {
+    n: &'a mut Node,
+    pulled: &'a mut Vec<(PathId, u64, u64)>,
+    now: Instant,
+    outputs: &'a mut HashMap<&'static str, u32>,
+    left: u32,
+}
+
+impl Driver<'_> {
+    fn count(&mut self) -> Result<(), ()> {
+        self.left -= 1;
+        if self.left == 0 { Err(()) } else { Ok(()) }
+    }
+}
+
+impl Dispatch for Driver<'_> {
+    type Error = ();
+
+    // Connects (to a larger peer, or pokes) fail: the peer is not there.
+    fn connect(&mut self, info: PathInfo) -> Result<(), ()> {
+        *self.outputs.entry("connect").or_insert(0) += 1;
+        self.n.path_down(info.id, info.inst, DownReason::ConnectFailed, self.now);
+        self.count()
+    }
+
+    fn shutdown(&mut self, info: PathInfo) -> Result<(), ()> {
+        *self.outputs.entry("shutdown").or_insert(0) += 1;
+        self.n.path_down(info.id, info.inst, DownReason::ShutdownDone, self.now);
+        self.count()
+    }
+
+    fn kick(&mut self, info: PathInfo) -> Result<(), ()> {
+        let mut out = Vec::new();
+        self.n.pull(info.id, info.inst, 64 << 10, &mut out);
+        for m in out {
+            if !m.is_cong_map() {
+                self.pulled.push((info.id, info.inst, m.header.sequence));
+            }
+        }
+        self.count()
+    }
+
+    fn rx_flow(&mut self, _: PathInfo, _: bool, _: u64) -> Result<(), ()> {
+        self.count()
+    }
+
+    fn wake(&mut self, _: SockId) -> Result<(), ()> {
+        self.count()
+    }
 }
 
 fuzz_target!(|data: &[u8]| {
@@ -76,31 +134,10 @@ fuzz_target!(|data: &[u8]| {
     let mut outputs: HashMap<&'static str, u32> = HashMap::new();
 
     let drive = |n: &mut Node, pulled: &mut Vec<(PathId, u64, u64)>, now: Instant, outputs: &mut HashMap<_, _>| {
-        for _ in 0..10_000 {
-            let Some(o) = n.poll_output() else { return };
-            match o {
-                // Connects (to a larger peer, or pokes) fail: the peer is not there.
-                Output::Connect(info) => {
-                    *outputs.entry("connect").or_insert(0) += 1;
-                    n.path_down(info.id, info.inst, DownReason::ConnectFailed, now);
-                }
-                Output::Shutdown(info) => {
-                    *outputs.entry("shutdown").or_insert(0) += 1;
-                    n.path_down(info.id, info.inst, DownReason::ShutdownDone, now);
-                }
-                Output::Kick(info) => {
-                    let mut out = Vec::new();
-                    n.pull(info.id, info.inst, 64 << 10, &mut out);
-                    for m in out {
-                        if !m.is_cong_map() {
-                            pulled.push((info.id, info.inst, m.header.sequence));
-                        }
-                    }
-                }
-                Output::Wake(_) | Output::RxFlow { .. } => {}
-            }
+        let mut d = Driver { n, pulled, now, outputs, left: 10_000 };
+        if driver::drain_with(&mut d, |d| Some(&mut *d.n)).is_err() {
+            panic!("the node never stops asking for work");
         }
-        panic!("the node never stops asking for work");
     };
 
     for _ in 0..2000 {

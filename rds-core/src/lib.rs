@@ -19,6 +19,9 @@
 //!   acks, RDMA) map onto it;
 //! * [`credits`]: credit-based flow control ([`Credits`]), for the
 //!   transports whose [`TransportCaps::credits`] says they use it (IB);
+//! * [`driver`]: driving a node: [`driver::Dispatch`] and [`driver::drain`]
+//!   route its outputs, [`driver::NodeHost`] turns transport events into
+//!   node calls (every `NodeHost` is a [`TransportSink`]);
 //! * [`loopback`]: the in-process transport for addresses one node serves;
 //! * [`rdma_buf`]: [`RdmaBuf`] / [`RdmaSeg`], the only memory an RDMA
 //!   operation or an MR can name from safe code (every registration holds
@@ -37,6 +40,7 @@
 pub mod cong;
 pub mod conn;
 pub mod credits;
+pub mod driver;
 pub mod info;
 pub mod loopback;
 pub mod message;

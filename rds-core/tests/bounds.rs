@@ -3,12 +3,10 @@
 //! and the idle collection of connections (with the sequence state it
 //! must keep so that nothing is lost or duplicated when the peer returns).
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Net, config, sa};
 use rds_core::*;
+use rds_testkit::net::{Net, config, sa};
 
 fn run_timers(net: &mut Net, for_ms: u64) {
     let end = net.now + Duration::from_millis(for_ms);
@@ -170,7 +168,7 @@ fn the_peer_limit_evicts_the_oldest_silent_peer() {
     cfgs[3].max_peers = 3;
     let mut net = Net::with_configs(cfgs, TransportKind::Tcp);
     let srv = net.bound(3, 4000);
-    let node = common::ip(4);
+    let node = rds_testkit::net::ip(4);
     // A peer that speaks, then two raw connections that never send.
     let a = net.bound(0, 5000);
     net.send(0, a, sa(4, 4000), b"spoke").unwrap();

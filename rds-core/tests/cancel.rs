@@ -1,9 +1,7 @@
 //! RDS_CANCEL_SENT_TO (`rds_send_drop_to`) and socket close (`rds_release`).
 
-mod common;
-
-use common::{Net, sa};
 use rds_core::*;
+use rds_testkit::net::{Net, sa};
 
 fn texts(v: Vec<Vec<u8>>) -> Vec<String> {
     v.into_iter().map(|p| String::from_utf8(p).unwrap()).collect()

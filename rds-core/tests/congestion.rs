@@ -3,12 +3,10 @@
 //! the sender's ENOBUFS (`rds_cong_wait`), RDS_CONG_MONITOR notifications,
 //! and the order of what `recvmsg` returns.
 
-mod common;
-
-use common::{Net, WireMsg, config, data, ip, sa};
 use rds_core::message::{RdmaOp, rdma_flags};
 use rds_core::wire::{CONG_MAP_BYTES, Header, Kind};
 use rds_core::*;
+use rds_testkit::net::{Net, WireMsg, config, data, ip, sa};
 
 /// Congestion-map messages node `from` sent to node `to`, in order.
 fn maps(net: &Net, from: usize, to: usize) -> Vec<WireMsg> {

@@ -2,13 +2,11 @@
 //! returns them (`rds_bind`, `rds_connect`, `rds_sendmsg`,
 //! `rds_set_transport`, `rds_ioctl`, `rds_recvmsg`).
 
-mod common;
-
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
-use common::{Net, config, data, ip, make_node, sa};
 use rds_core::types::RDS_TRANS_NONE;
 use rds_core::*;
+use rds_testkit::net::{Net, config, data, ip, make_node, sa};
 
 fn v4(a: [u8; 4], port: u16) -> SocketAddr {
     SocketAddr::new(IpAddr::V4(Ipv4Addr::from(a)), port)

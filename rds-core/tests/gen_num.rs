@@ -3,11 +3,9 @@
 //! detected, sequence spaces restart and messages the old instance may have
 //! received are flushed instead of resent.
 
-mod common;
-
-use common::{Net, config, sa};
 use rds_core::wire::{Ext, Kind};
 use rds_core::*;
+use rds_testkit::net::{Net, config, sa};
 
 fn full(i: usize, gen_num: u32) -> NodeConfig {
     NodeConfig { handshake_exts: HandshakeExts::Full, gen_num, ..config(i) }

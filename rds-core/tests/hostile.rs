@@ -3,16 +3,15 @@
 //! The random tests are seeded loops (the crate's own SplitMix64), so a
 //! failure reproduces from the printed seed.
 
-mod common;
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use common::{Net, config, ip, make_node, sa};
 use rds_core::conn::DownReason;
+use rds_core::driver::{self, Dispatch};
 use rds_core::types::Rng;
 use rds_core::wire::{CONG_MAP_BYTES, Ext, FrameDecoder, HEADER_LEN, Header, flags};
 use rds_core::*;
+use rds_testkit::net::{Net, config, ip, make_node, sa};
 
 /// A node at 127.0.0.2 with `n` paths accepted from a peer at 127.0.0.1
 /// (after path 0, the peer's probe announces 8 paths: before the handshake
@@ -32,7 +31,7 @@ fn node_with_paths(n: usize) -> (Node, Vec<PathInfo>) {
             assert_eq!(node.received(paths[0].id, paths[0].inst, msg(probe, Vec::new())), RecvOutcome::Ping);
         }
     }
-    while node.poll_output().is_some() {}
+    driver::outputs(&mut node);
     (node, paths)
 }
 
@@ -52,7 +51,7 @@ fn congestion_map_of_the_wrong_length_resets_the_path() {
         assert_eq!(n.received(p.id, p.inst, msg(h, vec![0xff; payload_len])), RecvOutcome::ProtocolError, "len {len}");
         assert_eq!(n.counters().recv_drop_bad_frame, 1);
         assert_eq!(n.counters().cong_update_received, 0);
-        let outs: Vec<Output> = std::iter::from_fn(|| n.poll_output()).collect();
+        let outs: Vec<Output> = driver::outputs(&mut n);
         assert_eq!(outs, [Output::Shutdown(n.path_info(p.id).unwrap())]);
         assert_eq!(n.path_state(p.id), Some(PathState::Disconnecting));
         // The map was not applied: the peer's ports are not congested.
@@ -170,30 +169,64 @@ fn random_payload(rng: &mut Rng, h: &mut Header) -> Vec<u8> {
     p
 }
 
-/// Serves a node's outputs the way a sloppy but legal driver might.
+/// Serves a node's outputs the way a sloppy but legal driver might: at most
+/// 1,000 of them per call (the rest wait for the next), through rds-core's
+/// driver.
 fn drive(n: &mut Node, rng: &mut Rng, now: Instant, acked: &mut Vec<(PathId, u64, u64)>) {
-    for _ in 0..1000 {
-        let Some(o) = n.poll_output() else { return };
-        match o {
-            Output::Connect(info) => {
-                if rng.below(2) == 0 {
-                    n.path_up(info.id, info.inst);
-                } else {
-                    n.path_down(info.id, info.inst, DownReason::ConnectFailed, now);
-                }
-            }
-            Output::Shutdown(info) => n.path_down(info.id, info.inst, DownReason::ShutdownDone, now),
-            Output::Kick(info) => {
-                let mut out = Vec::new();
-                n.pull(info.id, info.inst, 1 + rng.below(5000) as usize, &mut out);
-                for m in out {
-                    if !m.is_cong_map() {
-                        acked.push((info.id, info.inst, m.header.sequence));
-                    }
-                }
-            }
-            Output::Wake(_) | Output::RxFlow { .. } => {}
+    let mut d = Sloppy { n, rng, now, acked, left: 1000 };
+    let _ = driver::drain_with(&mut d, |d| Some(&mut *d.n));
+}
+
+struct Sloppy<'a> {
+    n: &'a mut Node,
+    rng: &'a mut Rng,
+    now: Instant,
+    acked: &'a mut Vec<(PathId, u64, u64)>,
+    /// Outputs still to serve in this call; at 0 the drain stops.
+    left: u32,
+}
+
+impl Sloppy<'_> {
+    fn count(&mut self) -> Result<(), ()> {
+        self.left -= 1;
+        if self.left == 0 { Err(()) } else { Ok(()) }
+    }
+}
+
+impl Dispatch for Sloppy<'_> {
+    type Error = ();
+
+    fn connect(&mut self, info: PathInfo) -> Result<(), ()> {
+        if self.rng.below(2) == 0 {
+            self.n.path_up(info.id, info.inst);
+        } else {
+            self.n.path_down(info.id, info.inst, DownReason::ConnectFailed, self.now);
         }
+        self.count()
+    }
+
+    fn shutdown(&mut self, info: PathInfo) -> Result<(), ()> {
+        self.n.path_down(info.id, info.inst, DownReason::ShutdownDone, self.now);
+        self.count()
+    }
+
+    fn kick(&mut self, info: PathInfo) -> Result<(), ()> {
+        let mut out = Vec::new();
+        self.n.pull(info.id, info.inst, 1 + self.rng.below(5000) as usize, &mut out);
+        for m in out {
+            if !m.is_cong_map() {
+                self.acked.push((info.id, info.inst, m.header.sequence));
+            }
+        }
+        self.count()
+    }
+
+    fn rx_flow(&mut self, _: PathInfo, _: bool, _: u64) -> Result<(), ()> {
+        self.count()
+    }
+
+    fn wake(&mut self, _: SockId) -> Result<(), ()> {
+        self.count()
     }
 }
 

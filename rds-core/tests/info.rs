@@ -1,11 +1,9 @@
 //! Introspection snapshots (`Node::info_*`): connections with every path,
 //! sockets, and the send, retransmit and receive queues, with exact content.
 
-mod common;
-
-use common::{Net, ip, sa};
 use rds_core::info::conn_flags;
 use rds_core::*;
+use rds_testkit::net::{Net, ip, sa};
 
 #[test]
 fn connections_list_every_path_with_states_flags_and_sequences() {

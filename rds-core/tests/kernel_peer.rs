@@ -18,6 +18,7 @@
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
+use rds_core::driver;
 use rds_core::wire::{self, Ext, Header};
 use rds_core::*;
 
@@ -40,13 +41,11 @@ fn node_with(addr: IpAddr, settle: Duration) -> Node {
 /// Drains the outputs: (connects, shutdowns) as path indexes.
 fn outputs(n: &mut Node) -> (Vec<PathInfo>, Vec<PathInfo>) {
     let (mut c, mut s) = (Vec::new(), Vec::new());
-    while let Some(o) = n.poll_output() {
-        match o {
-            Output::Connect(i) => c.push(i),
-            Output::Shutdown(i) => s.push(i),
-            _ => {}
-        }
-    }
+    driver::for_each(n, |_, o| match o {
+        Output::Connect(i) => c.push(i),
+        Output::Shutdown(i) => s.push(i),
+        _ => {}
+    });
     (c, s)
 }
 
@@ -282,7 +281,7 @@ fn nothing_of_a_socket_goes_out_before_the_kernel_took_the_connection() {
         n.send(s, Some(dst), &Payload::copy_from(m), &SendOptions::default()).unwrap();
     }
     let pull = |n: &mut Node, p: &PathInfo| {
-        while n.poll_output().is_some() {}
+        driver::outputs(n);
         let mut out = Vec::new();
         n.pull(p.id, p.inst, 1 << 20, &mut out);
         out.iter().map(|m| (m.header.kind(), m.payload.to_vec())).collect::<Vec<_>>()

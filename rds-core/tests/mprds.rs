@@ -2,11 +2,10 @@
 //! `rds_recv_hs_exthdrs`, `rds_start_mprds`), lane selection, the
 //! pre-handshake path-0 rule with its order guarantee, and renegotiation.
 
-mod common;
-
-use common::{Net, config, ip, make_node, sa};
+use rds_core::driver;
 use rds_core::wire::{Ext, Header, Kind};
 use rds_core::*;
+use rds_testkit::net::{Net, config, ip, make_node, sa};
 
 fn active(net: &Net, i: usize, peer: usize) -> Vec<(u8, PathState)> {
     (0..8).map(|k| (k, net.nodes[i].path_state(net.path(i, peer, k)).unwrap())).collect()
@@ -34,7 +33,7 @@ fn eight_paths_are_negotiated_and_opened_by_the_smaller_address() {
         assert_eq!(l.peer_path.index, k);
     }
     // The probe and the pong each carried NPATHS 8 (and nothing else:
-    // these tests pin the mainline wire, `common::config`).
+    // these tests pin the mainline wire, `rds_testkit::net::config`).
     let probe = net.sent_by(0).into_iter().find(|m| m.header.kind() == Kind::ProbePing).unwrap();
     assert_eq!(probe.header.extensions().collect::<Vec<_>>(), vec![Ext::Npaths(8)]);
     assert_eq!(probe.path.index, 0);
@@ -93,13 +92,11 @@ fn probe_without_npaths_means_a_single_path() {
         socks.push(s);
     }
     let mut kicked = Vec::new();
-    while let Some(o) = n.poll_output() {
-        match o {
-            Output::Kick(info) => kicked.push(info.id.index),
-            Output::Connect(info) => panic!("no connect expected: {info:?}"),
-            _ => {}
-        }
-    }
+    driver::for_each(&mut n, |_, o| match o {
+        Output::Kick(info) => kicked.push(info.id.index),
+        Output::Connect(info) => panic!("no connect expected: {info:?}"),
+        _ => {}
+    });
     assert_eq!(kicked, [0]);
     let out = pull_all(&mut n, p0, inst);
     let sports: Vec<u16> = out.iter().map(|m| m.header.sport).collect();

@@ -2,13 +2,12 @@
 //! once, pulled messages arrive in order and are acked when they arrive.
 //! Checks the basic flows end to end through the sans-IO API.
 
-mod common;
-
 use std::net::SocketAddr;
 
-use common::{Net, data, ip};
+use rds_core::driver;
 use rds_core::wire::{Ext, Kind};
 use rds_core::*;
+use rds_testkit::net::{Net, data, ip};
 
 #[test]
 fn datagrams_arrive_in_order_with_exact_content() {
@@ -149,22 +148,18 @@ fn loopback_delivers_in_process() {
         .unwrap();
     net.nodes[0].send(a, Some(SocketAddr::new(ip(9), 0)), &Payload::empty(), &SendOptions::default()).unwrap();
     // Drive the loop transport by hand.
-    while let Some(o) = net.nodes[0].poll_output() {
+    driver::for_each(&mut net.nodes[0], |n, o| {
         if let Output::Kick(info) = o {
             assert_eq!(info.kind, TransportKind::Loop);
             let mut out = Vec::new();
-            net.nodes[0].pull(info.id, info.inst, 1 << 20, &mut out);
+            n.pull(info.id, info.inst, 1 << 20, &mut out);
             for m in out {
                 lo_msgs.push(m.header);
-                net.nodes[0].received(
-                    info.id,
-                    info.inst,
-                    RxMessage { header: m.header, payload: m.payload, rx_time_ns: None },
-                );
-                net.nodes[0].acked(info.id, info.inst, m.header.sequence);
+                n.received(info.id, info.inst, RxMessage { header: m.header, payload: m.payload, rx_time_ns: None });
+                n.acked(info.id, info.inst, m.header.sequence);
             }
         }
-    }
+    });
     assert!(lo_msgs.iter().all(|h| h.kind() != Kind::CongMap && h.kind() != Kind::ProbePing));
     assert_eq!(&data(net.nodes[0].recv(b, false).unwrap()).payload[..], b"x");
     let pong = data(net.nodes[0].recv(a, false).unwrap());

@@ -3,11 +3,9 @@
 //! notification with its status, exactly once per op, whatever the ack or
 //! a later drop says; without a report the ack notifies SUCCESS.
 
-mod common;
-
-use common::*;
 use rds_core::message::{rdma_flags, rdma_status};
 use rds_core::*;
+use rds_testkit::net::*;
 
 fn op(flags: u32, token: u64) -> RdmaOp {
     RdmaOp {

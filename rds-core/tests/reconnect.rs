@@ -2,13 +2,11 @@
 //! reconnects, `rds_send_path_reset` (RETRANSMITTED), and the receiver's
 //! duplicate rule in `rds_recv_incoming`.
 
-mod common;
-
 use std::time::Duration;
 
-use common::{Net, config, ip, make_node, sa};
 use rds_core::wire::{Header, flags};
 use rds_core::*;
+use rds_testkit::net::{Net, config, ip, make_node, sa};
 
 #[test]
 fn first_reconnect_is_immediate_then_random_below_a_doubling_bound() {

@@ -4,12 +4,11 @@
 //! counts a message delivered once our TCP acked it); the application's
 //! reads resume it. Nothing is dropped, nothing is reordered.
 
-mod common;
-
-use common::{config, ip, make_node, sa};
+use rds_core::driver;
 use rds_core::recv::{RCV_HARD_FLOOR, RCV_MSG_OVERHEAD};
 use rds_core::wire::{Ext, Header, PROBE_PORT};
 use rds_core::*;
+use rds_testkit::net::{config, ip, make_node, sa};
 
 /// A node at 127.0.0.2 with two paths accepted from 127.0.0.1 and a socket
 /// bound to port 4000.
@@ -31,12 +30,13 @@ fn node(cfg: NodeConfig) -> (Node, Vec<PathInfo>, SockId) {
     }
     let s = node.socket();
     node.bind(s, sa(2, 4000)).unwrap();
-    while node.poll_output().is_some() {}
+    driver::outputs(&mut node);
     (node, paths, s)
 }
 
 fn flows(n: &mut Node) -> Vec<(PathId, bool, u64)> {
-    std::iter::from_fn(|| n.poll_output())
+    driver::outputs(n)
+        .into_iter()
         .filter_map(|o| match o {
             Output::RxFlow { path, paused, seq } => Some((path.id, paused, seq)),
             _ => None,
@@ -150,21 +150,19 @@ fn loopback_pauses_the_sending_path() {
     for i in 0..20u8 {
         let r = n.send(tx, Some(sa(3, 4000)), &Payload::new(vec![i; 16 << 10]), &opts);
         assert!(r.is_ok(), "send {i}: {r:?} {}", n.dump());
-        while let Some(o) = n.poll_output() {
-            match o {
-                Output::Kick(info) => {
-                    let mut out = Vec::new();
-                    n.pull(info.id, info.inst, 1 << 20, &mut out);
-                    for m in out {
-                        let rm = RxMessage { header: m.header, payload: m.payload, rx_time_ns: None };
-                        n.received(info.id, info.inst, rm);
-                        n.acked(info.id, info.inst, m.header.sequence);
-                    }
+        driver::for_each(&mut n, |n, o| match o {
+            Output::Kick(info) => {
+                let mut out = Vec::new();
+                n.pull(info.id, info.inst, 1 << 20, &mut out);
+                for m in out {
+                    let rm = RxMessage { header: m.header, payload: m.payload, rx_time_ns: None };
+                    n.received(info.id, info.inst, rm);
+                    n.acked(info.id, info.inst, m.header.sequence);
                 }
-                Output::RxFlow { path, paused: true, .. } => paused = Some(path),
-                _ => {}
             }
-        }
+            Output::RxFlow { path, paused: true, .. } => paused = Some(path),
+            _ => {}
+        });
     }
     let via = n.find_conn(ip(2), ip(3), TransportKind::Loop).unwrap();
     assert_eq!(paused.map(|p| p.id), Some(PathId { conn: via, index: 0 }));
@@ -194,7 +192,7 @@ fn collecting_a_connection_ends_its_pause() {
     for q in &paths {
         n.path_down(q.id, q.inst, DownReason::Closed, now);
     }
-    while n.poll_output().is_some() {}
+    driver::outputs(&mut n);
     let conns = n.conn_count();
     n.handle_timeout(now + gc + Duration::from_secs(1));
     assert_eq!(n.conn_count(), conns - 1, "the idle connection was collected");

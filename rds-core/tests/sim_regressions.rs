@@ -2,14 +2,13 @@
 //! `rds-sim --replay SEED -v` shows the original failure). Each test
 //! rebuilds the failing interleaving by hand with the in-memory driver.
 
-mod common;
-
 use std::time::Instant;
 
-use common::{Net, config, ip, make_node, sa};
 use rds_core::conn::DownReason;
+use rds_core::driver;
 use rds_core::wire::{self, Ext, Header, Kind};
 use rds_core::*;
+use rds_testkit::net::{Net, config, ip, make_node, sa};
 
 /// rds-sim seed 20: a socket's message waiting on its lane (path 1) when
 /// every path went down was overtaken by the socket's next message, which
@@ -100,9 +99,9 @@ fn probe(seq: u64, npaths: u16) -> RxMessage {
 fn a_connection_for_a_busy_slot_waits_instead_of_being_reset() {
     let mut n = make_node(one_path(1), ip(2), TransportKind::Tcp);
     let Accept::Path(old) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
-    while n.poll_output().is_some() {}
+    driver::outputs(&mut n);
     assert_eq!(n.accept(TransportKind::Tcp, ip(2), ip(1), 40001), Accept::Defer);
-    let outs: Vec<Output> = std::iter::from_fn(|| n.poll_output()).collect();
+    let outs: Vec<Output> = driver::outputs(&mut n);
     assert_eq!(outs, [Output::Shutdown(n.path_info(old.id).unwrap())]);
     // Still draining: the new connection keeps waiting.
     assert_eq!(n.accept(TransportKind::Tcp, ip(2), ip(1), 40001), Accept::Defer);
@@ -268,7 +267,7 @@ fn nothing_but_maps_and_our_probe_go_to_a_peer_never_heard_from() {
     n.bind(s, sa(2, 4000)).unwrap();
     n.send(s, Some(sa(1, 5000)), &Payload::copy_from(b"m"), &SendOptions::default()).unwrap();
     let pull = |n: &mut Node, p: &PathInfo| {
-        while n.poll_output().is_some() {}
+        driver::outputs(n);
         let mut out = Vec::new();
         n.pull(p.id, p.inst, 1 << 20, &mut out);
         // (A Full map's sequence field is its version; shown as 0.)
@@ -307,7 +306,7 @@ fn a_cancelled_message_on_the_wire_still_holds_its_sockets_lane() {
     n.bind(a, sa(1, 5001)).unwrap(); // lane 1 of 8
     let dst = sa(2, 4000);
     let send = |n: &mut Node, p: &[u8]| n.send(a, Some(dst), &Payload::copy_from(p), &SendOptions::default());
-    let drain = |n: &mut Node| std::iter::from_fn(|| n.poll_output()).collect::<Vec<Output>>();
+    let drain = |n: &mut Node| driver::outputs(n);
     let pull = |n: &mut Node, p: PathInfo| {
         let mut out = Vec::new();
         n.pull(p.id, p.inst, 1 << 20, &mut out);
@@ -365,15 +364,15 @@ fn connections_to_a_restarted_peers_old_instance_are_closed() {
     n.received(p0.id, p0.inst, probe(1, 8));
     let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
     n.received(p1.id, p1.inst, full_map(77, 1, 2, &[]));
-    while n.poll_output().is_some() {}
+    driver::outputs(&mut n);
     // Path 0's connection died and the peer's new instance (88) connected.
     n.path_down(p0.id, p0.inst, DownReason::Closed, Instant::now());
     let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40002) else { panic!() };
     assert_eq!(p0.id.index, 0);
-    while n.poll_output().is_some() {}
+    driver::outputs(&mut n);
     n.received(p0.id, p0.inst, full_map(88, 0, 1, &[]));
     assert_eq!(n.counters().peer_restart, 1);
-    let outs: Vec<Output> = std::iter::from_fn(|| n.poll_output()).collect();
+    let outs: Vec<Output> = driver::outputs(&mut n);
     assert!(outs.contains(&Output::Shutdown(n.path_info(p1.id).unwrap())), "{outs:?}");
     assert_eq!(n.path_state(p1.id), Some(PathState::Disconnecting));
     assert_eq!(n.path_state(p0.id), Some(PathState::Up));

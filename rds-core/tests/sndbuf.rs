@@ -1,12 +1,10 @@
 //! Send-buffer accounting (`rds_send_queue_rm`, `rds_sk_sndbuf`,
 //! `sock_setsockopt` SO_SNDBUF / SO_SNDBUFFORCE) and ACK_REQUIRED pacing.
 
-mod common;
-
-use common::{Net, config, sa};
 use rds_core::message::RdmaOp;
 use rds_core::sock::bufs::{DEFAULT_BUF, SOCK_MIN_RCVBUF, SOCK_MIN_SNDBUF};
 use rds_core::*;
+use rds_testkit::net::{Net, config, sa};
 
 const LIMIT: usize = DEFAULT_BUF as usize / 2; // rds_sk_sndbuf = sk_sndbuf / 2 = 106496
 

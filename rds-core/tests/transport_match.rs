@@ -6,11 +6,10 @@
 //! Without this, anyone reaching a node's RDS-TCP port reaches its IB
 //! sockets, and the verbs-only setup's pre-shared key protects nothing.
 
-mod common;
-
-use common::{config, data, ip, sa};
+use rds_core::driver;
 use rds_core::wire::Header;
 use rds_core::*;
+use rds_testkit::net::{config, data, ip, sa};
 
 /// Node 127.0.0.2 with TCP, IB and loopback registered and its address
 /// served by IB and TCP (as the engine serves an address of an RDMA
@@ -47,7 +46,7 @@ fn setup() -> Setup {
     assert_eq!((tcp_path.kind, ib_path.kind), (TransportKind::Tcp, TransportKind::Ib));
     node.path_up(tcp_path.id, tcp_path.inst);
     node.path_up(ib_path.id, ib_path.inst);
-    while node.poll_output().is_some() {}
+    driver::outputs(&mut node);
     Setup { node, ib_sock, tcp_sock, tcp_path, ib_path, seq: 0 }
 }
 
@@ -114,23 +113,23 @@ fn a_socket_of_the_same_node_reaches_it_whatever_the_transports() {
     t.node.send(ib_sock, Some(sa(3, 6000)), &Payload::new(b"from ib".to_vec()), &SendOptions::default()).unwrap();
     // The driver's part: loopback kicks are served on the node itself.
     let mut loops = 0;
-    while let Some(o) = t.node.poll_output() {
+    driver::for_each(&mut t.node, |node, o| {
         if let Output::Kick(info) = o {
             if info.kind != TransportKind::Loop {
-                continue;
+                return;
             }
             loops += 1;
             assert!(loops < 100, "loopback kicks do not end");
             let mut out = Vec::new();
-            t.node.pull(info.id, info.inst, 1 << 20, &mut out);
+            node.pull(info.id, info.inst, 1 << 20, &mut out);
             for m in out {
                 let seq = m.header.sequence;
                 let rx = RxMessage { header: m.header, payload: m.payload, rx_time_ns: None };
-                assert_eq!(t.node.received(info.id, info.inst, rx), RecvOutcome::Delivered);
-                t.node.acked(info.id, info.inst, seq);
+                assert_eq!(node.received(info.id, info.inst, rx), RecvOutcome::Delivered);
+                node.acked(info.id, info.inst, seq);
             }
         }
-    }
+    });
     assert_eq!(t.drain(ib_sock), vec![(sa(3, 6000), b"to ib".to_vec())]);
     assert_eq!(t.drain(tcp_sock), vec![(sa(3, 6000), b"to tcp".to_vec())]);
     assert_eq!(t.drain(local), vec![(sa(2, 4000), b"from ib".to_vec())]);

@@ -1,9 +1,8 @@
 //! Wake outputs: every change of a socket's readiness is reported, so a
 //! blocked receiver or sender is never left waiting.
 
-mod common;
-use common::*;
 use rds_core::*;
+use rds_testkit::net::*;
 
 /// Regression: a socket that hit congestion as a sender becomes readable on
 /// the next map update (the kernel's "historical" POLLIN). A recv that finds

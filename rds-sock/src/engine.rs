@@ -7,6 +7,7 @@
 //! releasing it, so no system call ever runs under the node lock.
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::io;
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -16,10 +17,11 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex, RwLock};
+use rds_core::driver::{self, Dispatch, NodeHost};
 use rds_core::loopback::LoopTransport;
 use rds_core::{
-    Accept, DownReason, Errno, Node, NodeConfig, Output, PathId, RdsTransport, RxMessage, SockId, TransportCaps,
-    TransportKind, TransportSink, TxMessage, Unsent,
+    Errno, Node, NodeConfig, Output, PathId, PathInfo, RdsTransport, SockId, TransportCaps, TransportKind,
+    TransportSink, Unsent,
 };
 use rds_tcp::{TcpConfig, TcpTransport};
 
@@ -249,18 +251,9 @@ impl Inner {
     }
 
     fn collect(&self, st: &mut State, work: &mut Vec<Work>) {
-        while let Some(o) = st.node.poll_output() {
-            match o {
-                Output::Wake(s) => {
-                    if let Some(sh) = self.socks.read().get(&s) {
-                        st.seq += 1;
-                        let r = st.node.readiness(s);
-                        work.push(Work::Wake(sh.clone(), st.seq, r.readable, r.writable));
-                    }
-                }
-                o => work.push(Work::Out(o)),
-            }
-        }
+        let State { node, seq, .. } = st;
+        let mut c = Collect { inner: self, node, seq, work };
+        let Ok(_) = driver::drain_with(&mut c, |c| Some(&mut *c.node));
         let next = st.node.poll_timeout();
         if next.is_some() && (st.timer_deadline.is_none() || next < st.timer_deadline) {
             self.timer_cond.notify_one();
@@ -270,11 +263,9 @@ impl Inner {
     fn dispatch(&self, work: &mut Vec<Work>) {
         for w in work.drain(..) {
             match w {
-                Work::Out(Output::Connect(info)) => self.transport(info.kind).connect(info),
-                Work::Out(Output::Shutdown(info)) => self.transport(info.kind).shutdown(info),
-                Work::Out(Output::Kick(info)) => self.transport(info.kind).kick(info),
-                Work::Out(Output::RxFlow { path, paused, seq }) => self.transport(path.kind).rx_flow(path, paused, seq),
-                Work::Out(Output::Wake(_)) => {}
+                Work::Out(o) => {
+                    driver::carry_out(o, |k| self.transport(k));
+                }
                 Work::Wake(sh, seq, r, w) => sh.wake(seq, r, w),
             }
         }
@@ -326,37 +317,58 @@ impl Inner {
     }
 }
 
-impl TransportSink for Inner {
-    fn accept(&self, kind: TransportKind, laddr: IpAddr, faddr: IpAddr, peer_port: u16) -> Accept {
-        self.run(|n| n.accept(kind, laddr, faddr, peer_port))
+/// What `collect` hands the node's outputs to, under the node lock: the
+/// transports' outputs wait for `dispatch` (after the lock), a wake reads
+/// the socket's readiness now.
+struct Collect<'a> {
+    inner: &'a Inner,
+    node: &'a mut Node,
+    seq: &'a mut u64,
+    work: &'a mut Vec<Work>,
+}
+
+impl Dispatch for Collect<'_> {
+    type Error = Infallible;
+
+    fn connect(&mut self, path: PathInfo) -> Result<(), Infallible> {
+        self.work.push(Work::Out(Output::Connect(path)));
+        Ok(())
     }
 
-    fn path_up(&self, path: PathId, inst: u64) {
-        self.run(|n| n.path_up(path, inst))
+    fn shutdown(&mut self, path: PathInfo) -> Result<(), Infallible> {
+        self.work.push(Work::Out(Output::Shutdown(path)));
+        Ok(())
     }
 
-    fn path_down(&self, path: PathId, inst: u64, reason: DownReason) {
-        self.run(|n| n.path_down(path, inst, reason, Instant::now()))
+    fn kick(&mut self, path: PathInfo) -> Result<(), Infallible> {
+        self.work.push(Work::Out(Output::Kick(path)));
+        Ok(())
     }
 
-    fn received(&self, path: PathId, inst: u64, msgs: &mut Vec<RxMessage>) {
-        self.run(|n| {
-            for m in msgs.drain(..) {
-                n.received(path, inst, m);
-            }
-        })
+    fn rx_flow(&mut self, path: PathInfo, paused: bool, seq: u64) -> Result<(), Infallible> {
+        self.work.push(Work::Out(Output::RxFlow { path, paused, seq }));
+        Ok(())
     }
 
-    fn acked(&self, path: PathId, inst: u64, seq: u64) {
-        self.run(|n| n.acked(path, inst, seq))
+    fn wake(&mut self, s: SockId) -> Result<(), Infallible> {
+        if let Some(sh) = self.inner.socks.read().get(&s) {
+            *self.seq += 1;
+            let r = self.node.readiness(s);
+            self.work.push(Work::Wake(sh.clone(), *self.seq, r.readable, r.writable));
+        }
+        Ok(())
+    }
+}
+
+/// Transport events become node calls through [`NodeHost`] (which makes
+/// `Inner` the transports' [`rds_core::TransportSink`]).
+impl NodeHost for Inner {
+    fn with_node<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R {
+        self.run(f)
     }
 
-    fn pull(&self, path: PathId, inst: u64, budget: usize, out: &mut Vec<TxMessage>) -> bool {
-        self.run(|n| n.pull(path, inst, budget, out))
-    }
-
-    fn rdma_complete(&self, path: PathId, inst: u64, seq: u64, status: i32) {
-        self.run(|n| n.rdma_complete(path, inst, seq, status))
+    fn now(&self) -> Instant {
+        Instant::now()
     }
 }
 

@@ -3,29 +3,15 @@
 
 pub mod sim;
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::net::{IpAddr, SocketAddr};
 
 use rds_core::wire::Header;
-use rds_sock::{Engine, EngineConfig};
+use rds_sock::Engine;
 use socket2::{Domain, SockAddr, Socket, Type};
 
-/// A fresh 127.x.y.0/24 block per call, so tests in one binary can run in
-/// parallel without sharing addresses. `group` separates test binaries.
-pub fn addr_block(group: u8) -> impl Fn(u8) -> IpAddr + Copy + Send + 'static {
-    static NEXT: AtomicU8 = AtomicU8::new(1);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    move |host| IpAddr::V4(Ipv4Addr::new(127, group, n, host))
-}
-
-/// An engine with default settings.
-pub fn engine() -> Engine {
-    Engine::new(EngineConfig::default()).expect("engine")
-}
-
-pub fn sa(ip: IpAddr, port: u16) -> SocketAddr {
-    SocketAddr::new(ip, port)
-}
+/// Socket fixtures (from the test kit): address blocks, engines, a pair of
+/// engines with a bound socket each, a mesh of engines with bound sockets.
+pub use rds_testkit::sock::{Pair, addr_block, engine, mesh, pair, sa};
 
 /// The value of an engine's counter `name`; panics naming an unknown one.
 pub fn counter(e: &Engine, name: &str) -> u64 {
@@ -93,27 +79,13 @@ pub fn tcp_from(from: IpAddr, to: SocketAddr, nonblocking: bool) -> std::io::Res
     Ok(s.into())
 }
 
-/// xorshift64* stream: deterministic pseudo-random bytes.
-pub struct Stream(u64);
-
-impl Stream {
-    pub fn new(seed: u64) -> Stream {
-        Stream(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
-    }
-    pub fn below(&mut self, n: u64) -> u64 {
-        self.next_u64() % n.max(1)
-    }
-}
+/// The one seeded RNG of the test layers (rds-core's, through the test
+/// kit): payload filler, message sizes, random test inputs.
+pub use rds_testkit::Rng;
 
 /// Fills `buf` with bytes determined by `seed`.
 pub fn fill(seed: u64, buf: &mut [u8]) {
-    let mut s = Stream::new(seed);
+    let mut s = Rng::new(seed);
     let mut chunks = buf.chunks_exact_mut(8);
     for c in &mut chunks {
         c.copy_from_slice(&s.next_u64().to_le_bytes());
@@ -166,7 +138,7 @@ pub fn check_payload(flow: u32, index: u64, got: &[u8]) -> Result<(), String> {
 /// and the edges (0, 1, 48, 4096, `max`) forced regularly. Every order of
 /// magnitude is exercised; the mean stays near 12 KB, so 100,000 messages
 /// are about 1.2 GB.
-pub fn size(s: &mut Stream, max: usize) -> usize {
+pub fn size(s: &mut Rng, max: usize) -> usize {
     match s.below(100) {
         0 => 0,
         1 => 1,

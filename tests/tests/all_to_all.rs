@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rds_tests::*;
@@ -20,22 +19,13 @@ const MAX: usize = 1 << 20;
 fn three_nodes_all_to_all_100k() {
     let ip = addr_block(41);
     let engines: Vec<_> = (0..NODES).map(|_| engine()).collect();
-    let mut socks = Vec::new();
-    let mut addrs = Vec::new();
-    for (n, e) in engines.iter().enumerate() {
-        for k in 0..PER_NODE {
-            let s = e.socket().unwrap();
-            let a = sa(ip(n as u8 + 1), 4001 + k as u16);
-            s.bind(a).unwrap();
-            // 1 MiB messages need a send buffer above 2 MiB (half of it counts).
-            s.set_send_buffer_size_force(4 << 20).unwrap();
-            s.set_recv_buffer_size_force(4 << 20).unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-            s.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
-            socks.push(Arc::new(s));
-            addrs.push(a);
-        }
-    }
+    let (socks, addrs) = mesh(&engines, ip, PER_NODE, 4001, |s| {
+        // 1 MiB messages need a send buffer above 2 MiB (half of it counts).
+        s.set_send_buffer_size_force(4 << 20).unwrap();
+        s.set_recv_buffer_size_force(4 << 20).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        s.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
+    });
     let index_of: HashMap<SocketAddr, usize> = addrs.iter().enumerate().map(|(i, a)| (*a, i)).collect();
 
     // The plan: socket i sends its messages round-robin to every other
@@ -58,7 +48,7 @@ fn three_nodes_all_to_all_100k() {
         let s = s.clone();
         let addrs = addrs.clone();
         threads.push(std::thread::spawn(move || -> Result<u64, String> {
-            let mut rng = Stream::new(src as u64 + 1);
+            let mut rng = Rng::new(src as u64 + 1);
             let mut bytes = 0u64;
             for k in 0..per_sock {
                 let (dst, index) = plan(src, k);

@@ -11,11 +11,7 @@ use rds_tests::*;
 #[test]
 fn the_descriptor_works_in_mio_edge_triggered() {
     let ip = addr_block(43);
-    let (e1, e2) = (engine(), engine());
-    let a = e1.socket().unwrap();
-    let b = e2.socket().unwrap();
-    a.bind(sa(ip(1), 4001)).unwrap();
-    b.bind(sa(ip(2), 4001)).unwrap();
+    let Pair { e1: _e1, e2: _e2, a, b } = pair(ip, 4001);
     b.set_nonblocking(true).unwrap();
     let mut poll = Poll::new().unwrap();
     let fd = b.as_raw_fd();

@@ -158,11 +158,7 @@ fn send_eagain_when_the_send_buffer_is_full_and_blocking_waits() {
 #[test]
 fn blocking_send_completes_once_the_peer_acks() {
     let ip = addr_block(42);
-    let (e1, e2) = (engine(), engine());
-    let a = e1.socket().unwrap();
-    let b = e2.socket().unwrap();
-    a.bind(sa(ip(1), 4001)).unwrap();
-    b.bind(sa(ip(2), 4001)).unwrap();
+    let Pair { e1: _e1, e2: _e2, a, b } = pair(ip, 4001);
     // 20000 usable bytes: five 4000-byte messages in flight at most, so the
     // sender blocks on the buffer and on the receiver's congestion in turn.
     a.set_send_buffer_size(20_000).unwrap();
@@ -184,11 +180,7 @@ fn blocking_send_completes_once_the_peer_acks() {
 #[test]
 fn blocking_send_waits_for_a_congested_port_then_delivers() {
     let ip = addr_block(42);
-    let (e1, e2) = (engine(), engine());
-    let a = e1.socket().unwrap();
-    let b = e2.socket().unwrap();
-    a.bind(sa(ip(1), 4001)).unwrap();
-    b.bind(sa(ip(2), 4001)).unwrap();
+    let Pair { e1: _e1, e2: _e2, a, b } = pair(ip, 4001);
     b.set_recv_buffer_size(10_000).unwrap(); // congested above 10000 queued bytes
     a.set_nonblocking(true).unwrap();
     let mut sent = 0u32;
@@ -281,11 +273,7 @@ fn recv_truncates_and_msg_trunc_reports_the_full_length() {
 #[test]
 fn fd_is_readable_exactly_when_data_is_queued() {
     let ip = addr_block(42);
-    let (e1, e2) = (engine(), engine());
-    let a = e1.socket().unwrap();
-    let b = e2.socket().unwrap();
-    a.bind(sa(ip(1), 4001)).unwrap();
-    b.bind(sa(ip(2), 4001)).unwrap();
+    let Pair { e1: _e1, e2: _e2, a, b } = pair(ip, 4001);
     let poll = |fd: i32, timeout: i32| {
         let mut p = libc::pollfd { fd, events: libc::POLLIN | libc::POLLOUT, revents: 0 };
         // SAFETY: one valid pollfd.

@@ -92,22 +92,13 @@ fn run(ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + 'static, whole_cuts: 
             Engine::new(cfg).unwrap()
         })
         .collect();
-    let mut socks = Vec::new();
-    let mut addrs = Vec::new();
-    for (n, e) in engines.iter().enumerate() {
-        for k in 0..PER_NODE {
-            let s = e.socket().unwrap();
-            // Ports 4000-4002: lanes 0, 1 and 2 of the 8 paths.
-            let a = sa(ip(n as u8 + 1), 4000 + k as u16);
-            s.bind(a).unwrap();
-            s.set_send_buffer_size_force(4 << 20).unwrap();
-            s.set_recv_buffer_size_force(4 << 20).unwrap();
-            s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-            s.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
-            socks.push(Arc::new(s));
-            addrs.push(a);
-        }
-    }
+    // Ports 4000-4002: lanes 0, 1 and 2 of the 8 paths.
+    let (socks, addrs) = mesh(&engines, ip, PER_NODE, 4000, |s| {
+        s.set_send_buffer_size_force(4 << 20).unwrap();
+        s.set_recv_buffer_size_force(4 << 20).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        s.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
+    });
     let index_of: HashMap<SocketAddr, usize> = addrs.iter().enumerate().map(|(i, a)| (*a, i)).collect();
     let per_sock = TOTAL.div_ceil(SOCKS);
     let plan = |src: usize, k: usize| {
@@ -127,7 +118,7 @@ fn run(ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + 'static, whole_cuts: 
         let s = s.clone();
         let addrs = addrs.clone();
         senders.push(std::thread::spawn(move || -> Result<Vec<(u64, u64, [u8; 32])>, String> {
-            let mut rng = Stream::new(src as u64 + 101);
+            let mut rng = Rng::new(src as u64 + 101);
             let mut flows: Vec<Flow> = (0..SOCKS).map(|_| Flow::new()).collect();
             for k in 0..per_sock {
                 let (dst, index) = plan(src, k);
@@ -169,7 +160,7 @@ fn run(ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + 'static, whole_cuts: 
         let engines = engines.clone();
         let done = done.clone();
         std::thread::spawn(move || {
-            let mut rng = Stream::new(7);
+            let mut rng = Rng::new(7);
             let (mut cuts, mut whole) = (0u32, 0u32);
             let deadline = Instant::now() + Duration::from_secs(300);
             while !done.load(Ordering::SeqCst) && Instant::now() < deadline {

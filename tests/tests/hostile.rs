@@ -512,7 +512,7 @@ fn garbage_extension_headers_are_skipped_and_messages_delivered() {
         ),
         ("an RDMA_DEST cut by the end of the area".into(), cat(&[&[8, 0, 10, 10, 10, 10, 10, 10, dest], &r]), None),
     ];
-    let mut rng = Stream::new(48);
+    let mut rng = Rng::new(48);
     for k in 0..24 {
         let mut a = [0u8; 16];
         for b in a.iter_mut() {

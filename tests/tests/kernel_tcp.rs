@@ -27,9 +27,11 @@
 //! `larger` or both (default).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Instant;
+
+use rds_testkit::rig::{usable_rig, workspace_root};
 
 const SCENARIOS: &str = "ping tools datagrams congestion mprds reconnect resetall restart selftest";
 
@@ -60,42 +62,6 @@ const EXPECTED: &[(&str, &str)] = &[
     ("selftest", "us->kernel"),
     ("selftest", "kernel->us"),
 ];
-
-fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("..").canonicalize().unwrap()
-}
-
-/// The rig: $VMRIG_DIR, ../shared/vmrig next to the repository, or
-/// /work/shared/vmrig.
-fn find_rig() -> Result<PathBuf, String> {
-    let mut tried = Vec::new();
-    let mut cands = Vec::new();
-    if let Ok(d) = std::env::var("VMRIG_DIR") {
-        cands.push(PathBuf::from(d));
-    }
-    cands.push(workspace_root().join("../shared/vmrig"));
-    cands.push(PathBuf::from("/work/shared/vmrig"));
-    for d in cands {
-        if d.join("vmrig").is_file() {
-            return Ok(d);
-        }
-        tried.push(d.display().to_string());
-    }
-    Err(format!("no VM rig found (tried {}; set VMRIG_DIR)", tried.join(", ")))
-}
-
-fn rig_ready() -> Result<(), String> {
-    let cache = PathBuf::from(std::env::var("VMRIG_CACHE").unwrap_or_else(|_| "/var/cache/vmrig".into()));
-    for f in ["initrd.img", "kernel", "qemu"] {
-        if !cache.join(f).exists() {
-            return Err(format!(
-                "the VM rig is not set up ({} missing; run `vmrig setup` or scripts/setup.sh)",
-                cache.join(f).display()
-            ));
-        }
-    }
-    Ok(())
-}
 
 #[derive(Default)]
 struct Cell {
@@ -318,7 +284,7 @@ fn table(boots: &[Boot]) -> String {
 
 #[test]
 fn kernel_tcp_conformance() {
-    let rig = match find_rig().and_then(|r| rig_ready().map(|_| r)) {
+    let rig = match usable_rig() {
         Ok(r) => r,
         Err(why) => {
             println!("SKIP: kernel conformance over TCP not run: {why}");

@@ -1,5 +1,6 @@
-//! A small driver for tests: one `Node` behind a mutex, implementing the
-//! sink for the TCP and loopback transports, with a timer thread.
+//! A small driver for tests: one `Node` behind a mutex, the sink of the TCP
+//! and loopback transports (rds-core's `driver::NodeHost`), with a timer
+//! thread.
 
 #![allow(dead_code)]
 
@@ -9,6 +10,7 @@ use std::sync::{Arc, Condvar, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use rds_core::driver::{self, NodeHost};
 use rds_core::loopback::LoopTransport;
 use rds_core::*;
 use rds_tcp::{TcpConfig, TcpTransport};
@@ -84,19 +86,11 @@ impl Host {
         let (r, outs) = {
             let mut n = self.node.lock().unwrap();
             let r = f(&mut n);
-            let mut outs = Vec::new();
-            while let Some(o) = n.poll_output() {
-                outs.push(o);
-            }
-            (r, outs)
+            (r, driver::outputs(&mut n))
         };
         for o in outs {
-            match o {
-                Output::Connect(i) => self.transport(i.kind).connect(i),
-                Output::Shutdown(i) => self.transport(i.kind).shutdown(i),
-                Output::Kick(i) => self.transport(i.kind).kick(i),
-                Output::Wake(_) => self.notify(),
-                Output::RxFlow { path, paused, seq } => self.transport(path.kind).rx_flow(path, paused, seq),
+            if driver::carry_out(o, |k| self.transport(k)).is_some() {
+                self.notify();
             }
         }
         r
@@ -216,33 +210,15 @@ impl Host {
     }
 }
 
-impl TransportSink for Host {
-    fn accept(&self, kind: TransportKind, laddr: IpAddr, faddr: IpAddr, peer_port: u16) -> Accept {
-        self.with(|n| n.accept(kind, laddr, faddr, peer_port))
+/// The transports' events become node calls through rds-core's adapter
+/// (every `NodeHost` is a `TransportSink`).
+impl NodeHost for Host {
+    fn with_node<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R {
+        self.with(f)
     }
 
-    fn path_up(&self, path: PathId, inst: u64) {
-        self.with(|n| n.path_up(path, inst))
-    }
-
-    fn path_down(&self, path: PathId, inst: u64, reason: DownReason) {
-        self.with(|n| n.path_down(path, inst, reason, Instant::now()))
-    }
-
-    fn received(&self, path: PathId, inst: u64, msgs: &mut Vec<RxMessage>) {
-        self.with(|n| {
-            for m in msgs.drain(..) {
-                n.received(path, inst, m);
-            }
-        })
-    }
-
-    fn acked(&self, path: PathId, inst: u64, seq: u64) {
-        self.with(|n| n.acked(path, inst, seq))
-    }
-
-    fn pull(&self, path: PathId, inst: u64, budget: usize, out: &mut Vec<TxMessage>) -> bool {
-        self.with(|n| n.pull(path, inst, budget, out))
+    fn now(&self) -> Instant {
+        Instant::now()
     }
 }
 

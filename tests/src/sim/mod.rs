@@ -7,6 +7,12 @@
 //! that promise on every run. Everything is decided by one seed: the same
 //! seed replays the same run event for event.
 //!
+//! The files: `world.rs` (the world, its event queue and the run; it
+//! drives the nodes through rds-core's `driver`), `net.rs` (the network
+//! model below), `faults.rs` (the faults below, by the seed's schedule),
+//! `workload.rs` (the applications), `checks.rs` and `oracle.rs` (the
+//! invariant below).
+//!
 //! `cargo run --release -p rds-tests --bin rds-sim -- --seeds 10000` runs
 //! seeds 0..10000; a failure prints its seed and the command that replays
 //! it with a trace of every event (`--replay SEED -v`).
@@ -178,7 +184,21 @@
 //!   seeds run one path per node. These are the relaxations of points 2-4
 //!   for Mainline; nothing is ever flushed.
 
+/// A trace line (`-v`), formatted only when tracing.
+macro_rules! tr {
+    ($sim:expr, $($a:tt)*) => {
+        if $sim.verbose {
+            let line = format!($($a)*);
+            $sim.trace_line(line);
+        }
+    };
+}
+
+mod checks;
+mod faults;
+mod net;
 pub mod oracle;
+mod workload;
 mod world;
 
 pub use world::{MAX_LEN, Params, Report, Sim, run_seed};

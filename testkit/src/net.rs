@@ -9,17 +9,26 @@
 //! * `frozen`: kicks of these (node, path index) pairs are not served until
 //!   `thaw` (messages stay on the send queue);
 //! * `refuse`: connects to these nodes fail (`DownReason::ConnectFailed`);
-//! * `pull_some`: one budgeted pull of a path, delivered at once.
+//! * `pull_some`: one budgeted pull of a path, delivered at once;
+//! * `link`: what happens to each message on the wire ([`crate::faults`]:
+//!   the ideal link by default, or a seeded `FaultInjector` around it that
+//!   drops, delays, duplicates, reorders across paths or cuts).
+//!
+//! The nodes' outputs are drained and routed by rds-core's driver
+//! ([`rds_core::driver`]): [`Net::handle`] is the net's `Dispatch` for
+//! node `i`.
 
-#![allow(dead_code)]
-
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
+use std::convert::Infallible;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use rds_core::conn::DownReason;
+use rds_core::DownReason;
+use rds_core::driver::{self, Dispatch};
 use rds_core::wire::Header;
 use rds_core::*;
+
+use crate::faults::{Ideal, Link as Wire, Verdict};
 
 /// 127.0.0.`last`.
 pub fn ip(last: u8) -> IpAddr {
@@ -81,6 +90,12 @@ pub struct Net {
     /// Connects the acceptor deferred (`Accept::Defer`), offered again when
     /// the nodes are idle.
     pub deferred: Vec<(usize, PathInfo)>,
+    /// What the link does with each message ([`Ideal`] unless a test
+    /// wraps it in a `FaultInjector`).
+    pub link: Box<dyn Wire>,
+    /// Messages the link delayed, per sending (node, path), in order, with
+    /// the connection they were sent on.
+    pub delayed: BTreeMap<(usize, PathId), VecDeque<(Link, TxMessage)>>,
 }
 
 /// The configuration the tests start from: node `i` has generation number
@@ -139,6 +154,8 @@ impl Net {
             shutdowns: Vec::new(),
             outcomes: Vec::new(),
             deferred: Vec::new(),
+            link: Box::new(Ideal),
+            delayed: BTreeMap::new(),
         }
     }
 
@@ -162,12 +179,16 @@ impl Net {
         for _ in 0..100_000 {
             let mut progress = false;
             for i in 0..self.nodes.len() {
-                while let Some(o) = self.nodes[i].poll_output() {
-                    progress = true;
-                    self.handle(i, o);
-                }
+                let Ok(k) = driver::drain_with(&mut At { net: self, i }, |a| Some(&mut a.net.nodes[a.i]));
+                progress |= k > 0;
             }
             if !progress {
+                // What the link delayed arrives (one path's messages at a
+                // time, in the link's order of paths).
+                if !self.delayed.is_empty() {
+                    self.release_delayed();
+                    continue;
+                }
                 // Deferred connects are offered again (they are still
                 // current if the connector's path waits for them).
                 let before = self.deferred.len();
@@ -186,50 +207,45 @@ impl Net {
 
     /// Handles one output of node `i`.
     pub fn handle(&mut self, i: usize, o: Output) {
-        match o {
-            Output::Connect(info) => {
-                self.connects.push((i, info, self.now));
-                let now = self.now;
-                let j = self.node_of(info.faddr);
-                if self.refuse.contains(&j) {
-                    self.nodes[i].path_down(info.id, info.inst, DownReason::ConnectFailed, now);
-                    return;
-                }
-                let port = 40000 + u16::from(info.id.index);
-                match self.nodes[j].accept(info.kind, info.faddr, info.laddr, port) {
-                    Accept::Path(pinfo) => {
-                        self.links.insert(
-                            (i, info.id),
-                            Link { peer: j, peer_path: pinfo.id, inst: info.inst, peer_inst: pinfo.inst },
-                        );
-                        self.links.insert(
-                            (j, pinfo.id),
-                            Link { peer: i, peer_path: info.id, inst: pinfo.inst, peer_inst: info.inst },
-                        );
-                        self.nodes[i].path_up(info.id, info.inst);
-                    }
-                    Accept::Reject | Accept::RejectPeerLarger => {
-                        self.nodes[i].path_down(info.id, info.inst, DownReason::DirectionRule, now);
-                    }
-                    // Offered again when the nodes are idle (`run`).
-                    Accept::Defer => self.deferred.push((i, info)),
-                }
+        let Ok(()) = driver::route(o, &mut At { net: self, i });
+    }
+
+    fn connect(&mut self, i: usize, info: PathInfo) {
+        self.connects.push((i, info, self.now));
+        let now = self.now;
+        let j = self.node_of(info.faddr);
+        if self.refuse.contains(&j) {
+            self.nodes[i].path_down(info.id, info.inst, DownReason::ConnectFailed, now);
+            return;
+        }
+        let port = 40000 + u16::from(info.id.index);
+        match self.nodes[j].accept(info.kind, info.faddr, info.laddr, port) {
+            Accept::Path(pinfo) => {
+                self.links.insert(
+                    (i, info.id),
+                    Link { peer: j, peer_path: pinfo.id, inst: info.inst, peer_inst: pinfo.inst },
+                );
+                self.links.insert(
+                    (j, pinfo.id),
+                    Link { peer: i, peer_path: info.id, inst: pinfo.inst, peer_inst: info.inst },
+                );
+                self.nodes[i].path_up(info.id, info.inst);
             }
-            Output::Kick(info) => {
-                if info.kind == TransportKind::Loop {
-                    self.serve_loop(i, info);
-                } else if self.frozen.contains(&(i, info.id.index)) {
-                    self.frozen_kicks.insert((i, info.id));
-                } else {
-                    while self.pull_some(i, info.id, 1 << 20) {}
-                }
+            Accept::Reject | Accept::RejectPeerLarger => {
+                self.nodes[i].path_down(info.id, info.inst, DownReason::DirectionRule, now);
             }
-            Output::Shutdown(info) => {
-                self.shutdowns.push((i, info));
-                self.cut(i, info.id);
-            }
-            Output::Wake(s) => self.wakes.push((i, s)),
-            Output::RxFlow { path, paused, seq } => self.flows.push((i, path, paused, seq)),
+            // Offered again when the nodes are idle (`run`).
+            Accept::Defer => self.deferred.push((i, info)),
+        }
+    }
+
+    fn kick(&mut self, i: usize, info: PathInfo) {
+        if info.kind == TransportKind::Loop {
+            self.serve_loop(i, info);
+        } else if self.frozen.contains(&(i, info.id.index)) {
+            self.frozen_kicks.insert((i, info.id));
+        } else {
+            while self.pull_some(i, info.id, 1 << 20) {}
         }
     }
 
@@ -262,7 +278,7 @@ impl Net {
         let Some(link) = self.links.get(&(i, p)).copied() else { return false };
         let mut out = Vec::new();
         let more = self.nodes[i].pull(p, link.inst, budget, &mut out);
-        for m in &out {
+        for m in out {
             self.wire.push(WireMsg {
                 from: i,
                 path: p,
@@ -270,18 +286,62 @@ impl Net {
                 payload: m.payload.clone(),
                 ack_required: m.ack_required,
             });
-            let rx = RxMessage { header: m.header, payload: m.payload.clone(), rx_time_ns: None };
-            let o = self.nodes[link.peer].received(link.peer_path, link.peer_inst, rx);
-            self.outcomes.push((link.peer, o));
-            if !m.is_cong_map() {
-                if self.hold_acks {
-                    self.pending_acks.push((i, p, link.inst, m.header.sequence));
-                } else {
-                    self.nodes[i].acked(p, link.inst, m.header.sequence);
+            // A path with delayed messages stays in order behind them.
+            let verdict = if self.delayed.contains_key(&(i, p)) {
+                Verdict::Delay
+            } else {
+                self.link.transmit(self.wire.last().expect("just pushed"))
+            };
+            match verdict {
+                Verdict::Deliver => self.deliver(i, p, link, &m, true),
+                Verdict::Duplicate => {
+                    self.deliver(i, p, link, &m, false);
+                    let mut again = m.clone();
+                    again.header.flags |= wire::flags::RETRANSMITTED;
+                    self.deliver(i, p, link, &again, true);
+                }
+                Verdict::Delay => self.delayed.entry((i, p)).or_default().push_back((link, m)),
+                Verdict::Drop => {
+                    self.cut(i, p);
+                    return false;
+                }
+                Verdict::Cut => {
+                    self.deliver(i, p, link, &m, false);
+                    self.cut(i, p);
+                    return false;
                 }
             }
         }
         more
+    }
+
+    /// One message arrives at the peer of node `i`'s path; acked (or its
+    /// ack held, `hold_acks`) if `ack`.
+    fn deliver(&mut self, i: usize, p: PathId, link: Link, m: &TxMessage, ack: bool) {
+        let rx = RxMessage { header: m.header, payload: m.payload.clone(), rx_time_ns: None };
+        let o = self.nodes[link.peer].received(link.peer_path, link.peer_inst, rx);
+        self.outcomes.push((link.peer, o));
+        if ack && !m.is_cong_map() {
+            if self.hold_acks {
+                self.pending_acks.push((i, p, link.inst, m.header.sequence));
+            } else {
+                self.nodes[i].acked(p, link.inst, m.header.sequence);
+            }
+        }
+    }
+
+    /// The delayed messages of one path (the link picks which) arrive, in
+    /// order; those of a connection that ended meanwhile are lost with it.
+    pub fn release_delayed(&mut self) {
+        let k = self.link.release(self.delayed.len()).min(self.delayed.len().saturating_sub(1));
+        let Some(&key) = self.delayed.keys().nth(k) else { return };
+        let q = self.delayed.remove(&key).unwrap_or_default();
+        let (i, p) = key;
+        for (link, m) in q {
+            if self.links.get(&(i, p)).is_some_and(|l| l.inst == link.inst && l.peer_inst == link.peer_inst) {
+                self.deliver(i, p, link, &m, true);
+            }
+        }
     }
 
     /// Delivers every held ack.
@@ -376,5 +436,42 @@ impl Net {
     /// Payloads of the data messages queued on socket `s` of node `i`.
     pub fn drain_payloads(&mut self, i: usize, s: SockId) -> Vec<Vec<u8>> {
         self.drain(i, s).into_iter().map(|r| data(r).payload.to_vec()).collect()
+    }
+}
+
+/// The net as the dispatcher of node `i`'s outputs: an ideal link that
+/// connects, transmits, cuts at once, and records.
+struct At<'a> {
+    net: &'a mut Net,
+    i: usize,
+}
+
+impl Dispatch for At<'_> {
+    type Error = Infallible;
+
+    fn connect(&mut self, path: PathInfo) -> Result<(), Infallible> {
+        self.net.connect(self.i, path);
+        Ok(())
+    }
+
+    fn shutdown(&mut self, path: PathInfo) -> Result<(), Infallible> {
+        self.net.shutdowns.push((self.i, path));
+        self.net.cut(self.i, path.id);
+        Ok(())
+    }
+
+    fn kick(&mut self, path: PathInfo) -> Result<(), Infallible> {
+        self.net.kick(self.i, path);
+        Ok(())
+    }
+
+    fn rx_flow(&mut self, path: PathInfo, paused: bool, seq: u64) -> Result<(), Infallible> {
+        self.net.flows.push((self.i, path, paused, seq));
+        Ok(())
+    }
+
+    fn wake(&mut self, sock: SockId) -> Result<(), Infallible> {
+        self.net.wakes.push((self.i, sock));
+        Ok(())
     }
 }
