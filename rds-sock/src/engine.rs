@@ -1,4 +1,5 @@
-//! The engine: one RDS node of this process with its threads.
+//! The engine: one RDS node of this process with its threads (settings in
+//! `engine/config.rs`, what it shows of itself in `engine/introspect.rs`).
 //!
 //! It owns an [`rds_core::Node`] behind one mutex and drives it: API calls
 //! from sockets, events from the transports (which run their own reactor
@@ -10,7 +11,6 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io;
 use std::net::IpAddr;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
@@ -20,114 +20,17 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use rds_core::driver::{self, Dispatch, NodeHost};
 use rds_core::loopback::LoopTransport;
 use rds_core::{
-    Errno, Node, NodeConfig, Output, PathId, PathInfo, RdsTransport, SockId, TransportCaps, TransportKind,
-    TransportSink, Unsent,
+    Errno, Node, Output, PathInfo, RdsTransport, SockId, TransportCaps, TransportKind, TransportSink, Unsent,
 };
-use rds_tcp::{TcpConfig, TcpTransport};
+use rds_tcp::TcpTransport;
 
-use crate::info::{NodeIdent, Snapshot, ipc, kernel};
+use crate::info::ipc;
 use crate::readiness::ReadyFd;
 
-/// Settings of an engine.
-#[derive(Clone, Debug)]
-pub struct EngineConfig {
-    /// The general layer's settings (paths, buffers, backoff, ...).
-    pub node: NodeConfig,
-    /// RDS over TCP (port 16385 by default, reactor threads).
-    pub tcp: TcpConfig,
-    /// Where the engine serves its snapshots to `rds-info` (a Unix-domain
-    /// socket in this directory, see [`crate::info::ipc`]); `None` serves
-    /// none. Default: [`ipc::runtime_dir`].
-    pub info_dir: Option<PathBuf>,
-    /// In the verbs-only IB setup (a pre-shared key, `RDS_IB_PSK_FILE`;
-    /// feature `ib`): also serve RDS-TCP on the addresses IB serves.
-    /// Default `false`: there an address IB serves is served by IB alone,
-    /// so nobody without the key reaches the node through it (port 16385
-    /// refuses connections; sockets cannot bind it with SO_RDS_TRANSPORT
-    /// = TCP, ENOPROTOOPT). With `true` both serve it and each socket
-    /// receives only over its own transport. From `RDS_IB_PSK_TCP=1`.
-    /// Ignored in the RDMA CM setup (TCP is always served there, as the
-    /// kernel's rds_tcp listens on every address).
-    pub ib_psk_tcp: bool,
-}
+mod config;
+mod introspect;
 
-/// The environment variable of [`EngineConfig::ib_psk_tcp`] (`1`: serve
-/// RDS-TCP on the verbs-only setup's IB addresses too).
-pub const ENV_IB_PSK_TCP: &str = "RDS_IB_PSK_TCP";
-
-impl Default for EngineConfig {
-    /// Kernel defaults; buffer limits read from this host's
-    /// `net.core.{w,r}mem_{default,max}`; a random generation number; the TCP
-    /// port from `RDS_TCP_PORT` if set; [`EngineConfig::ib_psk_tcp`] from
-    /// `RDS_IB_PSK_TCP`; `NodeConfig::max_peers` within this
-    /// process's descriptor limit ([`peers_for_fds`] of [`nofile_limit`],
-    /// read now: set the limit before); deferred connections per peer
-    /// (`TcpConfig::defer_per_peer`) = the path count.
-    fn default() -> Self {
-        let mut node = NodeConfig::default();
-        let read = |name: &str, dflt: u32| {
-            std::fs::read_to_string(format!("/proc/sys/net/core/{name}"))
-                .ok()
-                .and_then(|s| s.trim().parse().ok())
-                .unwrap_or(dflt)
-        };
-        node.wmem_default = read("wmem_default", node.wmem_default);
-        node.wmem_max = read("wmem_max", node.wmem_max);
-        node.rmem_default = read("rmem_default", node.rmem_default);
-        node.rmem_max = read("rmem_max", node.rmem_max);
-        let r = random_u64();
-        node.gen_num = (r as u32).max(1);
-        node.seed = r;
-        // Reconnects in order after a reset of all paths (see the field).
-        node.reconnect_settle = Duration::from_millis(50);
-        // Peers within the descriptors: a peer holds one connection per
-        // path and may have as many deferred; RESERVED_FDS stay for the
-        // process's own sockets, rds-info and the like.
-        node.max_peers = node.max_peers.min(peers_for_fds(nofile_limit()));
-        let mut tcp = TcpConfig::default();
-        if let Some(p) = std::env::var("RDS_TCP_PORT").ok().and_then(|v| v.parse().ok()) {
-            tcp.port = p;
-        }
-        tcp.defer_per_peer = usize::from(node.npaths.max(1));
-        let ib_psk_tcp = std::env::var(ENV_IB_PSK_TCP).is_ok_and(|v| v.trim() == "1");
-        EngineConfig { node, tcp, info_dir: Some(ipc::runtime_dir()), ib_psk_tcp }
-    }
-}
-
-/// Descriptors [`EngineConfig::default`] keeps out of the peers' reach
-/// (`NodeConfig::max_peers`): sockets (`RdsSocket::new`), rds-info's
-/// connections, the application's own files.
-pub const RESERVED_FDS: u64 = 256;
-
-/// The soft `RLIMIT_NOFILE` of this process.
-pub fn nofile_limit() -> u64 {
-    let mut r = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-    // SAFETY: getrlimit writes one rlimit into `r`.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 || r.rlim_cur == libc::RLIM_INFINITY {
-        return u64::from(u32::MAX);
-    }
-    r.rlim_cur
-}
-
-/// The peer limit for a descriptor limit: a quarter of what is left after
-/// [`RESERVED_FDS`] (most peers use one or two connections; a peer of 8
-/// paths uses 8, and what goes beyond is shed by the listener, not fatal),
-/// at least 16.
-pub fn peers_for_fds(nofile: u64) -> usize {
-    usize::try_from((nofile.saturating_sub(RESERVED_FDS) / 4).max(16)).unwrap_or(usize::MAX)
-}
-
-/// 64 random bits from the kernel.
-pub(crate) fn random_u64() -> u64 {
-    let mut b = [0u8; 8];
-    // SAFETY: getrandom writes at most b.len() bytes into b.
-    let n = unsafe { libc::getrandom(b.as_mut_ptr().cast(), b.len(), 0) };
-    if n != 8 {
-        // Never fatal: fall back to the clock.
-        return std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64);
-    }
-    u64::from_ne_bytes(b)
-}
+pub use config::{ENV_IB_PSK_TCP, EngineConfig, RESERVED_FDS, nofile_limit, peers_for_fds};
 
 /// What [`Engine::shutdown`] found still queued when it stopped.
 #[derive(Clone, Debug, Default)]
@@ -546,108 +449,6 @@ impl Engine {
         self.inner.ib.as_ref()
     }
 
-    /// Runs `f` on the node (for introspection and tests).
-    pub fn with_node<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R {
-        self.inner.run(f)
-    }
-
-    /// Counters as `RDS_INFO_COUNTERS` (and `rds-info -c`) list them: the
-    /// kernel's core counters, the TCP transport's, then our own.
-    pub fn counters(&self) -> Vec<(String, u64)> {
-        let core = self.inner.run(|n| n.counters().clone());
-        #[allow(unused_mut)]
-        let mut transport = self.inner.tcp.counters();
-        #[cfg(feature = "ib")]
-        if let Some(ib) = &self.inner.ib {
-            transport.extend(ib.counters());
-        }
-        rds_core::info::counters_in_kernel_order(&core, &transport)
-    }
-
-    /// Fault injection (tests, operators): cuts the TCP connection of a
-    /// path in both directions as a failing connection would, wherever its
-    /// byte streams are, without telling the node
-    /// ([`TcpTransport::abort_path`]). The node sees the connection end,
-    /// gets what was already received, resends what was not acked and
-    /// reconnects. Returns whether the path had a connection.
-    pub fn abort_tcp_path(&self, path: PathId) -> bool {
-        self.inner.tcp.abort_path(path)
-    }
-
-    /// Connections of the TCP transport (as `rds-info -T`).
-    pub fn tcp_connections(&self) -> Vec<rds_core::TransportConnInfo> {
-        self.inner.tcp.conn_info()
-    }
-
-    /// Connections with every path (`rds-info -n`); a path's SENDING flag
-    /// is set while its transport is transmitting.
-    pub fn connections(&self) -> Vec<rds_core::ConnSnapshot> {
-        let mut conns = self.inner.run(|n| n.info_connections());
-        mark_sending(&mut conns, &self.inner.tcp.conn_info());
-        conns
-    }
-
-    /// Sockets (`rds-info -k`).
-    pub fn sockets(&self) -> Vec<rds_core::SockSnapshot> {
-        self.inner.run(|n| n.info_sockets())
-    }
-
-    /// Messages of the send, retransmit or receive queues (`rds-info -s`,
-    /// `-t`, `-r`).
-    pub fn messages(&self, q: rds_core::Queue) -> Vec<rds_core::MsgSnapshot> {
-        self.inner.run(|n| n.info_messages(q))
-    }
-
-    /// Everything at once: the node's part taken under one lock, then the
-    /// transport's sockets.
-    pub fn snapshot(&self) -> Snapshot {
-        use rds_core::Queue;
-        let (node, core, mut connections, sockets, send, retrans, recv) = self.inner.run(|n| {
-            let mut addresses: Vec<IpAddr> = n.locals().map(|(a, _)| *a).collect();
-            addresses.sort();
-            let node = NodeIdent {
-                pid: std::process::id(),
-                engine: self.inner.number,
-                uid: ipc::euid(),
-                command: std::fs::read_to_string("/proc/self/comm").map(|c| c.trim().to_string()).unwrap_or_default(),
-                addresses,
-                gen_num: n.config().gen_num,
-                npaths: n.config().npaths,
-                tcp_port: self.inner.tcp.config().port,
-            };
-            (
-                node,
-                n.counters().clone(),
-                n.info_connections(),
-                n.info_sockets(),
-                n.info_messages(Queue::Send),
-                n.info_messages(Queue::Retrans),
-                n.info_messages(Queue::Recv),
-            )
-        });
-        let tcp = self.inner.tcp.conn_info();
-        mark_sending(&mut connections, &tcp);
-        let counters = rds_core::info::counters_in_kernel_order(&core, &self.inner.tcp.counters());
-        Snapshot { node, counters, connections, sockets, send, retrans, recv, tcp }
-    }
-
-    /// `getsockopt(SOL_RDS, RDS_INFO_*, buf, &optlen)` with `optlen =
-    /// buf.len()`: the kernel's packed structs, ENOSPC with the needed
-    /// length when `buf` is short (see [`kernel`]).
-    pub fn rds_info_getsockopt(&self, opt: i32, buf: &mut [u8]) -> Result<kernel::InfoOk, kernel::InfoError> {
-        kernel::getsockopt(&self.snapshot(), opt, buf)
-    }
-
-    /// Where this engine serves its snapshots, if it does.
-    pub fn info_socket_path(&self) -> Option<PathBuf> {
-        self.inner.info.lock().as_ref().map(|s| s.path().to_path_buf())
-    }
-
-    /// The engine's number in this process (0 for the first).
-    pub fn number(&self) -> u32 {
-        self.inner.number
-    }
-
     /// Stops the engine: waits up to `drain` for queued messages to be
     /// acked, then closes every connection and listener. Reports what was
     /// still unsent. Sockets of this engine fail afterwards with ESHUTDOWN.
@@ -689,15 +490,5 @@ impl Engine {
 
     pub(crate) fn is_stopped(&self) -> bool {
         self.inner.state.lock().stopped
-    }
-}
-
-/// Sets SENDING on the paths whose transport connection is transmitting.
-fn mark_sending(conns: &mut [rds_core::ConnSnapshot], tcp: &[rds_core::TransportConnInfo]) {
-    for t in tcp.iter().filter(|t| t.sending) {
-        let Some(p) = t.path else { continue };
-        if let Some(path) = conns.get_mut(p.conn.0 as usize).and_then(|c| c.paths.get_mut(usize::from(p.index))) {
-            path.flags |= rds_core::info::conn_flags::SENDING;
-        }
     }
 }
