@@ -178,7 +178,7 @@ mod tests {
     use super::*;
     use crate::conn::DownReason;
     use crate::message::TxMessage;
-    use crate::node::Accept;
+    use crate::transport::Accept;
     use crate::types::{ConnId, Payload, TransportKind};
     use crate::wire::Header;
     use std::sync::atomic::{AtomicUsize, Ordering};

@@ -20,6 +20,9 @@ use crate::stats::Counters;
 use crate::transport::TransportCaps;
 use crate::types::{ConnId, Errno, PathId, RDS_TRANS_NONE, Rng, SockId, TransportKind, addr_cmp};
 
+/// Formerly defined here; it lives beside the transport trait now.
+pub use crate::transport::Accept;
+
 /// Which extension headers the multipath probe and its pong carry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum HandshakeExts {
@@ -163,26 +166,6 @@ pub enum Output {
     /// RxFlow of the node, and a transport ignores one whose `seq` is not
     /// above the last it applied for the path.
     RxFlow { path: PathInfo, paused: bool, seq: u64 },
-}
-
-/// Answer to an inbound transport connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Accept {
-    /// Serve this path with the new connection (the path is now UP).
-    Path(PathInfo),
-    /// Reset the new connection.
-    Reject,
-    /// Reset the new connection: the peer has the larger address, so we
-    /// connect ourselves (a Connect output was queued).
-    RejectPeerLarger,
-    /// Keep the new connection without reading it and offer it again after
-    /// the next `path_down` of a path to that peer, or a few milliseconds
-    /// later: the slot it belongs to still holds a connection that is going
-    /// away (a `Shutdown` was queued for it if needed), or which slot it
-    /// belongs to shows only once the multipath handshake is done.
-    /// Resetting it instead would lose what the peer already wrote on it,
-    /// which our TCP acknowledged.
-    Defer,
 }
 
 /// Socket options handled by the core.

@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 
 use crate::conn::{DownReason, PathInfo, PathState};
 use crate::message::{MsgFlags, Notification, QueuedMsg, RdmaOp, TxMessage, rdma_flags, rdma_status};
-use crate::node::{Accept, HandshakeExts, Node, Output, Timer};
+use crate::node::{HandshakeExts, Node, Output, Timer};
+use crate::transport::Accept;
 use crate::types::{ConnId, Errno, PathId, Payload, SockId, TransportKind};
 use crate::wire::{self, Ext, Header, MAX_MSG_SIZE, PROBE_PORT};
 
