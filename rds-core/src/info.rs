@@ -8,8 +8,8 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use crate::conn::PathState;
 use crate::node::Node;
+use crate::path::PathState;
 use crate::stats::Counters;
 use crate::types::{ConnId, SockId, TransportKind};
 

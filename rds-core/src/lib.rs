@@ -31,11 +31,11 @@
 //! `rds-sock`; a deterministic simulator drives the same code in tests.
 
 pub mod cong;
-pub mod conn;
 pub mod info;
 pub mod loopback;
 pub mod message;
 pub mod node;
+pub mod path;
 pub mod rdma_buf;
 pub mod recv;
 pub mod send;
@@ -45,10 +45,17 @@ pub mod transport;
 pub mod types;
 pub mod wire;
 
-pub use conn::{DownReason, PathInfo, PathState};
+/// The old home of the path and connection types (now [`path`]); kept so
+/// that `rds_core::conn::DownReason` and friends still resolve.
+#[doc(hidden)]
+pub mod conn {
+    pub use crate::path::{DownReason, PathInfo, PathState};
+}
+
 pub use info::{ConnSnapshot, MsgSnapshot, PathSnapshot, Queue, SockSnapshot};
 pub use message::{Incoming, Notification, RdmaOp, Received, RxMessage, TxMessage};
 pub use node::{HandshakeExts, Node, NodeConfig, Output, SockOpt};
+pub use path::{DownReason, PathInfo, PathState};
 pub use rdma_buf::{RdmaBuf, RdmaSeg};
 pub use recv::RecvOutcome;
 pub use send::{SendOptions, Unsent};

@@ -13,8 +13,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use crate::cong::CongMap;
-use crate::conn::{Conn, ConnMemo, ConnTable, Path, PathInfo, PathState};
 use crate::message::Received;
+use crate::path::{Conn, ConnMemo, ConnTable, Path, PathInfo, PathState};
 use crate::sock::{Readiness, Sock, bufs};
 use crate::stats::Counters;
 use crate::transport::TransportCaps;
@@ -351,12 +351,7 @@ impl Node {
                 continue;
             }
             match t {
-                Timer::Reconnect(p) => {
-                    if let Some(path) = self.path_mut(p) {
-                        path.reconnect_at = None;
-                    }
-                    self.connect_worker(p);
-                }
+                Timer::Reconnect(p) => self.reconnect_due(p),
                 Timer::Collect(c) => {
                     self.conns[c].gc_at = None;
                     self.collect_idle(c, now);
@@ -509,119 +504,6 @@ impl Node {
         self.conn_index.insert((laddr, faddr, kind, tos), id);
         self.maps.entry(faddr).or_default();
         id
-    }
-
-    /// Peers counted against `NodeConfig::max_peers`.
-    pub(crate) fn peers(&self) -> usize {
-        self.conns.iter().filter(|c| c.kind != TransportKind::Loop && !c.evicted).count()
-    }
-
-    /// Room for one more peer: at the limit the oldest peer that never sent
-    /// a message and has nothing queued is evicted (its paths are shut
-    /// down; it is collected once down). False when none can be, or when a
-    /// quarter of the limit is already being evicted.
-    pub(crate) fn make_room(&mut self) -> bool {
-        if self.peers() < self.cfg.max_peers {
-            return true;
-        }
-        // Evicted peers hold their connections until their drain ends: at
-        // most a quarter of the limit at a time, or a flood of new peers
-        // would turn into a flood of draining connections.
-        let evicting = self.conns.iter().filter(|c| c.evicted).count();
-        if evicting >= (self.cfg.max_peers / 4).max(1) {
-            return false;
-        }
-        let victim = self
-            .conns
-            .iter()
-            .find(|c| c.kind != TransportKind::Loop && !c.evicted && !c.heard && !c.has_queued())
-            .map(|c| c.id);
-        let Some(v) = victim else { return false };
-        self.counters.conn_evicted_silent += 1;
-        self.conns[v].evicted = true;
-        for i in 0..self.conns[v].paths.len() {
-            self.drop_path(PathId { conn: v, index: i as u8 });
-        }
-        // (Already down, e.g. a larger peer's poke we answered: at once.)
-        if self.conns[v].idle() {
-            self.collect(v);
-        }
-        true
-    }
-
-    /// Every path of the connection went down: collect it once idle.
-    pub(crate) fn conn_all_down(&mut self, c: ConnId, now: Instant) {
-        let conn = &self.conns[c];
-        if conn.kind == TransportKind::Loop {
-            return;
-        }
-        if conn.evicted {
-            self.collect_idle(c, now);
-            return;
-        }
-        if let Some(idle) = self.cfg.conn_idle_gc {
-            if conn.gc_at.is_none() {
-                let at = crate::types::later(now, idle);
-                self.conns[c].gc_at = Some(at);
-                self.schedule(at, Timer::Collect(c));
-            }
-        }
-    }
-
-    /// Collects the connection if it is idle (every path down, nothing
-    /// queued or scheduled), remembering its sequence state; otherwise
-    /// looks again after another idle period.
-    pub(crate) fn collect_idle(&mut self, c: ConnId, now: Instant) {
-        let Some(conn) = self.conns.get(c) else { return };
-        if !conn.idle() {
-            if conn.all_down() {
-                let at = crate::types::later(now, self.cfg.conn_idle_gc.unwrap_or(Duration::from_secs(1)));
-                self.conns[c].gc_at = Some(at);
-                self.schedule(at, Timer::Collect(c));
-            }
-            return;
-        }
-        self.collect(c);
-    }
-
-    /// Removes an idle connection, remembering its sequence state.
-    fn collect(&mut self, c: ConnId) {
-        // Receive flow control ends with the connection: the transport
-        // forgets the pause (a later connection of the peer has a new id and
-        // is paused again, if need be, by its first delivery).
-        let mut paused: Vec<PathId> = self.rx_paused.keys().copied().filter(|p| p.conn == c).collect();
-        paused.sort();
-        for pid in paused {
-            self.rx_paused.remove(&pid);
-            if let Some(info) = self.path_info(pid) {
-                self.push_rx_flow(info, false);
-            }
-        }
-        let conn = self.conns.remove(c).unwrap();
-        self.counters.conn_collected += 1;
-        let key = (conn.laddr, conn.faddr, conn.kind, conn.tos);
-        self.conn_index.remove(&key);
-        let mut memo = conn.memo();
-        let last = !self.conns.iter().any(|o| o.faddr == conn.faddr);
-        if last && !self.is_local(&conn.faddr) {
-            // The peer's congestion map (8 KiB) goes with its last
-            // connection; it sends it again on every new connection.
-            self.maps.remove(&conn.faddr);
-            memo.map_version = self.map_versions.remove(&conn.faddr);
-        }
-        for slot in self.socks.iter_mut() {
-            if let Some(k) = slot.sock.as_mut() {
-                k.lane0_backlog.retain(|(lc, _)| *lc != c);
-            }
-        }
-        if self.cfg.conn_memo_max > 0 {
-            while self.memos.len() >= self.cfg.conn_memo_max {
-                let Some(old) = self.memo_order.pop_front() else { break };
-                self.memos.remove(&old);
-            }
-            self.memos.insert(key, memo);
-            self.memo_order.push_back(key);
-        }
     }
 
     /// Connections the node holds (all transports, loopback included).

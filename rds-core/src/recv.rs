@@ -5,10 +5,10 @@
 use std::net::SocketAddr;
 
 use crate::cong::CongMap;
-use crate::conn::PathState;
 use crate::message::{Incoming, RxMessage};
 use crate::node::Node;
 use crate::node::Output;
+use crate::path::PathState;
 use crate::sock::Sock;
 use crate::types::{ConnId, PathId, SockId};
 use crate::wire::{CONG_MAP_BYTES, Ext, Kind, PROBE_PORT};
@@ -252,7 +252,7 @@ impl Node {
 
     /// Tells the transport to pause or resume reading a path; `seq` orders
     /// the signals across the threads that dispatch them.
-    pub(crate) fn push_rx_flow(&mut self, path: crate::conn::PathInfo, paused: bool) {
+    pub(crate) fn push_rx_flow(&mut self, path: crate::path::PathInfo, paused: bool) {
         self.rx_flow_seq += 1;
         self.outputs.push_back(Output::RxFlow { path, paused, seq: self.rx_flow_seq });
     }

@@ -4,12 +4,10 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
 
-use crate::conn::{DownReason, PathInfo, PathState};
 use crate::message::{MsgFlags, Notification, QueuedMsg, RdmaOp, TxMessage, rdma_flags, rdma_status};
-use crate::node::{HandshakeExts, Node, Output, Timer};
-use crate::transport::Accept;
+use crate::node::{HandshakeExts, Node};
+use crate::path::PathState;
 use crate::types::{ConnId, Errno, PathId, Payload, SockId, TransportKind};
 use crate::wire::{self, Ext, Header, MAX_MSG_SIZE, PROBE_PORT};
 
@@ -235,7 +233,7 @@ impl Node {
     /// before it (a crossed connection is dropped before the probe counts)
     /// and sends its own map first. Renumbering is safe: none of these
     /// sequence numbers was on a wire yet.
-    fn probe_first(&mut self, pid: PathId) {
+    pub(crate) fn probe_first(&mut self, pid: PathId) {
         let Some(path) = self.path_mut(pid) else { return };
         let Some(at) = path.send_queue.iter().position(QueuedMsg::is_probe) else { return };
         if at == 0 || path.send_queue.iter().any(|m| m.flags.retransmitted) {
@@ -486,7 +484,7 @@ impl Node {
     }
 
     /// One message of socket `s` no longer holds its lane behind path 0.
-    fn release_lane0(&mut self, conn: ConnId, s: SockId) {
+    pub(crate) fn release_lane0(&mut self, conn: ConnId, s: SockId) {
         let Some(sock) = self.sock_mut(s) else { return };
         let n = sock.lane0(conn);
         *n = n.saturating_sub(1);
@@ -601,302 +599,8 @@ impl Node {
     // Path lifecycle
     // ----------------------------------------------------------------
 
-    /// `rds_conn_path_connect_if_down`.
-    pub(crate) fn connect_if_down(&mut self, pid: PathId) {
-        let Some(path) = self.path(pid) else { return };
-        if path.state == PathState::Down && path.reconnect_at.is_none() {
-            self.connect_worker(pid);
-        }
-    }
-
-    /// `rds_connect_worker`: DOWN -> CONNECTING and ask the driver to connect.
-    /// Paths other than 0 are only ever opened by the smaller address, and
-    /// in order: path i once paths 0..i are up and the peer evidently took
-    /// them (`Path::confirmed`), so that a peer that cannot tell which path
-    /// a connection is for (no SPORT_IDX) gives it its lowest free slot, the
-    /// right one (the kernel connects all at once and its peer takes them in
-    /// arrival order, which crosses sequence spaces). A 6.1 kernel accepts
-    /// in its own time: a connection established on our side may still
-    /// wait in its accept queue, so "up" alone is not enough.
-    pub(crate) fn connect_worker(&mut self, pid: PathId) {
-        let c = self.conn(pid.conn);
-        let caps = self.caps_of(c.kind);
-        let smaller = Node::is_smaller(&c.laddr, &c.faddr);
-        let i = usize::from(pid.index);
-        if i > 0
-            && (!smaller
-                || i >= c.active_paths()
-                || c.paths[..i].iter().any(|p| p.state != PathState::Up || !p.confirmed))
-        {
-            return;
-        }
-        let path = self.path_mut(pid).unwrap();
-        if path.state != PathState::Down {
-            return;
-        }
-        path.state = PathState::Connecting;
-        path.inst += 1;
-        if smaller || !caps.smaller_connects {
-            path.rx_conns += 1;
-        }
-        let maps = self.conn(pid.conn).maps_rx;
-        self.path_mut(pid).unwrap().maps_at_connect = maps;
-        let info = self.conn(pid.conn).info(usize::from(pid.index));
-        self.outputs.push_back(Output::Connect(info));
-    }
-
-    /// `rds_queue_reconnect`: first attempt at once, then after a random
-    /// delay below a bound that doubles up to `reconnect_max`. Over TCP only
-    /// the smaller address reconnects; the larger one re-pokes path 0 (with
-    /// the same backoff) while it has messages queued on any path.
-    pub(crate) fn queue_reconnect(&mut self, pid: PathId, now: Instant) {
-        let c = self.conn(pid.conn);
-        let caps = self.caps_of(c.kind);
-        if caps.smaller_connects && !Node::is_smaller(&c.laddr, &c.faddr) && (pid.index != 0 || !c.has_queued()) {
-            return;
-        }
-        if pid.index > 0 && usize::from(pid.index) >= c.active_paths() {
-            return;
-        }
-        let settle = if pid.index > 0 && caps.mp_capable && Node::is_smaller(&c.laddr, &c.faddr) && !c.with_sport_idx {
-            self.cfg.reconnect_settle
-        } else {
-            Duration::ZERO
-        };
-        let (min, max) = (self.cfg.reconnect_min, self.cfg.reconnect_max);
-        let jitter = self.rng.next_u64();
-        let path = self.path_mut(pid).unwrap();
-        let at = if path.reconnect_delay.is_zero() {
-            path.reconnect_delay = min;
-            crate::types::later(now, settle)
-        } else {
-            let bound = path.reconnect_delay.as_nanos().max(1) as u64;
-            let d = Duration::from_nanos(jitter % bound);
-            path.reconnect_delay = path.reconnect_delay.saturating_mul(2).min(max);
-            crate::types::later(now, d)
-        };
-        path.reconnect_at = Some(at);
-        self.schedule(at, Timer::Reconnect(pid));
-    }
-
-    /// A transport connection of the path is established (active side), or
-    /// an accepted one was assigned to it (`rds_connect_path_complete`).
-    pub fn path_up(&mut self, pid: PathId, inst: u64) {
-        let Some(path) = self.path_mut(pid) else { return };
-        if path.inst != inst || path.state != PathState::Connecting {
-            return;
-        }
-        self.complete_path(pid);
-    }
-
-    fn complete_path(&mut self, pid: PathId) {
-        // With HandshakeExts::Full a new connection carries only our map
-        // until the peer's first message on it arrived, if the peer is an
-        // rds-rs node with Full (its maps carry GEN_NUM), or if we never
-        // heard from the peer: a map is then what the peer sends first. That map tells whether the peer restarted before anything
-        // meant for its previous instance goes out (so nothing is delivered
-        // twice), and whether the connection is the peer's same path (an
-        // accept race can pair different paths; such a connection is
-        // dropped, `cong_recv`). A peer that resets the connection instead
-        // of taking it got nothing it would have acked and then lost.
-        let full = self.cfg.handshake_exts == HandshakeExts::Full;
-        let sends_map = self.caps_of(self.conn(pid.conn).kind).sends_cong_map;
-        // Only our own connections of a multipath connection need the
-        // peer's confirmation (`connect_worker`); a map may have come already.
-        let confirmed = {
-            let c = self.conn(pid.conn);
-            !self.caps_of(c.kind).mp_capable
-                || !Node::is_smaller(&c.laddr, &c.faddr)
-                || c.maps_rx > c.paths[usize::from(pid.index)].maps_at_connect
-        };
-        let c = self.conn_mut(pid.conn);
-        let fresh = c.ups == 0;
-        let hold = full && sends_map && (c.peer_gen_maps || !c.heard);
-        c.ups += 1;
-        let up_seq = c.ups;
-        let path = self.path_mut(pid).unwrap();
-        path.hold = hold;
-        path.hello_owed = full && sends_map;
-        path.inst_gen = 0;
-        path.up_seq = up_seq;
-        path.confirmed = confirmed;
-        path.state = PathState::Up;
-        path.reconnect_delay = Duration::ZERO;
-        path.reconnect_at = None;
-        path.connects += 1;
-        if std::mem::take(&mut path.rx_reset) {
-            path.next_rx_seq = 0;
-        }
-        // Every path that comes up makes us send our map (on the map lane).
-        if self.caps_of(self.conn(pid.conn).kind).sends_cong_map {
-            self.queue_map(pid.conn);
-        }
-        if pid.index == 0 {
-            self.maybe_probe(pid.conn);
-            if hold && fresh {
-                self.probe_first(pid);
-            }
-        }
-        // The next path of the fan-out (`connect_worker`).
-        self.start_mprds(pid.conn);
-        self.kick(pid);
-    }
-
-    /// An inbound transport connection from `faddr` to our `laddr`
-    /// (`rds_tcp_accept_one`). `peer_port` is the peer's transport source
-    /// port (used when the peer encodes the path index in it).
-    pub fn accept(&mut self, kind: TransportKind, laddr: IpAddr, faddr: IpAddr, peer_port: u16) -> Accept {
-        if !self.is_local(&laddr) || self.is_local(&faddr) {
-            return Accept::Reject;
-        }
-        // A new peer, or one evicted meanwhile, needs room.
-        let known = self.find_conn(laddr, faddr, kind);
-        let evicted = known.is_some_and(|c| self.conn(c).evicted);
-        if (known.is_none() || evicted) && !self.make_room() {
-            self.counters.conn_refused_peer_limit += 1;
-            return Accept::Reject;
-        }
-        let conn = self.conn_for(laddr, faddr, kind, 0);
-        self.conn_mut(conn).evicted = false;
-        let c = self.conn(conn);
-        let caps = self.caps_of(c.kind);
-        if caps.smaller_connects && Node::is_smaller(&laddr, &faddr) {
-            // The poke: the larger peer has something for us on some path.
-            // Path 0 connects, and the others too once their count is known.
-            self.connect_if_down(PathId { conn, index: 0 });
-            self.start_mprds(conn);
-            return Accept::RejectPeerLarger;
-        }
-        // The slot: the one the peer's source port names when it encodes
-        // the path index (SPORT_IDX); otherwise the lowest that is not up,
-        // the next path of a peer that connects its paths in order (as we
-        // do). A connection that cannot be placed yet waits (Defer) rather
-        // than being reset, which would lose what the peer already wrote.
-        let i = if c.with_sport_idx {
-            usize::from(peer_port) % c.active_paths()
-        } else {
-            let n = if c.npaths == 0 { c.paths.len() } else { c.active_paths() };
-            match (0..n).find(|&i| c.paths[i].state != PathState::Up) {
-                // Before the handshake with path 0 up, this is either the
-                // peer's path 0 again (ours is dead) or its path 1 (it
-                // heard our probe): known once either happens.
-                Some(i) if i > 0 && c.npaths == 0 => return Accept::Defer,
-                Some(i) => i,
-                None if n == 1 => 0,
-                // Every path is up: one is dead, which one shows later.
-                None => return Accept::Defer,
-            }
-        };
-        let pid = PathId { conn, index: i as u8 };
-        match self.path(pid).unwrap().state {
-            PathState::Down | PathState::Connecting => {}
-            // The peer only connects a path it has no connection for: ours
-            // is dead. The new one waits until ours delivered what it read.
-            PathState::Up => {
-                self.drop_path(pid);
-                return Accept::Defer;
-            }
-            _ => return Accept::Defer,
-        }
-        let path = self.path_mut(pid).unwrap();
-        path.inst += 1;
-        path.rx_conns += 1;
-        self.complete_path(pid);
-        Accept::Path(self.conn(conn).info(i))
-    }
-
-    /// The transport connection of a path is gone (or a connect failed, or a
-    /// shutdown the core asked for finished). The path is reset: unacked
-    /// messages go back to the front of the send queue marked RETRANSMITTED,
-    /// and a reconnect is queued (`rds_conn_shutdown`).
-    pub fn path_down(&mut self, pid: PathId, inst: u64, reason: DownReason, now: Instant) {
-        let Some(path) = self.path_mut(pid) else { return };
-        if path.inst != inst || path.state == PathState::Down {
-            return;
-        }
-        let was_up = matches!(path.state, PathState::Up | PathState::Disconnecting);
-        if reason == DownReason::ProtocolError {
-            self.counters.recv_drop_bad_frame += 1;
-        }
-        if was_up {
-            self.counters.conn_reset += 1;
-        }
-        self.send_path_reset(pid);
-        // Cancelled messages that held lanes are no longer on a connection.
-        for (_, s) in std::mem::take(&mut self.path_mut(pid).unwrap().lane0_wire) {
-            self.release_lane0(pid.conn, s);
-        }
-        let conn = pid.conn;
-        let path = self.path_mut(pid).unwrap();
-        path.state = PathState::Down;
-        path.inst += 1;
-        if was_up && self.conn(conn).paths.len() > 1 && self.conn(conn).all_down() {
-            // The peer may come back as a new instance with other settings:
-            // negotiate the path count again on the next connection. (Not
-            // after a failed connect: every send to an unreachable peer
-            // would queue one more probe.)
-            let c = self.conn_mut(conn);
-            c.npaths = 0;
-            c.ping_triggered = false;
-        }
-        // Our later paths that the peer has not evidently taken yet may sit in
-        // its accept queue: a 6.1 kernel would give them the slot this path
-        // just freed (its lowest free one), crossing sequence spaces. Close
-        // them; they connect again in order after this one.
-        let c = self.conn(conn);
-        if self.caps_of(c.kind).mp_capable && Node::is_smaller(&c.laddr, &c.faddr) && !c.with_sport_idx {
-            let later: Vec<usize> = (usize::from(pid.index) + 1..c.paths.len())
-                .filter(|&k| match c.paths[k].state {
-                    PathState::Connecting => true,
-                    PathState::Up => !c.paths[k].confirmed,
-                    _ => false,
-                })
-                .collect();
-            for k in later {
-                self.drop_path(PathId { conn, index: k as u8 });
-            }
-        }
-        // A failed connect is tried again only for something to send (a
-        // socket's messages, a map owed) or while another path of the peer
-        // is up: a peer that vanished is not retried for ever (the kernel
-        // does), and one that comes back connects, or pokes us, when it
-        // has something. A connection that closed reconnects as in the
-        // kernel (once, if the peer is gone). An evicted peer's connection
-        // stays down (`Node::make_room`).
-        let c = self.conn(conn);
-        let others_up = c.paths.iter().any(|p| p.state == PathState::Up);
-        let retry = reason != DownReason::ConnectFailed || c.has_queued() || others_up || c.map_queued;
-        let poke_only = reason == DownReason::DirectionRule && self.path(pid).unwrap().send_queue.is_empty();
-        if retry && !poke_only && !self.conn(conn).evicted {
-            self.queue_reconnect(pid, now);
-        }
-        if self.conn(conn).all_down() {
-            self.conn_all_down(conn, now);
-        }
-        // Senders blocked on this path may need to see the change.
-        self.wake_writers();
-    }
-
-    /// The core drops a path itself (protocol error, peer restart). The
-    /// driver closes the connection and then reports `path_down`.
-    pub(crate) fn drop_path(&mut self, pid: PathId) {
-        let Some(path) = self.path_mut(pid) else { return };
-        if !matches!(path.state, PathState::Up | PathState::Connecting) {
-            return;
-        }
-        path.state = PathState::Disconnecting;
-        let info = self.conn(pid.conn).info(usize::from(pid.index));
-        self.outputs.push_back(Output::Shutdown(info));
-    }
-
-    /// Resets the path's transport connection as if it had failed (like the
-    /// kernel's RDS_CONN_RESET option); messages are retransmitted.
-    pub fn reset_path(&mut self, pid: PathId) {
-        self.drop_path(pid);
-    }
-
     /// `rds_send_path_reset`.
-    fn send_path_reset(&mut self, pid: PathId) {
+    pub(crate) fn send_path_reset(&mut self, pid: PathId) {
         let (max_packets, max_bytes) = (self.cfg.max_unacked_packets, self.cfg.max_unacked_bytes);
         let path = self.path_mut(pid).unwrap();
         path.unacked_packets = max_packets;
@@ -1034,10 +738,5 @@ impl Node {
                 self.connect_if_down(PathId { conn, index: i as u8 });
             }
         }
-    }
-
-    /// Information about a path (for drivers that lost track).
-    pub fn path_info_of(&self, conn: ConnId, index: u8) -> Option<PathInfo> {
-        self.path_info(PathId { conn, index })
     }
 }

@@ -99,8 +99,8 @@
 use std::io;
 use std::net::IpAddr;
 
-use crate::conn::{DownReason, PathInfo};
 use crate::message::{RxMessage, TxMessage};
+use crate::path::{DownReason, PathInfo};
 use crate::types::{PathId, TransportKind};
 
 /// Answer to an inbound transport connection.

@@ -1,0 +1,841 @@
+//! Connections and paths: the kernel's `rds_connection` / `rds_conn_path`
+//! and their state machine.
+//!
+//! States and transitions are the kernel's: any state -> ERROR,
+//! UP -> DISCONNECTING, ERROR -> DISCONNECTING, DISCONNECTING -> DOWN,
+//! DOWN -> CONNECTING, CONNECTING -> UP. Sequence numbers and retransmit queues survive transport reconnects; a
+//! connection that stays down with nothing queued is collected after
+//! `NodeConfig::conn_idle_gc`, leaving its sequence state behind
+//! (`ConnMemo`).
+
+use std::collections::VecDeque;
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use crate::message::QueuedMsg;
+use crate::node::{HandshakeExts, Node, Output, Timer};
+use crate::transport::Accept;
+use crate::types::{ConnId, PathId, SockId, TransportKind};
+
+/// Path states, numbered as the kernel numbers them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PathState {
+    Down = 0,
+    Connecting = 1,
+    Disconnecting = 2,
+    Up = 3,
+    Resetting = 4,
+    Error = 5,
+}
+
+impl PathState {
+    /// Whether the kernel allows `self -> to`.
+    pub fn can_go(self, to: PathState) -> bool {
+        use PathState::*;
+        matches!(
+            (self, to),
+            (_, Error)
+                | (Up, Disconnecting)
+                | (Error, Disconnecting)
+                | (Disconnecting, Down)
+                | (Down, Connecting)
+                | (Connecting, Up)
+                | (Resetting, Up)
+        )
+    }
+}
+
+/// What a transport needs to know to open or serve a path.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct PathInfo {
+    pub id: PathId,
+    /// Connection instance: bumped for every connect attempt or accept;
+    /// transport events carrying an older instance are ignored.
+    pub inst: u64,
+    pub laddr: IpAddr,
+    pub faddr: IpAddr,
+    pub kind: TransportKind,
+    pub tos: u8,
+    /// Paths negotiated for the connection so far (0 = not yet known).
+    pub npaths: u8,
+}
+
+/// Why a transport connection went away.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DownReason {
+    /// Connect attempt failed (refused, unreachable, timed out).
+    ConnectFailed,
+    /// The peer closed or reset the connection, or an I/O error occurred.
+    Closed,
+    /// The peer broke the protocol (bad length, bad frame): counted.
+    ProtocolError,
+    /// The transport finished a shutdown the core asked for.
+    ShutdownDone,
+    /// TCP: an outgoing connection from the larger address was dropped to make
+    /// the smaller address connect (the kernel's "poke").
+    DirectionRule,
+}
+
+#[derive(Debug)]
+pub(crate) struct Path {
+    pub state: PathState,
+    pub inst: u64,
+    pub next_tx_seq: u64,
+    pub next_rx_seq: u64,
+    pub send_queue: VecDeque<QueuedMsg>,
+    pub retrans: VecDeque<QueuedMsg>,
+    /// Current reconnect bound (`cp_reconnect_jiffies`); zero after success.
+    pub reconnect_delay: Duration,
+    /// A (re)connect is scheduled at this time.
+    pub reconnect_at: Option<Instant>,
+    pub unacked_packets: u32,
+    pub unacked_bytes: u64,
+    /// A Kick output is outstanding (deduplication).
+    pub kick_queued: bool,
+    /// Times the path came up.
+    pub connects: u64,
+    /// The peer restarted: forget the receive sequence when the path next
+    /// connects (to the new instance).
+    pub rx_reset: bool,
+    /// Nothing but congestion maps goes out until the peer's first message
+    /// on this connection arrived (`HandshakeExts::Full`, see `complete_path`).
+    pub hold: bool,
+    /// Our first map on this connection is still to be sent.
+    pub hello_owed: bool,
+    /// The peer generation this connection instance speaks for: the first
+    /// GEN_NUM heard on it (0 = none yet).
+    pub inst_gen: u32,
+    /// When this instance came up, in the connection's order of path ups.
+    pub up_seq: u64,
+    /// Path 0: cancelled messages that were on the wire and held their
+    /// sockets' lanes (pre-handshake messages, see `QueuedMsg::lane0_of`),
+    /// by sequence: the hold lasts until this path's acks pass them.
+    pub lane0_wire: Vec<(u64, SockId)>,
+    /// The peer evidently took this connection: a frame arrived on it, or
+    /// a congestion map arrived on any path after we started connecting it
+    /// (a 6.1 kernel sends its map whenever it accepts a connection). The
+    /// smaller side connects path i+1 only after path i is confirmed
+    /// (`connect_worker`).
+    pub confirmed: bool,
+    /// `Conn::maps_rx` when this connection attempt started.
+    pub maps_at_connect: u64,
+    /// A sequenced message was accepted on this path (any connection).
+    pub rx_any: bool,
+    /// Connections of this path that the peer may have sent on: accepted
+    /// ones, and our own attempts unless they were the larger address's
+    /// poke (the peer never sends on those).
+    pub rx_conns: u64,
+}
+
+impl Path {
+    /// A new path. Its ACK_REQUIRED pacing counters start at 0 (the kernel
+    /// allocates the connection zeroed), so the first message it transmits
+    /// asks for an ack; a path reset sets them to the maxima.
+    pub fn new() -> Path {
+        Path {
+            state: PathState::Down,
+            inst: 0,
+            next_tx_seq: 1,
+            next_rx_seq: 0,
+            send_queue: VecDeque::new(),
+            retrans: VecDeque::new(),
+            reconnect_delay: Duration::ZERO,
+            reconnect_at: None,
+            unacked_packets: 0,
+            unacked_bytes: 0,
+            kick_queued: false,
+            connects: 0,
+            rx_reset: false,
+            hold: false,
+            hello_owed: false,
+            inst_gen: 0,
+            up_seq: 0,
+            lane0_wire: Vec::new(),
+            confirmed: false,
+            maps_at_connect: 0,
+            rx_any: false,
+            rx_conns: 0,
+        }
+    }
+
+    /// Messages and bytes on the send and retransmit queues.
+    pub fn queued(&self) -> (usize, usize) {
+        let n = self.send_queue.len() + self.retrans.len();
+        let b = self.send_queue.iter().chain(self.retrans.iter()).map(|m| m.payload.len()).sum();
+        (n, b)
+    }
+}
+
+#[derive(Debug)]
+pub(crate) struct Conn {
+    pub id: ConnId,
+    pub laddr: IpAddr,
+    pub faddr: IpAddr,
+    pub kind: TransportKind,
+    pub tos: u8,
+    pub paths: Vec<Path>,
+    /// Negotiated path count; 0 until the handshake answered (mprds only).
+    pub npaths: u8,
+    /// A probe ping is outstanding (`c_ping_triggered`).
+    pub ping_triggered: bool,
+    /// The peer's last announced generation number (0 = none yet).
+    pub peer_gen: u32,
+    /// The peer encodes the path index in its TCP source port.
+    pub with_sport_idx: bool,
+    /// A congestion-map update is due (`c_map_queued`).
+    pub map_queued: bool,
+    /// The peer's congestion maps carry GEN_NUM and name the path they
+    /// travel on: an rds-rs node with `HandshakeExts::Full`.
+    pub peer_gen_maps: bool,
+    /// A message from the peer arrived on some path of this connection.
+    pub heard: bool,
+    /// Paths that came up so far (numbers `Path::up_seq`).
+    pub ups: u64,
+    /// The latest `up_seq` of a path instance that announced `peer_gen`:
+    /// a different generation heard on an older instance is a dead peer
+    /// instance's leftover, not a restart.
+    pub gen_up_seq: u64,
+    /// Congestion maps received from the peer (`Path::confirmed`).
+    pub maps_rx: u64,
+    /// When the idle collection looks at this connection next
+    /// (`Node::collect_idle`); set when every path went down.
+    pub gc_at: Option<Instant>,
+    /// Evicted to make room for another peer (`NodeConfig::max_peers`): no
+    /// longer counted, collected as soon as it is idle.
+    pub evicted: bool,
+}
+
+impl Conn {
+    pub fn path_id(&self, index: usize) -> PathId {
+        PathId { conn: self.id, index: index as u8 }
+    }
+
+    pub fn info(&self, index: usize) -> PathInfo {
+        PathInfo {
+            id: self.path_id(index),
+            inst: self.paths[index].inst,
+            laddr: self.laddr,
+            faddr: self.faddr,
+            kind: self.kind,
+            tos: self.tos,
+            npaths: self.npaths,
+        }
+    }
+
+    /// Paths usable for data right now: the negotiated count, or 1.
+    pub fn active_paths(&self) -> usize {
+        usize::from(self.npaths.max(1)).min(self.paths.len())
+    }
+
+    /// The path that carries congestion-map updates: the lowest-numbered
+    /// path that is up. Map messages carry no sequence number, so they must
+    /// all travel on one TCP stream: maps sent on two paths can be applied
+    /// by the peer in the wrong order, leaving a stale "congested" bit.
+    pub fn map_lane(&self) -> Option<usize> {
+        self.paths.iter().position(|p| p.state == PathState::Up)
+    }
+
+    pub fn all_down(&self) -> bool {
+        self.paths.iter().all(|p| p.state == PathState::Down)
+    }
+}
+
+/// The node's connections by id. Ids grow and are never reused, so a
+/// stale id (a socket's cached connection, a transport event, a timer) of
+/// a collected connection finds nothing instead of another peer's; ids
+/// iterate in creation order.
+#[derive(Debug, Default)]
+pub(crate) struct ConnTable {
+    map: std::collections::BTreeMap<ConnId, Conn>,
+    next: u32,
+}
+
+impl ConnTable {
+    pub fn get(&self, id: ConnId) -> Option<&Conn> {
+        self.map.get(&id)
+    }
+
+    pub fn get_mut(&mut self, id: ConnId) -> Option<&mut Conn> {
+        self.map.get_mut(&id)
+    }
+
+    pub fn contains(&self, id: ConnId) -> bool {
+        self.map.contains_key(&id)
+    }
+
+    /// The id the next inserted connection gets.
+    pub fn next_id(&self) -> ConnId {
+        ConnId(self.next)
+    }
+
+    pub fn insert(&mut self, c: Conn) {
+        debug_assert_eq!(c.id, self.next_id());
+        self.next = self.next.wrapping_add(1);
+        self.map.insert(c.id, c);
+    }
+
+    pub fn remove(&mut self, id: ConnId) -> Option<Conn> {
+        self.map.remove(&id)
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn iter(&self) -> impl Iterator<Item = &Conn> {
+        self.map.values()
+    }
+
+    pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Conn> {
+        self.map.values_mut()
+    }
+}
+
+impl std::ops::Index<ConnId> for ConnTable {
+    type Output = Conn;
+    fn index(&self, id: ConnId) -> &Conn {
+        &self.map[&id]
+    }
+}
+
+impl std::ops::IndexMut<ConnId> for ConnTable {
+    fn index_mut(&mut self, id: ConnId) -> &mut Conn {
+        self.map.get_mut(&id).expect("connection exists")
+    }
+}
+
+impl<'a> IntoIterator for &'a ConnTable {
+    type Item = &'a Conn;
+    type IntoIter = std::collections::btree_map::Values<'a, ConnId, Conn>;
+    fn into_iter(self) -> Self::IntoIter {
+        self.map.values()
+    }
+}
+
+/// What a collected connection leaves behind (`Node::collect_idle`): the
+/// sequence state that the peer may still rely on. Its next transmit
+/// numbers keep ours growing (a retransmission numbered below what the
+/// peer already received would be dropped by its duplicate rule: lost),
+/// its receive state keeps the duplicate and stale rules working for what
+/// the peer still retransmits, and its generation tells whether the peer
+/// restarted meanwhile.
+#[derive(Clone, Debug)]
+pub(crate) struct ConnMemo {
+    pub paths: Vec<PathMemo>,
+    pub peer_gen: u32,
+    pub peer_gen_maps: bool,
+    pub with_sport_idx: bool,
+    pub heard: bool,
+    /// `Node::map_versions` of the peer's address, if this was its last
+    /// connection.
+    pub map_version: Option<(u32, u64)>,
+}
+
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct PathMemo {
+    pub next_tx_seq: u64,
+    pub next_rx_seq: u64,
+    pub rx_reset: bool,
+    pub rx_any: bool,
+    pub rx_conns: u64,
+    pub inst: u64,
+}
+
+impl Conn {
+    pub(crate) fn memo(&self) -> ConnMemo {
+        ConnMemo {
+            paths: self
+                .paths
+                .iter()
+                .map(|p| PathMemo {
+                    next_tx_seq: p.next_tx_seq,
+                    next_rx_seq: p.next_rx_seq,
+                    rx_reset: p.rx_reset,
+                    rx_any: p.rx_any,
+                    rx_conns: p.rx_conns,
+                    inst: p.inst,
+                })
+                .collect(),
+            peer_gen: self.peer_gen,
+            peer_gen_maps: self.peer_gen_maps,
+            with_sport_idx: self.with_sport_idx,
+            heard: self.heard,
+            map_version: None,
+        }
+    }
+
+    /// Restores what a collected predecessor left (`Conn::memo`).
+    pub(crate) fn restore(&mut self, m: &ConnMemo) {
+        for (p, pm) in self.paths.iter_mut().zip(&m.paths) {
+            p.next_tx_seq = pm.next_tx_seq;
+            p.next_rx_seq = pm.next_rx_seq;
+            p.rx_reset = pm.rx_reset;
+            p.rx_any = pm.rx_any;
+            p.rx_conns = pm.rx_conns;
+            // Instances keep growing too: a transport event of the
+            // predecessor's connection must not match the new one.
+            p.inst = pm.inst;
+        }
+        self.peer_gen = m.peer_gen;
+        self.peer_gen_maps = m.peer_gen_maps;
+        self.with_sport_idx = m.with_sport_idx;
+        self.heard = m.heard;
+    }
+
+    /// No socket's message queued, nothing scheduled, every path down
+    /// (probes and pongs still queued go with the connection).
+    pub(crate) fn idle(&self) -> bool {
+        !self.has_queued()
+            && self
+                .paths
+                .iter()
+                .all(|p| p.state == PathState::Down && p.reconnect_at.is_none() && p.lane0_wire.is_empty())
+    }
+
+    /// Messages of sockets queued or unacked on any path (not probes and
+    /// pongs: a peer is not worth reconnecting to, or keeping, for those).
+    pub(crate) fn has_queued(&self) -> bool {
+        self.paths.iter().any(|p| p.send_queue.iter().chain(p.retrans.iter()).any(|m| m.sock.is_some()))
+    }
+}
+
+impl Node {
+    /// `rds_conn_path_connect_if_down`.
+    pub(crate) fn connect_if_down(&mut self, pid: PathId) {
+        let Some(path) = self.path(pid) else { return };
+        if path.state == PathState::Down && path.reconnect_at.is_none() {
+            self.connect_worker(pid);
+        }
+    }
+
+    /// `rds_connect_worker`: DOWN -> CONNECTING and ask the driver to connect.
+    /// Paths other than 0 are only ever opened by the smaller address, and
+    /// in order: path i once paths 0..i are up and the peer evidently took
+    /// them (`Path::confirmed`), so that a peer that cannot tell which path
+    /// a connection is for (no SPORT_IDX) gives it its lowest free slot, the
+    /// right one (the kernel connects all at once and its peer takes them in
+    /// arrival order, which crosses sequence spaces). A 6.1 kernel accepts
+    /// in its own time: a connection established on our side may still
+    /// wait in its accept queue, so "up" alone is not enough.
+    pub(crate) fn connect_worker(&mut self, pid: PathId) {
+        let c = self.conn(pid.conn);
+        let caps = self.caps_of(c.kind);
+        let smaller = Node::is_smaller(&c.laddr, &c.faddr);
+        let i = usize::from(pid.index);
+        if i > 0
+            && (!smaller
+                || i >= c.active_paths()
+                || c.paths[..i].iter().any(|p| p.state != PathState::Up || !p.confirmed))
+        {
+            return;
+        }
+        let path = self.path_mut(pid).unwrap();
+        if path.state != PathState::Down {
+            return;
+        }
+        path.state = PathState::Connecting;
+        path.inst += 1;
+        if smaller || !caps.smaller_connects {
+            path.rx_conns += 1;
+        }
+        let maps = self.conn(pid.conn).maps_rx;
+        self.path_mut(pid).unwrap().maps_at_connect = maps;
+        let info = self.conn(pid.conn).info(usize::from(pid.index));
+        self.outputs.push_back(Output::Connect(info));
+    }
+
+    /// `rds_queue_reconnect`: first attempt at once, then after a random
+    /// delay below a bound that doubles up to `reconnect_max`. Over TCP only
+    /// the smaller address reconnects; the larger one re-pokes path 0 (with
+    /// the same backoff) while it has messages queued on any path.
+    pub(crate) fn queue_reconnect(&mut self, pid: PathId, now: Instant) {
+        let c = self.conn(pid.conn);
+        let caps = self.caps_of(c.kind);
+        if caps.smaller_connects && !Node::is_smaller(&c.laddr, &c.faddr) && (pid.index != 0 || !c.has_queued()) {
+            return;
+        }
+        if pid.index > 0 && usize::from(pid.index) >= c.active_paths() {
+            return;
+        }
+        let settle = if pid.index > 0 && caps.mp_capable && Node::is_smaller(&c.laddr, &c.faddr) && !c.with_sport_idx {
+            self.cfg.reconnect_settle
+        } else {
+            Duration::ZERO
+        };
+        let (min, max) = (self.cfg.reconnect_min, self.cfg.reconnect_max);
+        let jitter = self.rng.next_u64();
+        let path = self.path_mut(pid).unwrap();
+        let at = if path.reconnect_delay.is_zero() {
+            path.reconnect_delay = min;
+            crate::types::later(now, settle)
+        } else {
+            let bound = path.reconnect_delay.as_nanos().max(1) as u64;
+            let d = Duration::from_nanos(jitter % bound);
+            path.reconnect_delay = path.reconnect_delay.saturating_mul(2).min(max);
+            crate::types::later(now, d)
+        };
+        path.reconnect_at = Some(at);
+        self.schedule(at, Timer::Reconnect(pid));
+    }
+
+    /// The reconnect timer of a path fired (`rds_connect_worker` queued by
+    /// `rds_queue_reconnect`).
+    pub(crate) fn reconnect_due(&mut self, pid: PathId) {
+        if let Some(path) = self.path_mut(pid) {
+            path.reconnect_at = None;
+        }
+        self.connect_worker(pid);
+    }
+
+    /// A transport connection of the path is established (active side), or
+    /// an accepted one was assigned to it (`rds_connect_path_complete`).
+    pub fn path_up(&mut self, pid: PathId, inst: u64) {
+        let Some(path) = self.path_mut(pid) else { return };
+        if path.inst != inst || path.state != PathState::Connecting {
+            return;
+        }
+        self.complete_path(pid);
+    }
+
+    pub(crate) fn complete_path(&mut self, pid: PathId) {
+        // With HandshakeExts::Full a new connection carries only our map
+        // until the peer's first message on it arrived, if the peer is an
+        // rds-rs node with Full (its maps carry GEN_NUM), or if we never
+        // heard from the peer: a map is then what the peer sends first. That map tells whether the peer restarted before anything
+        // meant for its previous instance goes out (so nothing is delivered
+        // twice), and whether the connection is the peer's same path (an
+        // accept race can pair different paths; such a connection is
+        // dropped, `cong_recv`). A peer that resets the connection instead
+        // of taking it got nothing it would have acked and then lost.
+        let full = self.cfg.handshake_exts == HandshakeExts::Full;
+        let sends_map = self.caps_of(self.conn(pid.conn).kind).sends_cong_map;
+        // Only our own connections of a multipath connection need the
+        // peer's confirmation (`connect_worker`); a map may have come already.
+        let confirmed = {
+            let c = self.conn(pid.conn);
+            !self.caps_of(c.kind).mp_capable
+                || !Node::is_smaller(&c.laddr, &c.faddr)
+                || c.maps_rx > c.paths[usize::from(pid.index)].maps_at_connect
+        };
+        let c = self.conn_mut(pid.conn);
+        let fresh = c.ups == 0;
+        let hold = full && sends_map && (c.peer_gen_maps || !c.heard);
+        c.ups += 1;
+        let up_seq = c.ups;
+        let path = self.path_mut(pid).unwrap();
+        path.hold = hold;
+        path.hello_owed = full && sends_map;
+        path.inst_gen = 0;
+        path.up_seq = up_seq;
+        path.confirmed = confirmed;
+        path.state = PathState::Up;
+        path.reconnect_delay = Duration::ZERO;
+        path.reconnect_at = None;
+        path.connects += 1;
+        if std::mem::take(&mut path.rx_reset) {
+            path.next_rx_seq = 0;
+        }
+        // Every path that comes up makes us send our map (on the map lane).
+        if self.caps_of(self.conn(pid.conn).kind).sends_cong_map {
+            self.queue_map(pid.conn);
+        }
+        if pid.index == 0 {
+            self.maybe_probe(pid.conn);
+            if hold && fresh {
+                self.probe_first(pid);
+            }
+        }
+        // The next path of the fan-out (`connect_worker`).
+        self.start_mprds(pid.conn);
+        self.kick(pid);
+    }
+
+    /// An inbound transport connection from `faddr` to our `laddr`
+    /// (`rds_tcp_accept_one`). `peer_port` is the peer's transport source
+    /// port (used when the peer encodes the path index in it).
+    pub fn accept(&mut self, kind: TransportKind, laddr: IpAddr, faddr: IpAddr, peer_port: u16) -> Accept {
+        if !self.is_local(&laddr) || self.is_local(&faddr) {
+            return Accept::Reject;
+        }
+        // A new peer, or one evicted meanwhile, needs room.
+        let known = self.find_conn(laddr, faddr, kind);
+        let evicted = known.is_some_and(|c| self.conn(c).evicted);
+        if (known.is_none() || evicted) && !self.make_room() {
+            self.counters.conn_refused_peer_limit += 1;
+            return Accept::Reject;
+        }
+        let conn = self.conn_for(laddr, faddr, kind, 0);
+        self.conn_mut(conn).evicted = false;
+        let c = self.conn(conn);
+        let caps = self.caps_of(c.kind);
+        if caps.smaller_connects && Node::is_smaller(&laddr, &faddr) {
+            // The poke: the larger peer has something for us on some path.
+            // Path 0 connects, and the others too once their count is known.
+            self.connect_if_down(PathId { conn, index: 0 });
+            self.start_mprds(conn);
+            return Accept::RejectPeerLarger;
+        }
+        // The slot: the one the peer's source port names when it encodes
+        // the path index (SPORT_IDX); otherwise the lowest that is not up,
+        // the next path of a peer that connects its paths in order (as we
+        // do). A connection that cannot be placed yet waits (Defer) rather
+        // than being reset, which would lose what the peer already wrote.
+        let i = if c.with_sport_idx {
+            usize::from(peer_port) % c.active_paths()
+        } else {
+            let n = if c.npaths == 0 { c.paths.len() } else { c.active_paths() };
+            match (0..n).find(|&i| c.paths[i].state != PathState::Up) {
+                // Before the handshake with path 0 up, this is either the
+                // peer's path 0 again (ours is dead) or its path 1 (it
+                // heard our probe): known once either happens.
+                Some(i) if i > 0 && c.npaths == 0 => return Accept::Defer,
+                Some(i) => i,
+                None if n == 1 => 0,
+                // Every path is up: one is dead, which one shows later.
+                None => return Accept::Defer,
+            }
+        };
+        let pid = PathId { conn, index: i as u8 };
+        match self.path(pid).unwrap().state {
+            PathState::Down | PathState::Connecting => {}
+            // The peer only connects a path it has no connection for: ours
+            // is dead. The new one waits until ours delivered what it read.
+            PathState::Up => {
+                self.drop_path(pid);
+                return Accept::Defer;
+            }
+            _ => return Accept::Defer,
+        }
+        let path = self.path_mut(pid).unwrap();
+        path.inst += 1;
+        path.rx_conns += 1;
+        self.complete_path(pid);
+        Accept::Path(self.conn(conn).info(i))
+    }
+
+    /// The transport connection of a path is gone (or a connect failed, or a
+    /// shutdown the core asked for finished). The path is reset: unacked
+    /// messages go back to the front of the send queue marked RETRANSMITTED,
+    /// and a reconnect is queued (`rds_conn_shutdown`).
+    pub fn path_down(&mut self, pid: PathId, inst: u64, reason: DownReason, now: Instant) {
+        let Some(path) = self.path_mut(pid) else { return };
+        if path.inst != inst || path.state == PathState::Down {
+            return;
+        }
+        let was_up = matches!(path.state, PathState::Up | PathState::Disconnecting);
+        if reason == DownReason::ProtocolError {
+            self.counters.recv_drop_bad_frame += 1;
+        }
+        if was_up {
+            self.counters.conn_reset += 1;
+        }
+        self.send_path_reset(pid);
+        // Cancelled messages that held lanes are no longer on a connection.
+        for (_, s) in std::mem::take(&mut self.path_mut(pid).unwrap().lane0_wire) {
+            self.release_lane0(pid.conn, s);
+        }
+        let conn = pid.conn;
+        let path = self.path_mut(pid).unwrap();
+        path.state = PathState::Down;
+        path.inst += 1;
+        if was_up && self.conn(conn).paths.len() > 1 && self.conn(conn).all_down() {
+            // The peer may come back as a new instance with other settings:
+            // negotiate the path count again on the next connection. (Not
+            // after a failed connect: every send to an unreachable peer
+            // would queue one more probe.)
+            let c = self.conn_mut(conn);
+            c.npaths = 0;
+            c.ping_triggered = false;
+        }
+        // Our later paths that the peer has not evidently taken yet may sit in
+        // its accept queue: a 6.1 kernel would give them the slot this path
+        // just freed (its lowest free one), crossing sequence spaces. Close
+        // them; they connect again in order after this one.
+        let c = self.conn(conn);
+        if self.caps_of(c.kind).mp_capable && Node::is_smaller(&c.laddr, &c.faddr) && !c.with_sport_idx {
+            let later: Vec<usize> = (usize::from(pid.index) + 1..c.paths.len())
+                .filter(|&k| match c.paths[k].state {
+                    PathState::Connecting => true,
+                    PathState::Up => !c.paths[k].confirmed,
+                    _ => false,
+                })
+                .collect();
+            for k in later {
+                self.drop_path(PathId { conn, index: k as u8 });
+            }
+        }
+        // A failed connect is tried again only for something to send (a
+        // socket's messages, a map owed) or while another path of the peer
+        // is up: a peer that vanished is not retried for ever (the kernel
+        // does), and one that comes back connects, or pokes us, when it
+        // has something. A connection that closed reconnects as in the
+        // kernel (once, if the peer is gone). An evicted peer's connection
+        // stays down (`Node::make_room`).
+        let c = self.conn(conn);
+        let others_up = c.paths.iter().any(|p| p.state == PathState::Up);
+        let retry = reason != DownReason::ConnectFailed || c.has_queued() || others_up || c.map_queued;
+        let poke_only = reason == DownReason::DirectionRule && self.path(pid).unwrap().send_queue.is_empty();
+        if retry && !poke_only && !self.conn(conn).evicted {
+            self.queue_reconnect(pid, now);
+        }
+        if self.conn(conn).all_down() {
+            self.conn_all_down(conn, now);
+        }
+        // Senders blocked on this path may need to see the change.
+        self.wake_writers();
+    }
+
+    /// The core drops a path itself (protocol error, peer restart). The
+    /// driver closes the connection and then reports `path_down`.
+    pub(crate) fn drop_path(&mut self, pid: PathId) {
+        let Some(path) = self.path_mut(pid) else { return };
+        if !matches!(path.state, PathState::Up | PathState::Connecting) {
+            return;
+        }
+        path.state = PathState::Disconnecting;
+        let info = self.conn(pid.conn).info(usize::from(pid.index));
+        self.outputs.push_back(Output::Shutdown(info));
+    }
+
+    /// Resets the path's transport connection as if it had failed (like the
+    /// kernel's RDS_CONN_RESET option); messages are retransmitted.
+    pub fn reset_path(&mut self, pid: PathId) {
+        self.drop_path(pid);
+    }
+
+    /// Information about a path (for drivers that lost track).
+    pub fn path_info_of(&self, conn: ConnId, index: u8) -> Option<PathInfo> {
+        self.path_info(PathId { conn, index })
+    }
+
+    /// Peers counted against `NodeConfig::max_peers`.
+    pub(crate) fn peers(&self) -> usize {
+        self.conns.iter().filter(|c| c.kind != TransportKind::Loop && !c.evicted).count()
+    }
+
+    /// Room for one more peer: at the limit the oldest peer that never sent
+    /// a message and has nothing queued is evicted (its paths are shut
+    /// down; it is collected once down). False when none can be, or when a
+    /// quarter of the limit is already being evicted.
+    pub(crate) fn make_room(&mut self) -> bool {
+        if self.peers() < self.cfg.max_peers {
+            return true;
+        }
+        // Evicted peers hold their connections until their drain ends: at
+        // most a quarter of the limit at a time, or a flood of new peers
+        // would turn into a flood of draining connections.
+        let evicting = self.conns.iter().filter(|c| c.evicted).count();
+        if evicting >= (self.cfg.max_peers / 4).max(1) {
+            return false;
+        }
+        let victim = self
+            .conns
+            .iter()
+            .find(|c| c.kind != TransportKind::Loop && !c.evicted && !c.heard && !c.has_queued())
+            .map(|c| c.id);
+        let Some(v) = victim else { return false };
+        self.counters.conn_evicted_silent += 1;
+        self.conns[v].evicted = true;
+        for i in 0..self.conns[v].paths.len() {
+            self.drop_path(PathId { conn: v, index: i as u8 });
+        }
+        // (Already down, e.g. a larger peer's poke we answered: at once.)
+        if self.conns[v].idle() {
+            self.collect(v);
+        }
+        true
+    }
+
+    /// Every path of the connection went down: collect it once idle.
+    pub(crate) fn conn_all_down(&mut self, c: ConnId, now: Instant) {
+        let conn = &self.conns[c];
+        if conn.kind == TransportKind::Loop {
+            return;
+        }
+        if conn.evicted {
+            self.collect_idle(c, now);
+            return;
+        }
+        if let Some(idle) = self.cfg.conn_idle_gc {
+            if conn.gc_at.is_none() {
+                let at = crate::types::later(now, idle);
+                self.conns[c].gc_at = Some(at);
+                self.schedule(at, Timer::Collect(c));
+            }
+        }
+    }
+
+    /// Collects the connection if it is idle (every path down, nothing
+    /// queued or scheduled), remembering its sequence state; otherwise
+    /// looks again after another idle period.
+    pub(crate) fn collect_idle(&mut self, c: ConnId, now: Instant) {
+        let Some(conn) = self.conns.get(c) else { return };
+        if !conn.idle() {
+            if conn.all_down() {
+                let at = crate::types::later(now, self.cfg.conn_idle_gc.unwrap_or(Duration::from_secs(1)));
+                self.conns[c].gc_at = Some(at);
+                self.schedule(at, Timer::Collect(c));
+            }
+            return;
+        }
+        self.collect(c);
+    }
+
+    /// Removes an idle connection, remembering its sequence state.
+    pub(crate) fn collect(&mut self, c: ConnId) {
+        // Receive flow control ends with the connection: the transport
+        // forgets the pause (a later connection of the peer has a new id and
+        // is paused again, if need be, by its first delivery).
+        let mut paused: Vec<PathId> = self.rx_paused.keys().copied().filter(|p| p.conn == c).collect();
+        paused.sort();
+        for pid in paused {
+            self.rx_paused.remove(&pid);
+            if let Some(info) = self.path_info(pid) {
+                self.push_rx_flow(info, false);
+            }
+        }
+        let conn = self.conns.remove(c).unwrap();
+        self.counters.conn_collected += 1;
+        let key = (conn.laddr, conn.faddr, conn.kind, conn.tos);
+        self.conn_index.remove(&key);
+        let mut memo = conn.memo();
+        let last = !self.conns.iter().any(|o| o.faddr == conn.faddr);
+        if last && !self.is_local(&conn.faddr) {
+            // The peer's congestion map (8 KiB) goes with its last
+            // connection; it sends it again on every new connection.
+            self.maps.remove(&conn.faddr);
+            memo.map_version = self.map_versions.remove(&conn.faddr);
+        }
+        for slot in self.socks.iter_mut() {
+            if let Some(k) = slot.sock.as_mut() {
+                k.lane0_backlog.retain(|(lc, _)| *lc != c);
+            }
+        }
+        if self.cfg.conn_memo_max > 0 {
+            while self.memos.len() >= self.cfg.conn_memo_max {
+                let Some(old) = self.memo_order.pop_front() else { break };
+                self.memos.remove(&old);
+            }
+            self.memos.insert(key, memo);
+            self.memo_order.push_back(key);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::PathState::*;
+
+    #[test]
+    fn kernel_transitions() {
+        assert!(Down.can_go(Connecting));
+        assert!(Connecting.can_go(Up));
+        assert!(Up.can_go(Disconnecting));
+        assert!(Error.can_go(Disconnecting));
+        assert!(Disconnecting.can_go(Down));
+        assert!(Up.can_go(Error) && Down.can_go(Error));
+        assert!(!Down.can_go(Up));
+        assert!(!Up.can_go(Down));
+        assert!(!Connecting.can_go(Down));
+    }
+}
