@@ -34,6 +34,7 @@ pub mod cong;
 pub mod info;
 pub mod loopback;
 pub mod message;
+pub mod mprds;
 pub mod node;
 pub mod path;
 pub mod rdma_buf;
@@ -54,12 +55,12 @@ pub mod conn {
 
 pub use info::{ConnSnapshot, MsgSnapshot, PathSnapshot, Queue, SockSnapshot};
 pub use message::{Incoming, Notification, RdmaOp, Received, RxMessage, TxMessage};
-pub use node::{HandshakeExts, Node, NodeConfig, Output, SockOpt};
+pub use node::{HandshakeExts, Node, NodeConfig, Output};
 pub use path::{DownReason, PathInfo, PathState};
 pub use rdma_buf::{RdmaBuf, RdmaSeg};
 pub use recv::RecvOutcome;
 pub use send::{SendOptions, Unsent};
-pub use sock::Readiness;
+pub use sock::{Readiness, SockOpt};
 pub use stats::Counters;
 pub use transport::{Accept, RdsTransport, TransportCaps, TransportConnInfo, TransportSink};
 pub use types::{ConnId, Errno, PathId, Payload, SockId, TransportKind, addr_cmp};

@@ -803,8 +803,8 @@ impl Node {
         if last && !self.is_local(&conn.faddr) {
             // The peer's congestion map (8 KiB) goes with its last
             // connection; it sends it again on every new connection.
-            self.maps.remove(&conn.faddr);
-            memo.map_version = self.map_versions.remove(&conn.faddr);
+            self.cong.maps.remove(&conn.faddr);
+            memo.map_version = self.cong.versions.remove(&conn.faddr);
         }
         for slot in self.socks.iter_mut() {
             if let Some(k) = slot.sock.as_mut() {

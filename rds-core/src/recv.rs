@@ -4,14 +4,13 @@
 
 use std::net::SocketAddr;
 
-use crate::cong::CongMap;
-use crate::message::{Incoming, RxMessage};
+use crate::message::{Incoming, Received, RxMessage};
 use crate::node::Node;
 use crate::node::Output;
 use crate::path::PathState;
 use crate::sock::Sock;
-use crate::types::{ConnId, PathId, SockId};
-use crate::wire::{CONG_MAP_BYTES, Ext, Kind, PROBE_PORT};
+use crate::types::{ConnId, Errno, PathId, SockId};
+use crate::wire::{Ext, Kind, PROBE_PORT};
 
 /// What the core made of a received message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -289,103 +288,41 @@ impl Node {
         }
         self.rx_paused = st;
     }
+}
 
-    /// A congestion-map message: must be exactly 8192 bytes. It updates our
-    /// copy of the peer address's map and wakes whoever waits on it.
-    fn cong_recv(&mut self, pid: PathId, msg: &RxMessage) -> RecvOutcome {
-        if msg.header.len as usize != CONG_MAP_BYTES || msg.payload.len() != CONG_MAP_BYTES {
-            self.counters.recv_drop_bad_frame += 1;
-            self.drop_path(pid);
-            return RecvOutcome::ProtocolError;
+impl Node {
+    /// `recvmsg` (non-blocking; the driver waits). Notifications come first,
+    /// then a congestion update, then data, as in `rds_recvmsg`. With `peek`
+    /// the datagram stays queued; notifications and congestion updates are
+    /// consumed even then (the kernel hands them out without looking at
+    /// MSG_PEEK).
+    pub fn recv(&mut self, s: SockId, peek: bool) -> Result<Received, Errno> {
+        let sock = self.sock_mut(s).ok_or(Errno::EINVAL)?;
+        sock.cong_poll_pending = false;
+        if let Some(n) = sock.notify_queue.pop_front() {
+            self.wake(s, false);
+            return Ok(Received::RdmaStatus { user_token: n.user_token, status: n.status });
         }
-        let Ok(new) = CongMap::from_wire(&msg.payload) else {
-            self.drop_path(pid);
-            return RecvOutcome::ProtocolError;
+        if sock.cong_notify != 0 {
+            let mask = std::mem::take(&mut sock.cong_notify);
+            self.wake(s, false);
+            return Ok(Received::CongUpdate { mask });
+        }
+        let inc = if peek { sock.recv_queue.front().cloned() } else { sock.recv_queue.pop_front() };
+        let Some(inc) = inc else {
+            // Clearing the congestion-update flag may have changed readiness:
+            // report it, or a later delivery would look like no change.
+            self.wake(s, false);
+            return Err(Errno::EAGAIN);
         };
-        let conn = pid.conn;
-        let gen_num = msg.header.extensions().find_map(|e| if let Ext::GenNum(g) = e { Some(g) } else { None });
-        if let Some(g) = gen_num {
-            // An rds-rs peer with HandshakeExts::Full: its maps carry its
-            // generation, the path they travel on and a version
-            // (`map_header`).
-            let newly = !self.conn(conn).peer_gen_maps;
-            self.conn_mut(conn).peer_gen_maps = true;
-            if !self.gen_heard(pid, g) {
-                // A dead instance's map, late: stale.
-                return RecvOutcome::CongMap;
-            }
-            if msg.header.sport != u16::from(pid.index) {
-                // An accept race paired this slot with another of the
-                // peer's paths: their sequence spaces differ. Nothing but
-                // maps went on it (both sides hold until they hear from
-                // each other); drop it, the paths connect again.
-                self.drop_path(pid);
-                return RecvOutcome::Ignored;
-            }
-            if newly {
-                // Our hellos are due on the other paths up.
-                for i in 0..self.conn(conn).paths.len() {
-                    self.kick(PathId { conn, index: i as u8 });
-                }
-            }
-            if msg.header.dport == PROBE_PORT {
-                return RecvOutcome::CongMap;
-            }
-            let faddr = self.conn(conn).faddr;
-            let last = self.map_versions.entry(faddr).or_insert((0, 0));
-            if last.0 == g && msg.header.sequence <= last.1 {
-                // Older than a map already applied (it came the other way).
-                return RecvOutcome::CongMap;
-            }
-            *last = (g, msg.header.sequence);
-        } else if self.conn(conn).peer_gen_maps {
-            // The peer came back without them: nobody will send the maps
-            // our held paths wait for.
-            self.conn_mut(conn).peer_gen_maps = false;
-            for i in 0..self.conn(conn).paths.len() {
-                let pid = PathId { conn, index: i as u8 };
-                if std::mem::take(&mut self.path_mut(pid).unwrap().hold) {
-                    self.kick(pid);
-                }
-            }
+        // s_recv_delivered counts every copy to the user, peeks included.
+        self.counters.recv_delivered += 1;
+        if !peek {
+            self.rcvbuf_delta(s, -(inc.payload.len() as i64));
+            self.rx_held = self.rx_held.saturating_sub(inc.payload.len() as u64 + crate::recv::RCV_MSG_OVERHEAD);
+            self.rx_recheck();
         }
-        let faddr = self.conn(conn).faddr;
-        let mask = self.maps.entry(faddr).or_default().update_from(&new);
-        self.cong_map_updated(mask);
-        RecvOutcome::CongMap
-    }
-
-    /// `rds_recv_hs_exthdrs`: NPATHS (capped at ours; 1 when absent),
-    /// GEN_NUM, SPORT_IDX.
-    fn hs_exthdrs(&mut self, conn: ConnId, index: u8, msg: &RxMessage) {
-        let ours = self.cfg.npaths;
-        let mut npaths = None;
-        let mut gen_num = 0;
-        let mut sport_idx = false;
-        for e in msg.header.extensions() {
-            match e {
-                Ext::Npaths(n) => npaths = Some(n.min(u16::from(ours)) as u8),
-                Ext::GenNum(g) => gen_num = g,
-                Ext::SportIdx => sport_idx = true,
-                _ => {}
-            }
-        }
-        if !self.gen_heard(PathId { conn, index }, gen_num) {
-            // A dead instance's probe or pong, late.
-            return;
-        }
-        let c = self.conn_mut(conn);
-        let before = c.npaths;
-        if let Some(n) = npaths {
-            c.npaths = n;
-        }
-        c.npaths = c.npaths.max(1).min(c.paths.len() as u8);
-        c.ping_triggered = false;
-        c.with_sport_idx = sport_idx;
-        let after = c.npaths;
-        if before != after {
-            self.rehome_paths(conn);
-        }
-        let _ = PROBE_PORT;
+        self.wake(s, false);
+        Ok(Received::Data(inc))
     }
 }
