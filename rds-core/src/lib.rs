@@ -31,6 +31,7 @@
 //! `rds-sock`; a deterministic simulator drives the same code in tests.
 
 pub mod cong;
+pub mod connection;
 pub mod info;
 pub mod loopback;
 pub mod message;

@@ -13,7 +13,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
 use crate::cong::Congestion;
-use crate::path::{Conn, ConnMemo, ConnTable, Path, PathInfo, PathState};
+use crate::connection::{ConnMemo, ConnTable, Connection};
+use crate::path::{Path, PathInfo, PathState};
 use crate::sock::{SockSlot, bufs};
 use crate::stats::Counters;
 use crate::transport::TransportCaps;
@@ -172,7 +173,7 @@ pub enum Output {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Timer {
     Reconnect(PathId),
-    /// Idle collection of a connection (`Conn::gc_at`).
+    /// Idle collection of a connection (`Connection::gc_at`).
     Collect(ConnId),
 }
 
@@ -389,11 +390,11 @@ impl Node {
         self.conns.get_mut(p.conn)?.paths.get_mut(usize::from(p.index))
     }
 
-    pub(crate) fn conn(&self, c: ConnId) -> &Conn {
+    pub(crate) fn conn(&self, c: ConnId) -> &Connection {
         &self.conns[c]
     }
 
-    pub(crate) fn conn_mut(&mut self, c: ConnId) -> &mut Conn {
+    pub(crate) fn conn_mut(&mut self, c: ConnId) -> &mut Connection {
         &mut self.conns[c]
     }
 
@@ -408,7 +409,7 @@ impl Node {
         let n = if caps.mp_capable { usize::from(self.cfg.npaths.clamp(1, 8)) } else { 1 };
         let id = self.conns.next_id();
         let paths = (0..n).map(|_| Path::new()).collect();
-        self.conns.insert(Conn {
+        self.conns.insert(Connection {
             id,
             laddr,
             faddr,
