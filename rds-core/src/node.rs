@@ -440,7 +440,7 @@ impl Node {
         if kind == TransportKind::Loop {
             // Loopback paths need no connection: they are up from the start.
             let p = &mut self.conns[id].paths[0];
-            p.state = PathState::Up;
+            p.go_up();
             p.inst = 1;
             p.confirmed = true;
         }
@@ -508,6 +508,9 @@ impl Node {
                     p.reconnect_at.is_some(),
                     p.connects
                 );
+                if p.illegal_transitions > 0 {
+                    let _ = writeln!(s, "  path {i} refused {} illegal transitions", p.illegal_transitions);
+                }
             }
         }
         for slot in &self.socks {

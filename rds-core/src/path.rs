@@ -1,12 +1,44 @@
-//! Connections and paths: the kernel's `rds_connection` / `rds_conn_path`
-//! and their state machine.
+//! Paths (`struct rds_conn_path`) and their lifecycle: connect, accept,
+//! up, down, drop, reset and the reconnect backoff (`net/rds/threads.c`,
+//! `connection.c`, `tcp_listen.c`'s accept).
 //!
-//! States and transitions are the kernel's: any state -> ERROR,
-//! UP -> DISCONNECTING, ERROR -> DISCONNECTING, DISCONNECTING -> DOWN,
-//! DOWN -> CONNECTING, CONNECTING -> UP. Sequence numbers and retransmit queues survive transport reconnects; a
-//! connection that stays down with nothing queued is collected after
-//! `NodeConfig::conn_idle_gc`, leaving its sequence state behind
-//! (`ConnMemo`).
+//! Every state change goes through [`Path::set_state`], which allows only
+//! the kernel's transitions ([`PathState::can_go`]):
+//!
+//! | from                     | to            | kernel                                                        |
+//! |--------------------------|---------------|---------------------------------------------------------------|
+//! | any                      | ERROR         | `rds_conn_path_drop`                                          |
+//! | UP, ERROR                | DISCONNECTING | `rds_conn_shutdown`                                           |
+//! | DISCONNECTING            | DOWN          | `rds_conn_shutdown`                                           |
+//! | DOWN                     | CONNECTING    | `rds_connect_worker`, `rds_tcp_accept_one`                    |
+//! | CONNECTING, RESETTING    | UP            | `rds_connect_path_complete`                                   |
+//!
+//! How our events map onto it, through the kernel's intermediate states
+//! (all within one call, so nothing outside sees them):
+//!
+//! * a connect attempt: DOWN -> CONNECTING (`connect_worker`); it
+//!   completes CONNECTING -> UP (`path_up`);
+//! * an accepted connection: DOWN -> CONNECTING -> UP (the kernel's accept
+//!   takes the path DOWN -> CONNECTING, then completes it), or CONNECTING
+//!   -> UP when our own attempt was under way;
+//! * the core drops a path (`drop_path`: protocol error, peer restart,
+//!   reset, eviction): -> ERROR -> DISCONNECTING (`rds_conn_path_drop`,
+//!   then the shutdown worker), and the transport is told to close;
+//! * the transport reports the connection gone (`path_down`): from
+//!   DISCONNECTING -> DOWN; from UP or CONNECTING -> ERROR -> DISCONNECTING
+//!   -> DOWN. A connect that fails is reported asynchronously (the
+//!   transport's connect does not block), which in the kernel is the TCP
+//!   state change to CLOSE: `rds_conn_path_drop` then the shutdown, not
+//!   `rds_connect_worker`'s synchronous CONNECTING -> DOWN;
+//! * a loopback path is up from the start: DOWN -> CONNECTING -> UP
+//!   (`rds_loop_conn_path_connect` completes at once).
+//!
+//! RESETTING (the kernel's duelling-SYN accept) is never entered. A
+//! transition outside the table is refused, counted on the path
+//! (`Path::illegal_transitions`, shown by `Node::dump`) and, in debug
+//! builds, a panic.
+//!
+//! Sequence numbers and retransmit queues survive transport reconnects.
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
@@ -125,6 +157,9 @@ pub(crate) struct Path {
     /// ones, and our own attempts unless they were the larger address's
     /// poke (the peer never sends on those).
     pub rx_conns: u64,
+    /// Transitions outside the kernel's table that `set_state` refused
+    /// (a bug if ever non-zero).
+    pub illegal_transitions: u32,
 }
 
 impl Path {
@@ -155,6 +190,56 @@ impl Path {
             maps_at_connect: 0,
             rx_any: false,
             rx_conns: 0,
+            illegal_transitions: 0,
+        }
+    }
+
+    /// The one way a path changes state: `to` if the kernel's table allows
+    /// it from the current state ([`PathState::can_go`]). Otherwise the
+    /// state stays, the refusal is counted (`illegal_transitions`) and a
+    /// debug build panics. Returns whether the path is now in `to`.
+    pub fn set_state(&mut self, to: PathState) -> bool {
+        if self.state.can_go(to) {
+            self.state = to;
+            return true;
+        }
+        debug_assert!(false, "illegal path transition {:?} -> {to:?}", self.state);
+        self.illegal_transitions += 1;
+        false
+    }
+
+    /// Through the kernel's states to each of `route` in turn.
+    fn go(&mut self, route: &[PathState]) {
+        for &to in route {
+            self.set_state(to);
+        }
+    }
+
+    /// A connection comes up on the path: from DOWN through CONNECTING (an
+    /// accept, a loopback path), from CONNECTING directly.
+    pub fn go_up(&mut self) {
+        use PathState::*;
+        match self.state {
+            Down => self.go(&[Connecting, Up]),
+            _ => self.go(&[Up]),
+        }
+    }
+
+    /// The core drops the path (`rds_conn_path_drop`, then the shutdown
+    /// worker's first step): -> ERROR -> DISCONNECTING.
+    pub fn go_disconnecting(&mut self) {
+        self.go(&[PathState::Error, PathState::Disconnecting]);
+    }
+
+    /// The transport connection is gone (`rds_conn_shutdown`): DOWN, from
+    /// wherever the path was, through ERROR and DISCONNECTING as needed.
+    pub fn go_down(&mut self) {
+        use PathState::*;
+        match self.state {
+            Down => {}
+            Disconnecting => self.go(&[Down]),
+            Error => self.go(&[Disconnecting, Down]),
+            _ => self.go(&[Error, Disconnecting, Down]),
         }
     }
 
@@ -200,7 +285,7 @@ impl Node {
         if path.state != PathState::Down {
             return;
         }
-        path.state = PathState::Connecting;
+        path.set_state(PathState::Connecting);
         path.inst += 1;
         if smaller || !caps.smaller_connects {
             path.rx_conns += 1;
@@ -295,7 +380,7 @@ impl Node {
         path.inst_gen = 0;
         path.up_seq = up_seq;
         path.confirmed = confirmed;
-        path.state = PathState::Up;
+        path.go_up();
         path.reconnect_delay = Duration::ZERO;
         path.reconnect_at = None;
         path.connects += 1;
@@ -403,7 +488,7 @@ impl Node {
         }
         let conn = pid.conn;
         let path = self.path_mut(pid).unwrap();
-        path.state = PathState::Down;
+        path.go_down();
         path.inst += 1;
         if was_up && self.conn(conn).paths.len() > 1 && self.conn(conn).all_down() {
             // The peer may come back as a new instance with other settings:
@@ -459,7 +544,7 @@ impl Node {
         if !matches!(path.state, PathState::Up | PathState::Connecting) {
             return;
         }
-        path.state = PathState::Disconnecting;
+        path.go_disconnecting();
         let info = self.conn(pid.conn).info(usize::from(pid.index));
         self.outputs.push_back(Output::Shutdown(info));
     }
@@ -479,6 +564,141 @@ impl Node {
 #[cfg(test)]
 mod tests {
     use super::PathState::*;
+    use super::{DownReason, Path, PathInfo};
+    use crate::message::RxMessage;
+    use crate::node::{Node, NodeConfig, Output};
+    use crate::transport::{Accept, TransportCaps};
+    use crate::types::{Payload, TransportKind};
+    use crate::wire::Header;
+    use crate::{PathState, SendOptions};
+    use std::net::{IpAddr, SocketAddr};
+    use std::time::{Duration, Instant};
+
+    fn node(addr: &str, npaths: u8) -> (Node, IpAddr) {
+        let mut n = Node::new(NodeConfig { npaths, ..NodeConfig::default() });
+        n.register_transport(TransportCaps::tcp());
+        let ip: IpAddr = addr.parse().unwrap();
+        n.add_local(ip, TransportKind::Tcp);
+        (n, ip)
+    }
+
+    /// The Connect, Shutdown and Kick outputs queued so far (Wakes and
+    /// flow control dropped).
+    fn drain(n: &mut Node) -> Vec<Output> {
+        std::iter::from_fn(|| n.poll_output())
+            .filter(|o| !matches!(o, Output::Wake(_) | Output::RxFlow { .. }))
+            .collect()
+    }
+
+    fn connect_of(outs: &[Output]) -> PathInfo {
+        outs.iter().find_map(|o| if let Output::Connect(i) = o { Some(*i) } else { None }).expect("a Connect")
+    }
+
+    /// Every path of every connection of the node stayed inside the table.
+    fn all_legal(n: &Node) {
+        for c in &n.conns {
+            for (i, p) in c.paths.iter().enumerate() {
+                assert_eq!(p.illegal_transitions, 0, "path {i} of {} -> {}", c.laddr, c.faddr);
+            }
+        }
+    }
+
+    /// Drives paths through every transition the core makes (connect, a
+    /// failed connect, reconnect, up, reset, shutdown done, a connection
+    /// closed while connecting, accept from DOWN and from CONNECTING, a
+    /// protocol error, an accept that finds the path up, eviction,
+    /// loopback): each one is in the kernel's table.
+    #[test]
+    fn every_transition_the_core_makes_is_the_kernels() {
+        let t0 = Instant::now();
+        // The smaller address connects.
+        let (mut a, la) = node("10.0.0.1", 8);
+        let s = a.socket();
+        a.bind(s, SocketAddr::new(la, 4000)).unwrap();
+        let dst: SocketAddr = "10.0.0.2:5000".parse().unwrap();
+        a.send(s, Some(dst), &Payload::copy_from(b"x"), &SendOptions::default()).unwrap();
+        let info = connect_of(&drain(&mut a));
+        let pid = info.id;
+        assert_eq!(a.path_state(pid), Some(Connecting));
+        // The connect fails: down, and a reconnect for the queued message.
+        a.path_down(pid, info.inst, DownReason::ConnectFailed, t0);
+        assert_eq!(a.path_state(pid), Some(Down));
+        a.handle_timeout(t0 + Duration::from_secs(5));
+        let info = connect_of(&drain(&mut a));
+        a.path_up(pid, info.inst);
+        assert_eq!(a.path_state(pid), Some(Up));
+        // Reset (RDS_CONN_RESET): disconnecting until the transport is done.
+        a.reset_path(pid);
+        assert_eq!(a.path_state(pid), Some(Disconnecting));
+        assert!(drain(&mut a).iter().any(|o| matches!(o, Output::Shutdown(_))));
+        a.path_down(pid, info.inst, DownReason::ShutdownDone, t0);
+        assert_eq!(a.path_state(pid), Some(Down));
+        a.handle_timeout(t0 + Duration::from_secs(10));
+        let info = connect_of(&drain(&mut a));
+        // Closed while connecting.
+        a.path_down(pid, info.inst, DownReason::Closed, t0);
+        assert_eq!(a.path_state(pid), Some(Down));
+        a.handle_timeout(t0 + Duration::from_secs(20));
+        let info = connect_of(&drain(&mut a));
+        // Dropped while connecting (eviction, a peer restart): the core
+        // drops the path, the transport closes it.
+        a.drop_path(pid);
+        assert_eq!(a.path_state(pid), Some(Disconnecting));
+        a.path_down(pid, info.inst, DownReason::ShutdownDone, t0);
+        assert_eq!(a.path_state(pid), Some(Down));
+        // Loopback: up from the start.
+        a.send(s, Some(SocketAddr::new(la, 4001)), &Payload::copy_from(b"y"), &SendOptions::default()).unwrap();
+        all_legal(&a);
+
+        // The larger address accepts: DOWN -> UP through CONNECTING. (One
+        // path: which slot a second connection takes is then clear.)
+        let (mut b, lb) = node("10.0.0.2", 1);
+        let Accept::Path(binfo) = b.accept(TransportKind::Tcp, lb, la, 40000) else { panic!("accepted") };
+        assert_eq!(b.path_state(binfo.id), Some(Up));
+        // A protocol error (a map of the wrong size): the core drops it.
+        let bad = RxMessage { header: Header::cong_map(), payload: Payload::copy_from(&[0; 10]), rx_time_ns: None };
+        b.received(binfo.id, binfo.inst, bad);
+        assert_eq!(b.path_state(binfo.id), Some(Disconnecting));
+        b.path_down(binfo.id, binfo.inst, DownReason::ProtocolError, t0);
+        assert_eq!(b.path_state(binfo.id), Some(Down));
+        // Accepted again, then a second connection for the path while it is
+        // up: the one up is dropped, the new one waits.
+        let Accept::Path(binfo) = b.accept(TransportKind::Tcp, lb, la, 40001) else { panic!("accepted") };
+        assert_eq!(b.accept(TransportKind::Tcp, lb, la, 40002), Accept::Defer);
+        assert_eq!(b.path_state(binfo.id), Some(Disconnecting));
+        b.path_down(binfo.id, binfo.inst, DownReason::Closed, t0);
+        assert_eq!(b.path_state(binfo.id), Some(Down));
+        // Closed while up.
+        let Accept::Path(binfo) = b.accept(TransportKind::Tcp, lb, la, 40003) else { panic!("accepted") };
+        b.path_down(binfo.id, binfo.inst, DownReason::Closed, t0);
+        assert_eq!(b.path_state(binfo.id), Some(Down));
+        all_legal(&b);
+
+        // Accept while our own connect is under way (IB: either side
+        // connects): CONNECTING -> UP.
+        let mut c = Node::new(NodeConfig::default());
+        c.register_transport(TransportCaps::ib());
+        c.add_local(la, TransportKind::Ib);
+        let s = c.socket();
+        c.bind(s, SocketAddr::new(la, 4000)).unwrap();
+        c.send(s, Some(dst), &Payload::copy_from(b"x"), &SendOptions::default()).unwrap();
+        let info = connect_of(&drain(&mut c));
+        assert_eq!(c.path_state(info.id), Some(Connecting));
+        let Accept::Path(cinfo) = c.accept(TransportKind::Ib, la, lb, 0) else { panic!("accepted") };
+        assert_eq!(c.path_state(cinfo.id), Some(Up));
+        all_legal(&c);
+    }
+
+    #[test]
+    fn an_illegal_transition_is_refused() {
+        let mut p = Path::new();
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.set_state(PathState::Up)));
+        // A debug build panics; a release build refuses and counts.
+        assert!(matches!(r, Err(_) | Ok(false)));
+        assert_eq!(p.state, Down);
+        assert_eq!(p.illegal_transitions, u32::from(r.is_ok()));
+        assert!(p.set_state(Connecting) && p.set_state(Up));
+    }
 
     #[test]
     fn kernel_transitions() {
