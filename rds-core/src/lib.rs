@@ -12,7 +12,8 @@
 //!   acks and retransmission after reconnect, the receiver's duplicate rule,
 //!   ping/pong, the multipath (mprds) handshake and path hashing,
 //!   congestion maps with the kernel's hysteresis, send-buffer accounting,
-//!   and the kernel's counters;
+//!   and the kernel's counters; its rules live a file each (the table
+//!   below);
 //! * [`transport`]: the [`RdsTransport`] trait that TCP, IB and loopback
 //!   implement, and the [`TransportSink`] through which they report; its
 //!   docs explain how TCP and InfiniBand (fragments, credits, piggybacked
@@ -29,6 +30,37 @@
 //! what to do next ([`Node::poll_output`]) and when to wake it
 //! ([`Node::poll_timeout`]). A driver with real sockets and threads lives in
 //! `rds-sock`; a deterministic simulator drives the same code in tests.
+//!
+//! ## Where each rule lives
+//!
+//! Each protocol rule is written once, in one file, as methods beside the
+//! state type that owns what the rule changes. [`Node`] holds the node-wide
+//! state and the table of connections; a `Connection` ([`connection`]) its
+//! paths (`Path`, [`path`]); sockets are `Sock`s ([`sock`]).
+//!
+//! | rule | file | state owned by |
+//! |------|------|----------------|
+//! | `sendmsg`, enqueue with sequence numbers, send-buffer accounting | [`send`] | `Path` (`send_queue`, `next_tx_seq`), `Sock` (`snd_bytes`) |
+//! | transmit (`pull`), ACK_REQUIRED pacing, acks, retransmit after reconnect (`send_path_reset`) | [`send`] | `Path` (`retrans`, `unacked_*`) |
+//! | cancel (`drop_messages`), RDMA completion, `unsent` | [`send`] | `Path`, `Sock` (`notify_queue`) |
+//! | receive (`received`), the duplicate and stale rules, delivery, `Node::recv` | [`recv`] | `Path` (`next_rx_seq`, `rx_any`, `rx_conns`), `Sock` (`recv_queue`) |
+//! | receive flow control (hard cap, node budget, pause/resume) | [`recv`] | `Node` (`rx_held`, `rx_paused`) |
+//! | ping/pong (answering pings; probes and pongs are queued by `send_probe`) | [`recv`], [`mprds`] | `Connection` (`ping_triggered`) |
+//! | path state machine (`Path::set_state`, the kernel's table) | [`path`] | `Path` (`state`) |
+//! | connect, accept, up, down, drop, reset | [`path`] | `Path` (`inst`, `hold`, `confirmed`, ...) |
+//! | reconnect backoff (`queue_reconnect`, the reconnect timer) | [`path`] | `Path` (`reconnect_delay`, `reconnect_at`) |
+//! | idle collection, sequence memos of collected connections, peer limit and eviction | [`connection`] | `Connection` (`gc_at`, `evicted`), `ConnMemo`; `Node` (`memos`) |
+//! | connection table and lookups (`conn_for`, `find_conn`, `path_info`) | [`node`], [`connection`] | `Node` (`conns`: a `ConnTable`, `conn_index`) |
+//! | mprds: handshake (NPATHS, GEN_NUM, SPORT_IDX), lane hashing, fan-out, lane-0 holds, peer generation and restarts | [`mprds`] | `Connection` (`npaths`, `peer_gen`, `with_sport_idx`, `gen_up_seq`), `Path` (`inst_gen`, `lane0_wire`), `Sock` (`lane0_backlog`) |
+//! | congestion maps: our ports' hysteresis, updates owed and sent, map header and versions, receiving a map, monitor notifications | [`cong`] | `Congestion` (`maps`, `versions`), `Connection` (`map_queued`), `Sock` (`congested`, `cong_mask`, `cong_notify`) |
+//! | socket API: `socket`, `bind`, `connect`, options, `close`, readiness, errno rules, the address check | [`sock`] | `Sock`, `Node` (`socks`, `bound`) |
+//! | outputs, wake-ups, timers and their dispatch | [`node`] | `Node` (`outputs`, `timers`, `write_waiters`) |
+//! | loopback (a path up from the start; what goes a -> b arrives on b -> a) | [`loopback`], [`node`] (`conn_for`), [`recv`] | `LoopTransport` |
+//! | wire format: header, extension headers, checksum, TCP framing | [`wire`] | (values) |
+//! | messages on queues, received, notifications | [`message`] | `QueuedMsg` |
+//! | the kernel's counters | [`stats`] | `Counters` |
+//! | info snapshots (`RDS_INFO_*`) | [`info`] | (read-only) |
+//! | the transport trait, capabilities, `Accept` | [`transport`] | `TransportCaps` |
 
 pub mod cong;
 pub mod connection;

@@ -6,6 +6,10 @@
 //! [`Output`]s: connections to open or close, paths with data to transmit,
 //! sockets whose readiness changed. Nothing here reads a clock, touches a
 //! socket or spawns a thread.
+//!
+//! This file holds the node-wide state ([`Node`], [`NodeConfig`]), the
+//! outputs and timers with their dispatch, wake-ups and the connection
+//! table's lookups; the rules live a file each (see the crate docs).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};

@@ -2,7 +2,7 @@
 //! up, down, drop, reset and the reconnect backoff (`net/rds/threads.c`,
 //! `connection.c`, `tcp_listen.c`'s accept).
 //!
-//! Every state change goes through [`Path::set_state`], which allows only
+//! Every state change goes through `Path::set_state`, which allows only
 //! the kernel's transitions ([`PathState::can_go`]):
 //!
 //! | from                     | to            | kernel                                                        |

@@ -1,6 +1,8 @@
-//! The receive side (`net/rds/recv.c`, `cong.c`): the duplicate rule,
-//! pings and pongs, the multipath handshake, congestion-map updates and
-//! delivery to sockets.
+//! The receive side (`net/rds/recv.c`): the duplicate and stale rules,
+//! answering pings, delivery to sockets, `recvmsg` ([`Node::recv`]) and
+//! receive flow control (a socket's hard cap and the node's budget pause
+//! the path that delivered). Congestion maps received go to
+//! [`crate::cong`], handshake probes and pongs to [`crate::mprds`].
 
 use std::net::SocketAddr;
 

@@ -1,6 +1,8 @@
-//! The send side (`net/rds/send.c`, parts of `connection.c` and
-//! `threads.c`): queueing with sequence numbers and send-buffer accounting,
-//! path selection (mprds), transmit, acks, cancel, reset and reconnect.
+//! The send side (`net/rds/send.c`): `sendmsg`, queueing with sequence
+//! numbers and send-buffer accounting, transmit with ACK_REQUIRED pacing,
+//! acks, RDMA completion, cancel, and putting unacked messages back for
+//! retransmission when a path resets. Which path a message takes is
+//! [`crate::mprds`]'s; the path lifecycle is [`crate::path`]'s.
 
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
@@ -38,7 +40,7 @@ pub struct Unsent {
 impl Node {
     /// `sendmsg`. Never blocks: EAGAIN when the send buffer is full and
     /// ENOBUFS when the destination port is congested; a blocking caller
-    /// waits for a [`Output::Wake`] of this socket and retries.
+    /// waits for a [`crate::Output::Wake`] of this socket and retries.
     pub fn send(
         &mut self,
         s: SockId,

@@ -1,5 +1,8 @@
-//! Socket state (`struct rds_sock`): binding, buffer accounting, the receive
-//! and notification queues, congestion monitoring and options.
+//! Sockets (`struct rds_sock`, `af_rds.c`, `bind.c`): their state (binding,
+//! buffer accounting, the receive and notification queues, congestion
+//! monitoring, options) and the socket API with the kernel's errno rules:
+//! `socket`, `bind`, `connect`, `setsockopt` / `getsockopt`, readiness,
+//! `close`, and the address check `bind`, `connect` and `sendmsg` share.
 
 use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
