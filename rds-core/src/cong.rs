@@ -141,7 +141,7 @@ impl Node {
             None
         };
         if let Some(congested) = change {
-            let map = self.cong.maps.entry(bound.ip()).or_default();
+            let map = self.ep.cong.maps.entry(bound.ip()).or_default();
             if congested {
                 map.set(bound.port());
             } else {
@@ -166,10 +166,10 @@ impl Node {
     /// `rds_cong_map_updated`: wake blocked senders and notify monitoring
     /// sockets of the port groups that were uncongested.
     pub(crate) fn cong_map_updated(&mut self, uncongested: u64) {
-        self.counters.cong_update_received += 1;
+        self.ep.counters.cong_update_received += 1;
         self.wake_writers();
         let mut woken = Vec::new();
-        for (idx, slot) in self.socks.iter_mut().enumerate() {
+        for (idx, slot) in self.ep.socks.iter_mut().enumerate() {
             let Some(sock) = slot.sock.as_mut() else { continue };
             if sock.cong_monitor {
                 let n = sock.cong_mask & uncongested;
@@ -194,7 +194,7 @@ impl Node {
         let c = self.conn_mut(conn);
         if !c.map_queued {
             c.map_queued = true;
-            self.counters.cong_update_queued += 1;
+            self.ep.counters.cong_update_queued += 1;
         }
         match self.conn(conn).map_lane() {
             Some(lane) => self.kick(PathId { conn, index: lane as u8 }),
@@ -216,11 +216,11 @@ impl Node {
     /// Kernels read nothing of a map's header but h_len and h_flags.
     pub(crate) fn map_header(&mut self, laddr: IpAddr, index: u8, hello: bool) -> Header {
         let mut h = Header::cong_map();
-        if self.cfg.handshake_exts == HandshakeExts::Full {
+        if self.ep.cfg.handshake_exts == HandshakeExts::Full {
             h.sport = u16::from(index);
             h.dport = if hello { PROBE_PORT } else { 0 };
-            let _ = h.push_extension(Ext::GenNum(self.cfg.gen_num));
-            let v = self.cong.versions.entry(laddr).or_insert((self.cfg.gen_num, 0));
+            let _ = h.push_extension(Ext::GenNum(self.ep.cfg.gen_num));
+            let v = self.ep.cong.versions.entry(laddr).or_insert((self.ep.cfg.gen_num, 0));
             v.1 += 1;
             h.sequence = v.1;
         }
@@ -231,7 +231,7 @@ impl Node {
     /// copy of the peer address's map and wakes whoever waits on it.
     pub(crate) fn cong_recv(&mut self, pid: PathId, msg: &RxMessage) -> RecvOutcome {
         if msg.header.len as usize != CONG_MAP_BYTES || msg.payload.len() != CONG_MAP_BYTES {
-            self.counters.recv_drop_bad_frame += 1;
+            self.ep.counters.recv_drop_bad_frame += 1;
             self.drop_path(pid);
             return RecvOutcome::ProtocolError;
         }
@@ -269,7 +269,7 @@ impl Node {
                 return RecvOutcome::CongMap;
             }
             let faddr = self.conn(conn).faddr;
-            let last = self.cong.versions.entry(faddr).or_insert((0, 0));
+            let last = self.ep.cong.versions.entry(faddr).or_insert((0, 0));
             if last.0 == g && msg.header.sequence <= last.1 {
                 // Older than a map already applied (it came the other way).
                 return RecvOutcome::CongMap;
@@ -287,7 +287,7 @@ impl Node {
             }
         }
         let faddr = self.conn(conn).faddr;
-        let mask = self.cong.map(faddr).update_from(&new);
+        let mask = self.ep.cong.map(faddr).update_from(&new);
         self.cong_map_updated(mask);
         RecvOutcome::CongMap
     }

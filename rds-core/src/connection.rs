@@ -257,14 +257,14 @@ impl Node {
     /// down; it is collected once down). False when none can be, or when a
     /// quarter of the limit is already being evicted.
     pub(crate) fn make_room(&mut self) -> bool {
-        if self.peers() < self.cfg.max_peers {
+        if self.peers() < self.ep.cfg.max_peers {
             return true;
         }
         // Evicted peers hold their connections until their drain ends: at
         // most a quarter of the limit at a time, or a flood of new peers
         // would turn into a flood of draining connections.
         let evicting = self.conns.iter().filter(|c| c.evicted).count();
-        if evicting >= (self.cfg.max_peers / 4).max(1) {
+        if evicting >= (self.ep.cfg.max_peers / 4).max(1) {
             return false;
         }
         let victim = self
@@ -273,7 +273,7 @@ impl Node {
             .find(|c| c.kind != TransportKind::Loop && !c.evicted && !c.heard && !c.has_queued())
             .map(|c| c.id);
         let Some(v) = victim else { return false };
-        self.counters.conn_evicted_silent += 1;
+        self.ep.counters.conn_evicted_silent += 1;
         self.conns[v].evicted = true;
         for i in 0..self.conns[v].paths.len() {
             self.drop_path(PathId { conn: v, index: i as u8 });
@@ -295,7 +295,7 @@ impl Node {
             self.collect_idle(c, now);
             return;
         }
-        if let Some(idle) = self.cfg.conn_idle_gc {
+        if let Some(idle) = self.ep.cfg.conn_idle_gc {
             if conn.gc_at.is_none() {
                 let at = crate::types::later(now, idle);
                 self.conns[c].gc_at = Some(at);
@@ -311,7 +311,7 @@ impl Node {
         let Some(conn) = self.conns.get(c) else { return };
         if !conn.idle() {
             if conn.all_down() {
-                let at = crate::types::later(now, self.cfg.conn_idle_gc.unwrap_or(Duration::from_secs(1)));
+                let at = crate::types::later(now, self.ep.cfg.conn_idle_gc.unwrap_or(Duration::from_secs(1)));
                 self.conns[c].gc_at = Some(at);
                 self.schedule(at, Timer::Collect(c));
             }
@@ -325,16 +325,16 @@ impl Node {
         // Receive flow control ends with the connection: the transport
         // forgets the pause (a later connection of the peer has a new id and
         // is paused again, if need be, by its first delivery).
-        let mut paused: Vec<PathId> = self.rx_paused.keys().copied().filter(|p| p.conn == c).collect();
+        let mut paused: Vec<PathId> = self.ep.rx_paused.keys().copied().filter(|p| p.conn == c).collect();
         paused.sort();
         for pid in paused {
-            self.rx_paused.remove(&pid);
+            self.ep.rx_paused.remove(&pid);
             if let Some(info) = self.path_info(pid) {
                 self.push_rx_flow(info, false);
             }
         }
         let conn = self.conns.remove(c).unwrap();
-        self.counters.conn_collected += 1;
+        self.ep.counters.conn_collected += 1;
         let key = (conn.laddr, conn.faddr, conn.kind, conn.tos);
         self.conn_index.remove(&key);
         let mut memo = conn.memo();
@@ -342,16 +342,16 @@ impl Node {
         if last && !self.is_local(&conn.faddr) {
             // The peer's congestion map (8 KiB) goes with its last
             // connection; it sends it again on every new connection.
-            self.cong.maps.remove(&conn.faddr);
-            memo.map_version = self.cong.versions.remove(&conn.faddr);
+            self.ep.cong.maps.remove(&conn.faddr);
+            memo.map_version = self.ep.cong.versions.remove(&conn.faddr);
         }
-        for slot in self.socks.iter_mut() {
+        for slot in self.ep.socks.iter_mut() {
             if let Some(k) = slot.sock.as_mut() {
                 k.lane0_backlog.retain(|(lc, _)| *lc != c);
             }
         }
-        if self.cfg.conn_memo_max > 0 {
-            while self.memos.len() >= self.cfg.conn_memo_max {
+        if self.ep.cfg.conn_memo_max > 0 {
+            while self.memos.len() >= self.ep.cfg.conn_memo_max {
                 let Some(old) = self.memo_order.pop_front() else { break };
                 self.memos.remove(&old);
             }

@@ -63,7 +63,7 @@ impl Node {
             return;
         }
         self.conn_mut(conn).ping_triggered = true;
-        self.counters.mprds_probe_sent += 1;
+        self.ep.counters.mprds_probe_sent += 1;
         self.send_probe(PathId { conn, index: 0 }, PROBE_PORT, 0);
     }
 
@@ -95,7 +95,7 @@ impl Node {
     pub(crate) fn send_probe(&mut self, pid: PathId, sport: u16, dport: u16) {
         let c = self.conn(pid.conn);
         let (faddr, kind) = (c.faddr, c.kind);
-        if self.cong.congested(&faddr, dport) {
+        if self.ep.cong.congested(&faddr, dport) {
             return;
         }
         // A pong never transmitted yet answers every ping from that port
@@ -114,17 +114,17 @@ impl Node {
                 })
             })
         {
-            self.counters.send_pong_coalesced += 1;
+            self.ep.counters.send_pong_coalesced += 1;
             return;
         }
         // s_send_pong counts every probe queued: probe pings and all pongs.
-        self.counters.send_pong += 1;
+        self.ep.counters.send_pong += 1;
         let mut hdr = Header::data(sport, dport, 0);
         let hs = (sport, dport) == (PROBE_PORT, 0) || (sport, dport) == (0, PROBE_PORT);
         if hs && self.caps_of(kind).mp_capable {
-            let _ = hdr.push_extension(Ext::Npaths(u16::from(self.cfg.npaths)));
-            if self.cfg.handshake_exts == HandshakeExts::Full {
-                let _ = hdr.push_extension(Ext::GenNum(self.cfg.gen_num));
+            let _ = hdr.push_extension(Ext::Npaths(u16::from(self.ep.cfg.npaths)));
+            if self.ep.cfg.handshake_exts == HandshakeExts::Full {
+                let _ = hdr.push_extension(Ext::GenNum(self.ep.cfg.gen_num));
             }
         }
         let msg = QueuedMsg {
@@ -203,7 +203,7 @@ impl Node {
         if !restarted {
             return;
         }
-        self.counters.peer_restart += 1;
+        self.ep.counters.peer_restart += 1;
         let c = self.conn_mut(conn);
         for (i, path) in c.paths.iter_mut().enumerate() {
             if i == usize::from(on) {
@@ -282,7 +282,7 @@ impl Node {
     /// `rds_recv_hs_exthdrs`: NPATHS (capped at ours; 1 when absent),
     /// GEN_NUM, SPORT_IDX.
     pub(crate) fn hs_exthdrs(&mut self, conn: ConnId, index: u8, msg: &RxMessage) {
-        let ours = self.cfg.npaths;
+        let ours = self.ep.cfg.npaths;
         let mut npaths = None;
         let mut gen_num = 0;
         let mut sport_idx = false;

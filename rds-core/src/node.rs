@@ -181,32 +181,50 @@ pub(crate) enum Timer {
     Collect(ConnId),
 }
 
-/// One RDS stack.
-pub struct Node {
-    pub(crate) cfg: NodeConfig,
-    pub(crate) rng: Rng,
-    pub(crate) caps: [Option<TransportCaps>; 3],
+/// The node-wide state of one RDS stack (quinn-proto's `Endpoint`): what
+/// every connection shares — settings, transports, local addresses,
+/// sockets and bound ports, congestion maps, counters, the outputs and
+/// timers queued for the driver, the receive budget. Per-peer state is in
+/// the [`Connection`]s of [`Node::conns`].
+pub(crate) struct Endpoint {
+    pub cfg: NodeConfig,
+    pub rng: Rng,
+    pub caps: [Option<TransportCaps>; 3],
     /// Addresses this node serves, with the transports serving each.
-    pub(crate) locals: HashMap<IpAddr, Vec<TransportKind>>,
-    pub(crate) socks: Vec<SockSlot>,
-    pub(crate) free_socks: Vec<u32>,
-    pub(crate) bound: HashMap<SocketAddr, SockId>,
-    pub(crate) conns: ConnTable,
-    pub(crate) conn_index: HashMap<(IpAddr, IpAddr, TransportKind, u8), ConnId>,
+    pub locals: HashMap<IpAddr, Vec<TransportKind>>,
+    pub socks: Vec<SockSlot>,
+    pub free_socks: Vec<u32>,
+    pub bound: HashMap<SocketAddr, SockId>,
     /// Congestion maps and their versions (`cong.rs`).
-    pub(crate) cong: Congestion,
-    pub(crate) counters: Counters,
-    pub(crate) outputs: VecDeque<Output>,
-    pub(crate) timers: BinaryHeap<Reverse<(Instant, Timer)>>,
+    pub cong: Congestion,
+    pub counters: Counters,
+    pub outputs: VecDeque<Output>,
+    pub timers: BinaryHeap<Reverse<(Instant, Timer)>>,
     /// Sockets with a blocked sender (woken on acks and map updates).
-    pub(crate) write_waiters: Vec<SockId>,
+    pub write_waiters: Vec<SockId>,
     /// Bytes queued on all sockets' receive queues (payloads plus
     /// `RCV_MSG_OVERHEAD` per message), against `NodeConfig::rcv_budget`.
-    pub(crate) rx_held: u64,
+    pub rx_held: u64,
     /// Paths whose reading is paused, and why (`recv.rs`).
-    pub(crate) rx_paused: HashMap<PathId, crate::recv::RxPause>,
+    pub rx_paused: HashMap<PathId, crate::recv::RxPause>,
     /// Sequence of `Output::RxFlow`.
-    pub(crate) rx_flow_seq: u64,
+    pub rx_flow_seq: u64,
+}
+
+impl Endpoint {
+    /// The capabilities of a transport (loopback's if not registered).
+    pub fn caps_of(&self, kind: TransportKind) -> TransportCaps {
+        self.caps[kind.slot()].unwrap_or_else(TransportCaps::loopback)
+    }
+}
+
+/// One RDS stack: the node-wide [`Endpoint`] and the table of
+/// connections, apart, so that a rule of one connection can borrow its
+/// [`Connection`] and the parts of the endpoint it needs at the same time.
+pub struct Node {
+    pub(crate) ep: Endpoint,
+    pub(crate) conns: ConnTable,
+    pub(crate) conn_index: HashMap<(IpAddr, IpAddr, TransportKind, u8), ConnId>,
     /// Sequence state of collected connections (`ConnMemo`), with their
     /// order of collection (oldest first) for the bound.
     pub(crate) memos: HashMap<(IpAddr, IpAddr, TransportKind, u8), ConnMemo>,
@@ -217,66 +235,68 @@ impl Node {
     pub fn new(cfg: NodeConfig) -> Node {
         let rng = Rng::new(cfg.seed ^ u64::from(cfg.gen_num).rotate_left(32));
         Node {
-            cfg,
-            rng,
-            caps: [None, None, None],
-            locals: HashMap::new(),
-            socks: Vec::new(),
-            free_socks: Vec::new(),
-            bound: HashMap::new(),
+            ep: Endpoint {
+                cfg,
+                rng,
+                caps: [None, None, None],
+                locals: HashMap::new(),
+                socks: Vec::new(),
+                free_socks: Vec::new(),
+                bound: HashMap::new(),
+                cong: Congestion::default(),
+                counters: Counters::default(),
+                outputs: VecDeque::new(),
+                timers: BinaryHeap::new(),
+                write_waiters: Vec::new(),
+                rx_held: 0,
+                rx_paused: HashMap::new(),
+                rx_flow_seq: 0,
+            },
             conns: ConnTable::default(),
             conn_index: HashMap::new(),
-            cong: Congestion::default(),
-            counters: Counters::default(),
-            outputs: VecDeque::new(),
-            timers: BinaryHeap::new(),
-            write_waiters: Vec::new(),
-            rx_held: 0,
-            rx_paused: HashMap::new(),
-            rx_flow_seq: 0,
             memos: HashMap::new(),
             memo_order: VecDeque::new(),
         }
     }
 
     pub fn config(&self) -> &NodeConfig {
-        &self.cfg
+        &self.ep.cfg
     }
 
     pub fn counters(&self) -> &Counters {
-        &self.counters
+        &self.ep.counters
     }
 
     /// Makes a transport available (`rds_trans_register`).
     pub fn register_transport(&mut self, caps: TransportCaps) {
-        self.caps[caps.kind.slot()] = Some(caps);
+        self.ep.caps[caps.kind.slot()] = Some(caps);
     }
 
     pub fn has_transport(&self, kind: TransportKind) -> bool {
-        self.caps[kind.slot()].is_some()
+        self.ep.caps[kind.slot()].is_some()
     }
 
     pub(crate) fn caps_of(&self, kind: TransportKind) -> TransportCaps {
-        self.caps[kind.slot()].unwrap_or_else(TransportCaps::loopback)
+        self.ep.caps_of(kind)
     }
 
     /// The node now serves `addr` with transport `kind` (the driver has set
     /// up whatever listening that needs).
     pub fn add_local(&mut self, addr: IpAddr, kind: TransportKind) {
-        let kinds = self.locals.entry(addr).or_default();
+        let kinds = self.ep.locals.entry(addr).or_default();
         if !kinds.contains(&kind) {
             kinds.push(kind);
         }
-        self.cong.map(addr);
+        self.ep.cong.map(addr);
     }
 
     pub fn is_local(&self, addr: &IpAddr) -> bool {
-        self.locals.contains_key(addr)
+        self.ep.locals.contains_key(addr)
     }
 
     /// Addresses served, with their transports.
     pub fn locals(&self) -> impl Iterator<Item = (&IpAddr, &Vec<TransportKind>)> {
-        self.locals.iter()
+        self.ep.locals.iter()
     }
 
     // ----------------------------------------------------------------
@@ -285,7 +305,7 @@ impl Node {
 
     /// Next thing for the driver to do.
     pub fn poll_output(&mut self) -> Option<Output> {
-        let o = self.outputs.pop_front()?;
+        let o = self.ep.outputs.pop_front()?;
         match &o {
             Output::Kick(info) => {
                 if let Some(path) = self.path_mut(info.id) {
@@ -304,11 +324,11 @@ impl Node {
 
     /// When [`Node::handle_timeout`] should next be called.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
-        while let Some(Reverse((at, t))) = self.timers.peek().copied() {
+        while let Some(Reverse((at, t))) = self.ep.timers.peek().copied() {
             if self.timer_live(at, t) {
                 return Some(at);
             }
-            self.timers.pop();
+            self.ep.timers.pop();
         }
         None
     }
@@ -322,11 +342,11 @@ impl Node {
 
     /// Runs every timer due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        while let Some(Reverse((at, t))) = self.timers.peek().copied() {
+        while let Some(Reverse((at, t))) = self.ep.timers.peek().copied() {
             if at > now {
                 break;
             }
-            self.timers.pop();
+            self.ep.timers.pop();
             if !self.timer_live(at, t) {
                 continue;
             }
@@ -341,7 +361,7 @@ impl Node {
     }
 
     pub(crate) fn schedule(&mut self, at: Instant, t: Timer) {
-        self.timers.push(Reverse((at, t)));
+        self.ep.timers.push(Reverse((at, t)));
     }
 
     pub(crate) fn kick(&mut self, p: PathId) {
@@ -354,7 +374,7 @@ impl Node {
         }
         let info = c.info(usize::from(p.index));
         self.path_mut(p).unwrap().kick_queued = true;
-        self.outputs.push_back(Output::Kick(info));
+        self.ep.outputs.push_back(Output::Kick(info));
     }
 
     /// Queues a Wake if the socket's readiness changed since last reported,
@@ -365,7 +385,7 @@ impl Node {
         if (force || now != sock.reported) && !sock.wake_queued {
             sock.wake_queued = true;
             sock.reported = now;
-            self.outputs.push_back(Output::Wake(s));
+            self.ep.outputs.push_back(Output::Wake(s));
         } else if sock.wake_queued {
             sock.reported = now;
         }
@@ -373,7 +393,7 @@ impl Node {
 
     /// Wakes every socket with a blocked sender.
     pub(crate) fn wake_writers(&mut self) {
-        let waiters = std::mem::take(&mut self.write_waiters);
+        let waiters = std::mem::take(&mut self.ep.write_waiters);
         for s in waiters {
             if let Some(sock) = self.sock_mut(s) {
                 sock.wants_write = false;
@@ -410,7 +430,7 @@ impl Node {
             return *c;
         }
         let caps = self.caps_of(kind);
-        let n = if caps.mp_capable { usize::from(self.cfg.npaths.clamp(1, 8)) } else { 1 };
+        let n = if caps.mp_capable { usize::from(self.ep.cfg.npaths.clamp(1, 8)) } else { 1 };
         let id = self.conns.next_id();
         let paths = (0..n).map(|_| Path::new()).collect();
         self.conns.insert(Connection {
@@ -437,7 +457,7 @@ impl Node {
         if let Some(m) = self.memos.remove(&key) {
             self.memo_order.retain(|k| *k != key);
             if let Some(v) = m.map_version {
-                self.cong.versions.entry(faddr).or_insert(v);
+                self.ep.cong.versions.entry(faddr).or_insert(v);
             }
             self.conns[id].restore(&m);
         }
@@ -449,7 +469,7 @@ impl Node {
             p.confirmed = true;
         }
         self.conn_index.insert((laddr, faddr, kind, tos), id);
-        self.cong.map(faddr);
+        self.ep.cong.map(faddr);
         id
     }
 
@@ -517,7 +537,7 @@ impl Node {
                 }
             }
         }
-        for slot in &self.socks {
+        for slot in &self.ep.socks {
             if let Some(k) = &slot.sock {
                 let _ = writeln!(
                     s,
@@ -532,14 +552,14 @@ impl Node {
                 );
             }
         }
-        for (a, m) in &self.cong.maps {
+        for (a, m) in &self.ep.cong.maps {
             let ports: Vec<u16> = m.congested_ports().take(20).collect();
             if !ports.is_empty() {
                 let _ = writeln!(s, "map {a}: congested {ports:?}");
             }
         }
-        let _ = writeln!(s, "write_waiters {:?} outputs {}", self.write_waiters.len(), self.outputs.len());
-        let _ = writeln!(s, "rx_held {} rx_paused {:?}", self.rx_held, self.rx_paused);
+        let _ = writeln!(s, "write_waiters {:?} outputs {}", self.ep.write_waiters.len(), self.ep.outputs.len());
+        let _ = writeln!(s, "rx_held {} rx_paused {:?}", self.ep.rx_held, self.ep.rx_paused);
         s
     }
 }

@@ -293,7 +293,7 @@ impl Node {
         let maps = self.conn(pid.conn).maps_rx;
         self.path_mut(pid).unwrap().maps_at_connect = maps;
         let info = self.conn(pid.conn).info(usize::from(pid.index));
-        self.outputs.push_back(Output::Connect(info));
+        self.ep.outputs.push_back(Output::Connect(info));
     }
 
     /// `rds_queue_reconnect`: first attempt at once, then after a random
@@ -310,12 +310,12 @@ impl Node {
             return;
         }
         let settle = if pid.index > 0 && caps.mp_capable && Node::is_smaller(&c.laddr, &c.faddr) && !c.with_sport_idx {
-            self.cfg.reconnect_settle
+            self.ep.cfg.reconnect_settle
         } else {
             Duration::ZERO
         };
-        let (min, max) = (self.cfg.reconnect_min, self.cfg.reconnect_max);
-        let jitter = self.rng.next_u64();
+        let (min, max) = (self.ep.cfg.reconnect_min, self.ep.cfg.reconnect_max);
+        let jitter = self.ep.rng.next_u64();
         let path = self.path_mut(pid).unwrap();
         let at = if path.reconnect_delay.is_zero() {
             path.reconnect_delay = min;
@@ -359,7 +359,7 @@ impl Node {
         // accept race can pair different paths; such a connection is
         // dropped, `cong_recv`). A peer that resets the connection instead
         // of taking it got nothing it would have acked and then lost.
-        let full = self.cfg.handshake_exts == HandshakeExts::Full;
+        let full = self.ep.cfg.handshake_exts == HandshakeExts::Full;
         let sends_map = self.caps_of(self.conn(pid.conn).kind).sends_cong_map;
         // Only our own connections of a multipath connection need the
         // peer's confirmation (`connect_worker`); a map may have come already.
@@ -413,7 +413,7 @@ impl Node {
         let known = self.find_conn(laddr, faddr, kind);
         let evicted = known.is_some_and(|c| self.conn(c).evicted);
         if (known.is_none() || evicted) && !self.make_room() {
-            self.counters.conn_refused_peer_limit += 1;
+            self.ep.counters.conn_refused_peer_limit += 1;
             return Accept::Reject;
         }
         let conn = self.conn_for(laddr, faddr, kind, 0);
@@ -476,10 +476,10 @@ impl Node {
         }
         let was_up = matches!(path.state, PathState::Up | PathState::Disconnecting);
         if reason == DownReason::ProtocolError {
-            self.counters.recv_drop_bad_frame += 1;
+            self.ep.counters.recv_drop_bad_frame += 1;
         }
         if was_up {
-            self.counters.conn_reset += 1;
+            self.ep.counters.conn_reset += 1;
         }
         self.send_path_reset(pid);
         // Cancelled messages that held lanes are no longer on a connection.
@@ -546,7 +546,7 @@ impl Node {
         }
         path.go_disconnecting();
         let info = self.conn(pid.conn).info(usize::from(pid.index));
-        self.outputs.push_back(Output::Shutdown(info));
+        self.ep.outputs.push_back(Output::Shutdown(info));
     }
 
     /// Resets the path's transport connection as if it had failed (like the

@@ -127,7 +127,7 @@ impl Node {
         // and fall back (a restarted peer).
         let path = self.path_mut(pid).unwrap();
         if hdr.sequence < path.next_rx_seq && hdr.is_retransmitted() {
-            self.counters.recv_drop_old_seq += 1;
+            self.ep.counters.recv_drop_old_seq += 1;
             return RecvOutcome::DupDropped;
         }
         // A retransmission before anything else on the only connection of
@@ -137,17 +137,17 @@ impl Node {
         // first on a new connection; the 6.1 kernel cannot tell that we
         // restarted, and would deliver them.)
         if hdr.is_retransmitted() && path.rx_conns <= 1 && !path.rx_any && hdr.sport > PROBE_PORT {
-            self.counters.recv_drop_stale += 1;
+            self.ep.counters.recv_drop_stale += 1;
             return RecvOutcome::Stale;
         }
         path.next_rx_seq = hdr.sequence.wrapping_add(1);
         path.rx_any = true;
 
-        if self.cfg.ping_enable && hdr.dport == 0 {
+        if self.ep.cfg.ping_enable && hdr.dport == 0 {
             if hdr.sport == 0 {
                 return RecvOutcome::Ignored;
             }
-            self.counters.recv_ping += 1;
+            self.ep.counters.recv_ping += 1;
             self.send_probe(pid, 0, hdr.sport);
             if kind == Kind::ProbePing {
                 self.hs_exthdrs(conn, pid.index, &msg);
@@ -171,8 +171,8 @@ impl Node {
         let (laddr, faddr) = (c.laddr, c.faddr);
         let hdr = msg.header;
         let to = SocketAddr::new(laddr, hdr.dport);
-        let Some(s) = self.bound.get(&to).copied() else {
-            self.counters.recv_drop_no_sock += 1;
+        let Some(s) = self.ep.bound.get(&to).copied() else {
+            self.ep.counters.recv_drop_no_sock += 1;
             return RecvOutcome::NoSocket;
         };
         // A socket receives only over its own transport (the one bind or
@@ -184,7 +184,7 @@ impl Node {
         // the kernel counts its own no-such-socket drops.
         let kind = self.conn(conn).kind;
         if kind != crate::types::TransportKind::Loop && self.sock(s).and_then(|k| k.transport) != Some(kind) {
-            self.counters.recv_drop_no_sock += 1;
+            self.ep.counters.recv_drop_no_sock += 1;
             return RecvOutcome::NoSocket;
         }
         let cap = self.rcv_cap(s);
@@ -205,12 +205,12 @@ impl Node {
             timestamp_ns,
             rdma_dest,
         });
-        self.counters.recv_queued += 1;
-        self.rx_held = self.rx_held.saturating_add(len as u64 + RCV_MSG_OVERHEAD);
+        self.ep.counters.recv_queued += 1;
+        self.ep.rx_held = self.ep.rx_held.saturating_add(len as u64 + RCV_MSG_OVERHEAD);
         self.rcvbuf_delta(s, len as i64);
         self.wake(s, false);
         let over_sock = self.sock(s).is_some_and(|k| sock_held(k) > cap);
-        let over_budget = self.rx_held > self.cfg.rcv_budget;
+        let over_budget = self.ep.rx_held > self.ep.cfg.rcv_budget;
         if over_sock || over_budget {
             self.rx_pause(via, over_sock.then_some(s), over_budget);
             return RecvOutcome::DeliveredPaused;
@@ -220,24 +220,24 @@ impl Node {
 
     /// The socket's hard receive cap.
     pub(crate) fn rcv_cap(&self, s: SockId) -> u64 {
-        let hard = u64::from(self.cfg.rcv_hard_factor.max(1));
+        let hard = u64::from(self.ep.cfg.rcv_hard_factor.max(1));
         self.sock(s).map_or(RCV_HARD_FLOOR, |k| k.rcvbuf_limit().saturating_mul(hard).max(RCV_HARD_FLOOR))
     }
 
     /// Bytes queued on all sockets, against [`crate::NodeConfig::rcv_budget`].
     pub fn rx_held(&self) -> u64 {
-        self.rx_held
+        self.ep.rx_held
     }
 
     /// Whether reading the path is paused (receive flow control).
     pub fn rx_paused(&self, p: PathId) -> bool {
-        self.rx_paused.contains_key(&p)
+        self.ep.rx_paused.contains_key(&p)
     }
 
     /// Pauses reading `pid` on account of socket `s` and/or the budget.
     fn rx_pause(&mut self, pid: PathId, s: Option<SockId>, budget: bool) {
         let Some(info) = self.path_info(pid) else { return };
-        let st = self.rx_paused.entry(pid).or_default();
+        let st = self.ep.rx_paused.entry(pid).or_default();
         let new = st.socks.is_empty() && !st.budget;
         if let Some(s) = s {
             if !st.socks.contains(&s) {
@@ -246,7 +246,7 @@ impl Node {
         }
         st.budget |= budget;
         if new {
-            self.counters.recv_pause += 1;
+            self.ep.counters.recv_pause += 1;
             self.push_rx_flow(info, true);
         }
     }
@@ -254,19 +254,19 @@ impl Node {
     /// Tells the transport to pause or resume reading a path; `seq` orders
     /// the signals across the threads that dispatch them.
     pub(crate) fn push_rx_flow(&mut self, path: crate::path::PathInfo, paused: bool) {
-        self.rx_flow_seq += 1;
-        self.outputs.push_back(Output::RxFlow { path, paused, seq: self.rx_flow_seq });
+        self.ep.rx_flow_seq += 1;
+        self.ep.outputs.push_back(Output::RxFlow { path, paused, seq: self.ep.rx_flow_seq });
     }
 
     /// Resumes the paused paths whose reasons are gone: their sockets are
     /// back under three quarters of their cap (or closed), the node under
     /// three quarters of its budget.
     pub(crate) fn rx_recheck(&mut self) {
-        if self.rx_paused.is_empty() {
+        if self.ep.rx_paused.is_empty() {
             return;
         }
-        let budget_ok = self.rx_held <= self.cfg.rcv_budget - self.cfg.rcv_budget / 4;
-        let mut st = std::mem::take(&mut self.rx_paused);
+        let budget_ok = self.ep.rx_held <= self.ep.cfg.rcv_budget - self.ep.cfg.rcv_budget / 4;
+        let mut st = std::mem::take(&mut self.ep.rx_paused);
         let mut resume = Vec::new();
         for (pid, p) in st.iter_mut() {
             p.socks.retain(|&s| {
@@ -284,11 +284,11 @@ impl Node {
         for pid in resume {
             st.remove(&pid);
             if let Some(info) = self.path_info(pid) {
-                self.counters.recv_resume += 1;
+                self.ep.counters.recv_resume += 1;
                 self.push_rx_flow(info, false);
             }
         }
-        self.rx_paused = st;
+        self.ep.rx_paused = st;
     }
 }
 
@@ -318,10 +318,10 @@ impl Node {
             return Err(Errno::EAGAIN);
         };
         // s_recv_delivered counts every copy to the user, peeks included.
-        self.counters.recv_delivered += 1;
+        self.ep.counters.recv_delivered += 1;
         if !peek {
             self.rcvbuf_delta(s, -(inc.payload.len() as i64));
-            self.rx_held = self.rx_held.saturating_sub(inc.payload.len() as u64 + crate::recv::RCV_MSG_OVERHEAD);
+            self.ep.rx_held = self.ep.rx_held.saturating_sub(inc.payload.len() as u64 + crate::recv::RCV_MSG_OVERHEAD);
             self.rx_recheck();
         }
         self.wake(s, false);

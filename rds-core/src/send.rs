@@ -95,18 +95,18 @@ impl Node {
         self.connect_if_down(pid);
 
         // rds_cong_wait
-        let congested = self.cong.congested(&dst.ip(), dst.port());
+        let congested = self.ep.cong.congested(&dst.ip(), dst.port());
         if congested {
             let sock = self.sock_mut(s).unwrap();
             sock.seen_congestion = true;
             if opts.blocking {
-                self.counters.cong_send_blocked += 1;
+                self.ep.counters.cong_send_blocked += 1;
                 self.want_write(s);
             } else {
                 if sock.cong_monitor {
                     sock.cong_mask |= crate::cong::monitor_mask(dst.port());
                 }
-                self.counters.cong_send_error += 1;
+                self.ep.counters.cong_send_error += 1;
             }
             return Err(Errno::ENOBUFS);
         }
@@ -115,7 +115,7 @@ impl Node {
         // limit, so the last message may overshoot it.
         let sock = self.sock_mut(s).unwrap();
         if sock.snd_bytes >= sock.sndbuf_limit() {
-            self.counters.send_queue_full += 1;
+            self.ep.counters.send_queue_full += 1;
             self.want_write(s);
             return Err(Errno::EAGAIN);
         }
@@ -138,7 +138,7 @@ impl Node {
             gated,
         };
         if gated {
-            self.counters.mprds_lane_hold += 1;
+            self.ep.counters.mprds_lane_hold += 1;
         }
         self.enqueue(pid, msg);
         self.wake(s, false);
@@ -149,7 +149,7 @@ impl Node {
         let sock = self.sock_mut(s).unwrap();
         if !sock.wants_write {
             sock.wants_write = true;
-            self.write_waiters.push(s);
+            self.ep.write_waiters.push(s);
         }
     }
 
@@ -159,7 +159,7 @@ impl Node {
         msg.hdr.sequence = path.next_tx_seq;
         path.next_tx_seq += 1;
         path.send_queue.push_back(msg);
-        self.counters.send_queued += 1;
+        self.ep.counters.send_queued += 1;
         self.kick(pid);
     }
 
@@ -180,7 +180,7 @@ impl Node {
             let header = self.map_header(laddr, pid.index, !lane_map);
             self.conn_mut(conn).map_queued &= !lane_map;
             self.path_mut(pid).unwrap().hello_owed = false;
-            let map = self.cong.map(laddr);
+            let map = self.ep.cong.map(laddr);
             out.push(TxMessage {
                 header,
                 payload: Payload::copy_from(map.as_bytes()),
@@ -206,7 +206,7 @@ impl Node {
         // resets it, and what its TCP had already acked would be lost. (The
         // probe lets a peer that stays silent until it hears from us answer.)
         let confirmed = self.path(pid).unwrap().confirmed;
-        let (max_packets, max_bytes) = (self.cfg.max_unacked_packets, self.cfg.max_unacked_bytes);
+        let (max_packets, max_bytes) = (self.ep.cfg.max_unacked_packets, self.ep.cfg.max_unacked_bytes);
         let mut sent = 0usize;
         let mut flushed = Vec::new();
         loop {
@@ -237,7 +237,7 @@ impl Node {
                 m.flags.ack_required = true;
                 path.unacked_packets = max_packets;
                 path.unacked_bytes = max_bytes;
-                self.counters.send_ack_required += 1;
+                self.ep.counters.send_ack_required += 1;
             } else {
                 path.unacked_packets -= 1;
                 path.unacked_bytes -= len;
@@ -253,14 +253,14 @@ impl Node {
                 rdma: m.rdma.clone(),
             });
             if m.rdma.is_some() {
-                self.counters.send_rdma += 1;
+                self.ep.counters.send_rdma += 1;
             }
             path.retrans.push_back(m);
         }
         for m in flushed {
             let status = if m.rdma.is_some() { rdma_status::DROPPED } else { rdma_status::OTHER_ERROR };
             if m.flags.flush {
-                self.counters.send_drop_flushed += 1;
+                self.ep.counters.send_drop_flushed += 1;
                 if let Some(s) = m.sock {
                     if let Some(k) = self.sock_mut(s) {
                         k.flushed += 1;
@@ -270,7 +270,7 @@ impl Node {
             self.remove_from_sock(conn, &m, status);
         }
         if self.path(pid).unwrap().send_queue.is_empty() {
-            self.counters.send_queue_empty += 1;
+            self.ep.counters.send_queue_empty += 1;
         }
         let path = self.path(pid).unwrap();
         !path.send_queue.is_empty()
@@ -292,7 +292,7 @@ impl Node {
             done.push(path.retrans.pop_front().unwrap());
         }
         for m in done {
-            self.counters.send_drop_acked += 1;
+            self.ep.counters.send_drop_acked += 1;
             self.remove_from_sock(pid.conn, &m, rdma_status::SUCCESS);
         }
         let path = self.path_mut(pid).unwrap();
@@ -347,7 +347,7 @@ impl Node {
         let waiting = sock.wants_write;
         if waiting {
             sock.wants_write = false;
-            self.write_waiters.retain(|w| *w != s);
+            self.ep.write_waiters.retain(|w| *w != s);
         }
         self.wake(s, waiting);
         if unblocked {
@@ -394,7 +394,7 @@ impl Node {
             }
         }
         let n = dropped.len();
-        self.counters.send_drop_cancelled += n as u64;
+        self.ep.counters.send_drop_cancelled += n as u64;
         for (conn, m) in dropped {
             self.remove_from_sock(conn, &m, rdma_status::CANCELED);
         }
@@ -433,7 +433,7 @@ impl Node {
 
     /// `rds_send_path_reset`.
     pub(crate) fn send_path_reset(&mut self, pid: PathId) {
-        let (max_packets, max_bytes) = (self.cfg.max_unacked_packets, self.cfg.max_unacked_bytes);
+        let (max_packets, max_bytes) = (self.ep.cfg.max_unacked_packets, self.ep.cfg.max_unacked_bytes);
         let path = self.path_mut(pid).unwrap();
         path.unacked_packets = max_packets;
         path.unacked_bytes = max_bytes;

@@ -177,15 +177,15 @@ pub struct Readiness {
 impl Node {
     /// `socket(AF_RDS, SOCK_SEQPACKET, 0)`.
     pub fn socket(&mut self) -> SockId {
-        let sock = Sock::new(self.cfg.wmem_default, self.cfg.rmem_default);
-        if let Some(idx) = self.free_socks.pop() {
-            let slot = &mut self.socks[idx as usize];
+        let sock = Sock::new(self.ep.cfg.wmem_default, self.ep.cfg.rmem_default);
+        if let Some(idx) = self.ep.free_socks.pop() {
+            let slot = &mut self.ep.socks[idx as usize];
             slot.generation = slot.generation.wrapping_add(1);
             slot.sock = Some(sock);
             SockId { idx, generation: slot.generation }
         } else {
-            self.socks.push(SockSlot { generation: 0, sock: Some(sock) });
-            SockId { idx: self.socks.len() as u32 - 1, generation: 0 }
+            self.ep.socks.push(SockSlot { generation: 0, sock: Some(sock) });
+            SockId { idx: self.ep.socks.len() as u32 - 1, generation: 0 }
         }
     }
 
@@ -208,7 +208,7 @@ impl Node {
             return Err(Errno::EINVAL);
         }
         let forced = sock.transport;
-        let kinds = self.locals.get(&ip).map(Vec::as_slice).unwrap_or_default();
+        let kinds = self.ep.locals.get(&ip).map(Vec::as_slice).unwrap_or_default();
         let kind = match forced {
             Some(k) if kinds.contains(&k) => k,
             // The transport set with SO_RDS_TRANSPORT fails its laddr_check.
@@ -218,12 +218,12 @@ impl Node {
             None => *kinds.first().ok_or(Errno::EADDRNOTAVAIL)?,
         };
         let port = if addr.port() == 0 {
-            let start = 1024 + self.rng.below(65536 - 1024) as u32;
+            let start = 1024 + self.ep.rng.below(65536 - 1024) as u32;
             (0..65535u32)
                 .map(|i| ((start + i) % 65535 + 1) as u16)
-                .find(|p| *p > 1 && !self.bound.contains_key(&SocketAddr::new(ip, *p)))
+                .find(|p| *p > 1 && !self.ep.bound.contains_key(&SocketAddr::new(ip, *p)))
         } else {
-            (!self.bound.contains_key(&addr)).then_some(addr.port())
+            (!self.ep.bound.contains_key(&addr)).then_some(addr.port())
         };
         let Some(port) = port else {
             // rds_bind forgets the transport when rds_add_bound fails, even
@@ -232,7 +232,7 @@ impl Node {
             return Err(Errno::EADDRINUSE);
         };
         let local = SocketAddr::new(ip, port);
-        self.bound.insert(local, s);
+        self.ep.bound.insert(local, s);
         let sock = self.sock_mut(s).unwrap();
         sock.bound = Some(local);
         sock.transport = Some(kind);
@@ -265,7 +265,7 @@ impl Node {
 
     /// `setsockopt` for the options the core owns.
     pub fn setsockopt(&mut self, s: SockId, opt: SockOpt) -> Result<(), Errno> {
-        let (wmax, rmax) = (self.cfg.wmem_max, self.cfg.rmem_max);
+        let (wmax, rmax) = (self.ep.cfg.wmem_max, self.ep.cfg.rmem_max);
         let transport_ok = |k: TransportKind, node: &Node| node.has_transport(k);
         if let SockOpt::Transport(v) = opt {
             let sock = self.sock(s).ok_or(Errno::EINVAL)?;
@@ -373,13 +373,13 @@ impl Node {
             // Free the receive queue through the accounting so congestion clears.
             let queued: i64 = self.sock(s).unwrap().rcv_bytes as i64;
             self.rcvbuf_delta(s, -queued);
-            self.bound.remove(&b);
+            self.ep.bound.remove(&b);
         }
-        self.write_waiters.retain(|w| *w != s);
-        let slot = &mut self.socks[s.idx as usize];
+        self.ep.write_waiters.retain(|w| *w != s);
+        let slot = &mut self.ep.socks[s.idx as usize];
         slot.sock = None;
-        self.free_socks.push(s.idx);
-        self.rx_held = self.rx_held.saturating_sub(held);
+        self.ep.free_socks.push(s.idx);
+        self.ep.rx_held = self.ep.rx_held.saturating_sub(held);
         self.rx_recheck();
         dropped
     }
@@ -390,15 +390,15 @@ impl Node {
         let Some(sock) = self.sock_mut(s) else { return };
         sock.rcv_bytes = (sock.rcv_bytes as i64 + delta).max(0) as u64;
         if delta > 0 {
-            self.counters.recv_bytes_added_to_sock += delta as u64;
+            self.ep.counters.recv_bytes_added_to_sock += delta as u64;
         } else {
-            self.counters.recv_bytes_freed_fromsock += (-delta) as u64;
+            self.ep.counters.recv_bytes_freed_fromsock += (-delta) as u64;
         }
         self.recheck_congestion(s);
     }
 
     pub(crate) fn sock(&self, s: SockId) -> Option<&Sock> {
-        let slot = self.socks.get(s.idx as usize)?;
+        let slot = self.ep.socks.get(s.idx as usize)?;
         if slot.generation != s.generation {
             return None;
         }
@@ -406,7 +406,7 @@ impl Node {
     }
 
     pub(crate) fn sock_mut(&mut self, s: SockId) -> Option<&mut Sock> {
-        let slot = self.socks.get_mut(s.idx as usize)?;
+        let slot = self.ep.socks.get_mut(s.idx as usize)?;
         if slot.generation != s.generation {
             return None;
         }
