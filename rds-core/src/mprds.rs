@@ -8,9 +8,10 @@
 //! (`npaths`, `ping_triggered`, `peer_gen`, `with_sport_idx`, ...) and
 //! paths (`confirmed`, `inst_gen`, `lane0_wire`).
 
+use crate::connection::Connection;
 use crate::message::{MsgFlags, QueuedMsg, RxMessage};
 use crate::node::{HandshakeExts, Node};
-use crate::path::PathState;
+use crate::path::{Path, PathState};
 use crate::types::{ConnId, PathId, Payload, SockId};
 use crate::wire::{self, Ext, Header, PROBE_PORT};
 
@@ -51,8 +52,7 @@ impl Node {
     /// the path count, which spreads consecutive ports (rds-stress tasks)
     /// over distinct paths. The choice is local: the peer never needs it.
     pub fn lane_of(&self, conn: ConnId, port: u16) -> usize {
-        let n = self.conn(conn).active_paths();
-        usize::from(port) % n
+        self.conn(conn).lane_of(port)
     }
 
     /// Sends the multipath probe ping on path 0 if the path count is unknown
@@ -77,16 +77,8 @@ impl Node {
     /// and sends its own map first. Renumbering is safe: none of these
     /// sequence numbers was on a wire yet.
     pub(crate) fn probe_first(&mut self, pid: PathId) {
-        let Some(path) = self.path_mut(pid) else { return };
-        let Some(at) = path.send_queue.iter().position(QueuedMsg::is_probe) else { return };
-        if at == 0 || path.send_queue.iter().any(|m| m.flags.retransmitted) {
-            return;
-        }
-        let first = path.send_queue[0].hdr.sequence;
-        let probe = path.send_queue.remove(at).unwrap();
-        path.send_queue.push_front(probe);
-        for (i, m) in path.send_queue.iter_mut().enumerate() {
-            m.hdr.sequence = first + i as u64;
+        if let Some(path) = self.path_mut(pid) {
+            path.probe_first();
         }
     }
 
@@ -163,21 +155,13 @@ impl Node {
         if gen_num == 0 {
             return true;
         }
-        let conn = pid.conn;
-        let (peer_gen, gen_up_seq) = (self.conn(conn).peer_gen, self.conn(conn).gen_up_seq);
-        let path = self.path_mut(pid).unwrap();
-        if path.inst_gen != 0 {
-            return path.inst_gen == peer_gen;
+        match self.conn_mut(pid.conn).gen_heard(pid.index, gen_num) {
+            GenHeard::Known(current) => current,
+            GenHeard::First => {
+                self.peer_gen_update(pid.conn, gen_num, pid.index);
+                true
+            }
         }
-        path.inst_gen = gen_num;
-        let up_seq = path.up_seq;
-        if gen_num != peer_gen && peer_gen != 0 && up_seq < gen_up_seq {
-            return false;
-        }
-        let c = self.conn_mut(conn);
-        c.gen_up_seq = c.gen_up_seq.max(up_seq);
-        self.peer_gen_update(conn, gen_num, pid.index);
-        true
     }
 
     /// Our peer announced generation `inst` on path `on`
@@ -194,41 +178,8 @@ impl Node {
     /// connect (until then they may still deliver what the old instance
     /// sent, which the old receive state deduplicates).
     pub(crate) fn peer_gen_update(&mut self, conn: ConnId, gen_num: u32, on: u8) {
-        if gen_num == 0 {
-            return;
-        }
-        let c = self.conn_mut(conn);
-        let restarted = c.peer_gen != 0 && c.peer_gen != gen_num;
-        c.peer_gen = gen_num;
-        if !restarted {
-            return;
-        }
+        let Some(old) = self.conn_mut(conn).peer_gen_update(gen_num, on) else { return };
         self.ep.counters.peer_restart += 1;
-        let c = self.conn_mut(conn);
-        for (i, path) in c.paths.iter_mut().enumerate() {
-            if i == usize::from(on) {
-                path.next_rx_seq = 0;
-            } else {
-                path.rx_reset = true;
-            }
-            for m in path.retrans.iter_mut() {
-                m.flags.flush = true;
-            }
-            for m in path.send_queue.iter_mut().filter(|m| m.flags.retransmitted) {
-                m.flags.flush = true;
-            }
-        }
-        // Connections that came up before the one that announced the new
-        // generation reach the dead instance: a message first written on
-        // one now would be lost, then resent to the new instance as a
-        // retransmission, which it must take for its predecessor's and
-        // drop. Close them at once; they connect again, to the new one.
-        let c = self.conn(conn);
-        let fresh = c.paths[usize::from(on)].up_seq;
-        let old: Vec<u8> = (0..c.paths.len())
-            .filter(|&i| i != usize::from(on) && c.paths[i].state == PathState::Up && c.paths[i].up_seq < fresh)
-            .map(|i| i as u8)
-            .collect();
         for i in old {
             self.drop_path(PathId { conn, index: i });
         }
@@ -238,18 +189,7 @@ impl Node {
     /// that are no longer used move to path 0 with new sequence numbers.
     pub(crate) fn rehome_paths(&mut self, conn: ConnId) {
         let n = self.conn(conn).active_paths();
-        let total = self.conn(conn).paths.len();
-        let mut moved = Vec::new();
-        for i in n..total {
-            let path = &mut self.conn_mut(conn).paths[i];
-            moved.extend(path.retrans.drain(..));
-            moved.extend(path.send_queue.drain(..));
-        }
-        moved.sort_by_key(|m| m.hdr.sequence);
-        for mut m in moved {
-            m.flags.retransmitted = false;
-            m.hdr.flags &= !wire::flags::RETRANSMITTED;
-            m.gated = false;
+        for m in self.conn_mut(conn).take_unused_paths() {
             self.enqueue(PathId { conn, index: 0 }, m);
         }
         for i in 1..n {
@@ -298,18 +238,133 @@ impl Node {
             // A dead instance's probe or pong, late.
             return;
         }
-        let c = self.conn_mut(conn);
-        let before = c.npaths;
-        if let Some(n) = npaths {
-            c.npaths = n;
-        }
-        c.npaths = c.npaths.max(1).min(c.paths.len() as u8);
-        c.ping_triggered = false;
-        c.with_sport_idx = sport_idx;
-        let after = c.npaths;
-        if before != after {
+        if self.conn_mut(conn).apply_handshake(npaths, sport_idx) {
             self.rehome_paths(conn);
         }
-        let _ = PROBE_PORT;
+    }
+}
+
+/// What a GEN_NUM heard on a path means (`Connection::gen_heard`).
+pub(crate) enum GenHeard {
+    /// The path's connection already spoke for a generation: whether it is
+    /// the peer's current one.
+    Known(bool),
+    /// The first generation heard on this connection instance, and not a
+    /// dead instance's: the peer's generation is now this one
+    /// (`Connection::peer_gen_update`).
+    First,
+}
+
+/// The multipath rules that need nothing but the connection.
+impl Connection {
+    /// `RDS_MPATH_HASH` (see [`Node::lane_of`]).
+    pub(crate) fn lane_of(&self, port: u16) -> usize {
+        usize::from(port) % self.active_paths()
+    }
+
+    /// A non-zero GEN_NUM heard on path `index` (see `Node::gen_heard`).
+    pub(crate) fn gen_heard(&mut self, index: u8, gen_num: u32) -> GenHeard {
+        let (peer_gen, gen_up_seq) = (self.peer_gen, self.gen_up_seq);
+        let path = &mut self.paths[usize::from(index)];
+        if path.inst_gen != 0 {
+            return GenHeard::Known(path.inst_gen == peer_gen);
+        }
+        path.inst_gen = gen_num;
+        let up_seq = path.up_seq;
+        if gen_num != peer_gen && peer_gen != 0 && up_seq < gen_up_seq {
+            return GenHeard::Known(false);
+        }
+        self.gen_up_seq = self.gen_up_seq.max(up_seq);
+        GenHeard::First
+    }
+
+    /// The peer announced generation `gen_num` on path `on` (see
+    /// `Node::peer_gen_update`). If it restarted, what the old instance may
+    /// have seen is marked to flush, the receive sequences are forgotten,
+    /// and the paths to drop are returned: those that came up before the
+    /// one that announced the new generation reach the dead instance (a
+    /// message first written on one now would be lost, then resent to the
+    /// new instance as a retransmission, which it must take for its
+    /// predecessor's and drop); they connect again, to the new one. None:
+    /// no restart.
+    pub(crate) fn peer_gen_update(&mut self, gen_num: u32, on: u8) -> Option<Vec<u8>> {
+        if gen_num == 0 {
+            return None;
+        }
+        let restarted = self.peer_gen != 0 && self.peer_gen != gen_num;
+        self.peer_gen = gen_num;
+        if !restarted {
+            return None;
+        }
+        for (i, path) in self.paths.iter_mut().enumerate() {
+            if i == usize::from(on) {
+                path.next_rx_seq = 0;
+            } else {
+                path.rx_reset = true;
+            }
+            for m in path.retrans.iter_mut() {
+                m.flags.flush = true;
+            }
+            for m in path.send_queue.iter_mut().filter(|m| m.flags.retransmitted) {
+                m.flags.flush = true;
+            }
+        }
+        let fresh = self.paths[usize::from(on)].up_seq;
+        Some(
+            (0..self.paths.len())
+                .filter(|&i| {
+                    i != usize::from(on) && self.paths[i].state == PathState::Up && self.paths[i].up_seq < fresh
+                })
+                .map(|i| i as u8)
+                .collect(),
+        )
+    }
+
+    /// Applies a handshake's NPATHS (already capped at ours) and SPORT_IDX;
+    /// returns whether the path count changed.
+    pub(crate) fn apply_handshake(&mut self, npaths: Option<u8>, sport_idx: bool) -> bool {
+        let before = self.npaths;
+        if let Some(n) = npaths {
+            self.npaths = n;
+        }
+        self.npaths = self.npaths.max(1).min(self.paths.len() as u8);
+        self.ping_triggered = false;
+        self.with_sport_idx = sport_idx;
+        before != self.npaths
+    }
+
+    /// Messages queued on paths no longer used after the count was
+    /// negotiated, in sequence order, unmarked for requeueing on path 0.
+    pub(crate) fn take_unused_paths(&mut self) -> Vec<QueuedMsg> {
+        let n = self.active_paths();
+        let mut moved = Vec::new();
+        for path in &mut self.paths[n..] {
+            moved.extend(path.retrans.drain(..));
+            moved.extend(path.send_queue.drain(..));
+        }
+        moved.sort_by_key(|m| m.hdr.sequence);
+        for m in &mut moved {
+            m.flags.retransmitted = false;
+            m.hdr.flags &= !wire::flags::RETRANSMITTED;
+            m.gated = false;
+        }
+        moved
+    }
+}
+
+/// The multipath rules that need nothing but the path.
+impl Path {
+    /// Puts our probe first (see `Node::probe_first`).
+    pub(crate) fn probe_first(&mut self) {
+        let Some(at) = self.send_queue.iter().position(QueuedMsg::is_probe) else { return };
+        if at == 0 || self.send_queue.iter().any(|m| m.flags.retransmitted) {
+            return;
+        }
+        let first = self.send_queue[0].hdr.sequence;
+        let probe = self.send_queue.remove(at).unwrap();
+        self.send_queue.push_front(probe);
+        for (i, m) in self.send_queue.iter_mut().enumerate() {
+            m.hdr.sequence = first + i as u64;
+        }
     }
 }

@@ -9,10 +9,10 @@ use std::net::SocketAddr;
 use crate::message::{Incoming, Received, RxMessage};
 use crate::node::Node;
 use crate::node::Output;
-use crate::path::PathState;
+use crate::path::{Path, PathState};
 use crate::sock::Sock;
 use crate::types::{ConnId, Errno, PathId, SockId};
-use crate::wire::{Ext, Kind, PROBE_PORT};
+use crate::wire::{Ext, Header, Kind, PROBE_PORT};
 
 /// What the core made of a received message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -122,26 +122,18 @@ impl Node {
             return self.cong_recv(pid, &msg);
         }
 
-        // The duplicate rule: only a retransmission of something already seen
-        // is dropped; sequence numbers may skip forward (cancelled messages)
-        // and fall back (a restarted peer).
-        let path = self.path_mut(pid).unwrap();
-        if hdr.sequence < path.next_rx_seq && hdr.is_retransmitted() {
-            self.ep.counters.recv_drop_old_seq += 1;
-            return RecvOutcome::DupDropped;
+        // The duplicate and stale rules (`Path::rx_sequence`).
+        match self.path_mut(pid).unwrap().rx_sequence(&hdr) {
+            Ok(()) => {}
+            Err(RecvOutcome::DupDropped) => {
+                self.ep.counters.recv_drop_old_seq += 1;
+                return RecvOutcome::DupDropped;
+            }
+            Err(r) => {
+                self.ep.counters.recv_drop_stale += 1;
+                return r;
+            }
         }
-        // A retransmission before anything else on the only connection of
-        // the path the peer could ever have sent on to this node was first
-        // sent to a previous instance of this node, which died without
-        // acking it: stale, not ours. (A peer resends its unacked messages
-        // first on a new connection; the 6.1 kernel cannot tell that we
-        // restarted, and would deliver them.)
-        if hdr.is_retransmitted() && path.rx_conns <= 1 && !path.rx_any && hdr.sport > PROBE_PORT {
-            self.ep.counters.recv_drop_stale += 1;
-            return RecvOutcome::Stale;
-        }
-        path.next_rx_seq = hdr.sequence.wrapping_add(1);
-        path.rx_any = true;
 
         if self.ep.cfg.ping_enable && hdr.dport == 0 {
             if hdr.sport == 0 {
@@ -326,5 +318,30 @@ impl Node {
         }
         self.wake(s, false);
         Ok(Received::Data(inc))
+    }
+}
+
+/// The receive rules that need nothing but the path.
+impl Path {
+    /// The duplicate rule: only a retransmission of something already seen
+    /// is dropped (`DupDropped`); sequence numbers may skip forward
+    /// (cancelled messages) and fall back (a restarted peer). A
+    /// retransmission before anything else on the only connection of the
+    /// path the peer could ever have sent on to this node was first sent to
+    /// a previous instance of this node, which died without acking it:
+    /// stale, not ours (`Stale`). (A peer resends its unacked messages
+    /// first on a new connection; the 6.1 kernel cannot tell that we
+    /// restarted, and would deliver them.) A message that passes advances
+    /// the receive sequence.
+    pub(crate) fn rx_sequence(&mut self, hdr: &Header) -> Result<(), RecvOutcome> {
+        if hdr.sequence < self.next_rx_seq && hdr.is_retransmitted() {
+            return Err(RecvOutcome::DupDropped);
+        }
+        if hdr.is_retransmitted() && self.rx_conns <= 1 && !self.rx_any && hdr.sport > PROBE_PORT {
+            return Err(RecvOutcome::Stale);
+        }
+        self.next_rx_seq = hdr.sequence.wrapping_add(1);
+        self.rx_any = true;
+        Ok(())
     }
 }

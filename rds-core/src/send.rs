@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use crate::message::{MsgFlags, Notification, QueuedMsg, RdmaOp, TxMessage, rdma_flags, rdma_status};
 use crate::node::Node;
-use crate::path::PathState;
+use crate::path::{Path, PathState};
 use crate::types::{ConnId, Errno, PathId, Payload, SockId, TransportKind};
 use crate::wire::{self, Ext, Header, MAX_MSG_SIZE};
 
@@ -154,11 +154,8 @@ impl Node {
     }
 
     /// Queues a message on a path with the next sequence number.
-    pub(crate) fn enqueue(&mut self, pid: PathId, mut msg: QueuedMsg) {
-        let path = self.path_mut(pid).expect("path exists");
-        msg.hdr.sequence = path.next_tx_seq;
-        path.next_tx_seq += 1;
-        path.send_queue.push_back(msg);
+    pub(crate) fn enqueue(&mut self, pid: PathId, msg: QueuedMsg) {
+        self.path_mut(pid).expect("path exists").enqueue(msg);
         self.ep.counters.send_queued += 1;
         self.kick(pid);
     }
@@ -287,21 +284,13 @@ impl Node {
         if path.inst != inst {
             return;
         }
-        let mut done = Vec::new();
-        while path.retrans.front().is_some_and(|m| m.hdr.sequence <= seq) {
-            done.push(path.retrans.pop_front().unwrap());
-        }
+        let (done, released) = path.take_acked(seq);
         for m in done {
             self.ep.counters.send_drop_acked += 1;
             self.remove_from_sock(pid.conn, &m, rdma_status::SUCCESS);
         }
-        let path = self.path_mut(pid).unwrap();
-        if !path.lane0_wire.is_empty() {
-            let (passed, wait) = std::mem::take(&mut path.lane0_wire).into_iter().partition(|(q, _)| *q <= seq);
-            path.lane0_wire = wait;
-            for (_, s) in passed {
-                self.release_lane0(pid.conn, s);
-            }
+        for s in released {
+            self.release_lane0(pid.conn, s);
         }
     }
 
@@ -434,14 +423,47 @@ impl Node {
     /// `rds_send_path_reset`.
     pub(crate) fn send_path_reset(&mut self, pid: PathId) {
         let (max_packets, max_bytes) = (self.ep.cfg.max_unacked_packets, self.ep.cfg.max_unacked_bytes);
-        let path = self.path_mut(pid).unwrap();
-        path.unacked_packets = max_packets;
-        path.unacked_bytes = max_bytes;
-        path.kick_queued = false;
-        while let Some(mut m) = path.retrans.pop_back() {
+        self.path_mut(pid).unwrap().reset_for_retransmit(max_packets, max_bytes);
+    }
+}
+
+/// The send rules that need nothing but the path.
+impl Path {
+    /// Queues a message with the path's next sequence number.
+    pub(crate) fn enqueue(&mut self, mut msg: QueuedMsg) {
+        msg.hdr.sequence = self.next_tx_seq;
+        self.next_tx_seq += 1;
+        self.send_queue.push_back(msg);
+    }
+
+    /// Messages acked up to `seq` leave the retransmit queue, and lane-0
+    /// holds of cancelled messages that `seq` passed end: returns both.
+    pub(crate) fn take_acked(&mut self, seq: u64) -> (Vec<QueuedMsg>, Vec<SockId>) {
+        let mut done = Vec::new();
+        while self.retrans.front().is_some_and(|m| m.hdr.sequence <= seq) {
+            done.push(self.retrans.pop_front().unwrap());
+        }
+        let mut released = Vec::new();
+        if !self.lane0_wire.is_empty() {
+            let (passed, wait): (Vec<_>, Vec<_>) =
+                std::mem::take(&mut self.lane0_wire).into_iter().partition(|(q, _)| *q <= seq);
+            self.lane0_wire = wait;
+            released = passed.into_iter().map(|(_, s)| s).collect();
+        }
+        (done, released)
+    }
+
+    /// `rds_send_path_reset`: unacked messages go back to the front of the
+    /// send queue, marked RETRANSMITTED and asking for an ack, and the
+    /// ACK_REQUIRED pacing restarts from the maxima.
+    pub(crate) fn reset_for_retransmit(&mut self, max_packets: u32, max_bytes: u64) {
+        self.unacked_packets = max_packets;
+        self.unacked_bytes = max_bytes;
+        self.kick_queued = false;
+        while let Some(mut m) = self.retrans.pop_back() {
             m.flags.ack_required = true;
             m.flags.retransmitted = true;
-            path.send_queue.push_front(m);
+            self.send_queue.push_front(m);
         }
     }
 }
