@@ -365,16 +365,10 @@ impl Node {
     }
 
     pub(crate) fn kick(&mut self, p: PathId) {
-        let Some(c) = self.conns.get(p.conn) else { return };
-        let Some(path) = c.paths.get(usize::from(p.index)) else { return };
-        let map_due =
-            (c.map_queued && c.map_lane() == Some(usize::from(p.index))) || (path.hello_owed && c.peer_gen_maps);
-        if path.kick_queued || path.state != PathState::Up || (path.send_queue.is_empty() && !map_due) {
-            return;
+        let Some(c) = self.conns.get_mut(p.conn) else { return };
+        if let Some(info) = c.kick(p.index) {
+            self.ep.outputs.push_back(Output::Kick(info));
         }
-        let info = c.info(usize::from(p.index));
-        self.path_mut(p).unwrap().kick_queued = true;
-        self.ep.outputs.push_back(Output::Kick(info));
     }
 
     /// Queues a Wake if the socket's readiness changed since last reported,

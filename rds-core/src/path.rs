@@ -44,9 +44,10 @@ use std::collections::VecDeque;
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
+use crate::connection::Connection;
 use crate::message::QueuedMsg;
 use crate::node::{HandshakeExts, Node, Output, Timer};
-use crate::transport::Accept;
+use crate::transport::{Accept, TransportCaps};
 use crate::types::{ConnId, PathId, SockId, TransportKind};
 
 /// Path states, numbered as the kernel numbers them.
@@ -270,30 +271,10 @@ impl Node {
     /// in its own time: a connection established on our side may still
     /// wait in its accept queue, so "up" alone is not enough.
     pub(crate) fn connect_worker(&mut self, pid: PathId) {
-        let c = self.conn(pid.conn);
-        let caps = self.caps_of(c.kind);
-        let smaller = Node::is_smaller(&c.laddr, &c.faddr);
-        let i = usize::from(pid.index);
-        if i > 0
-            && (!smaller
-                || i >= c.active_paths()
-                || c.paths[..i].iter().any(|p| p.state != PathState::Up || !p.confirmed))
-        {
-            return;
+        let caps = self.caps_of(self.conn(pid.conn).kind);
+        if let Some(info) = self.conn_mut(pid.conn).start_connect(pid.index, caps) {
+            self.ep.outputs.push_back(Output::Connect(info));
         }
-        let path = self.path_mut(pid).unwrap();
-        if path.state != PathState::Down {
-            return;
-        }
-        path.set_state(PathState::Connecting);
-        path.inst += 1;
-        if smaller || !caps.smaller_connects {
-            path.rx_conns += 1;
-        }
-        let maps = self.conn(pid.conn).maps_rx;
-        self.path_mut(pid).unwrap().maps_at_connect = maps;
-        let info = self.conn(pid.conn).info(usize::from(pid.index));
-        self.ep.outputs.push_back(Output::Connect(info));
     }
 
     /// `rds_queue_reconnect`: first attempt at once, then after a random
@@ -316,17 +297,7 @@ impl Node {
         };
         let (min, max) = (self.ep.cfg.reconnect_min, self.ep.cfg.reconnect_max);
         let jitter = self.ep.rng.next_u64();
-        let path = self.path_mut(pid).unwrap();
-        let at = if path.reconnect_delay.is_zero() {
-            path.reconnect_delay = min;
-            crate::types::later(now, settle)
-        } else {
-            let bound = path.reconnect_delay.as_nanos().max(1) as u64;
-            let d = Duration::from_nanos(jitter % bound);
-            path.reconnect_delay = path.reconnect_delay.saturating_mul(2).min(max);
-            crate::types::later(now, d)
-        };
-        path.reconnect_at = Some(at);
+        let at = self.path_mut(pid).unwrap().backoff(now, settle, min, max, jitter);
         self.schedule(at, Timer::Reconnect(pid));
     }
 
@@ -360,33 +331,8 @@ impl Node {
         // dropped, `cong_recv`). A peer that resets the connection instead
         // of taking it got nothing it would have acked and then lost.
         let full = self.ep.cfg.handshake_exts == HandshakeExts::Full;
-        let sends_map = self.caps_of(self.conn(pid.conn).kind).sends_cong_map;
-        // Only our own connections of a multipath connection need the
-        // peer's confirmation (`connect_worker`); a map may have come already.
-        let confirmed = {
-            let c = self.conn(pid.conn);
-            !self.caps_of(c.kind).mp_capable
-                || !Node::is_smaller(&c.laddr, &c.faddr)
-                || c.maps_rx > c.paths[usize::from(pid.index)].maps_at_connect
-        };
-        let c = self.conn_mut(pid.conn);
-        let fresh = c.ups == 0;
-        let hold = full && sends_map && (c.peer_gen_maps || !c.heard);
-        c.ups += 1;
-        let up_seq = c.ups;
-        let path = self.path_mut(pid).unwrap();
-        path.hold = hold;
-        path.hello_owed = full && sends_map;
-        path.inst_gen = 0;
-        path.up_seq = up_seq;
-        path.confirmed = confirmed;
-        path.go_up();
-        path.reconnect_delay = Duration::ZERO;
-        path.reconnect_at = None;
-        path.connects += 1;
-        if std::mem::take(&mut path.rx_reset) {
-            path.next_rx_seq = 0;
-        }
+        let caps = self.caps_of(self.conn(pid.conn).kind);
+        let (fresh, hold) = self.conn_mut(pid.conn).path_came_up(pid.index, full, caps);
         // Every path that comes up makes us send our map (on the map lane).
         if self.caps_of(self.conn(pid.conn).kind).sends_cong_map {
             self.queue_map(pid.conn);
@@ -540,13 +486,10 @@ impl Node {
     /// The core drops a path itself (protocol error, peer restart). The
     /// driver closes the connection and then reports `path_down`.
     pub(crate) fn drop_path(&mut self, pid: PathId) {
-        let Some(path) = self.path_mut(pid) else { return };
-        if !matches!(path.state, PathState::Up | PathState::Connecting) {
-            return;
+        let Some(c) = self.conns.get_mut(pid.conn) else { return };
+        if let Some(info) = c.drop_path(pid.index) {
+            self.ep.outputs.push_back(Output::Shutdown(info));
         }
-        path.go_disconnecting();
-        let info = self.conn(pid.conn).info(usize::from(pid.index));
-        self.ep.outputs.push_back(Output::Shutdown(info));
     }
 
     /// Resets the path's transport connection as if it had failed (like the
@@ -558,6 +501,121 @@ impl Node {
     /// Information about a path (for drivers that lost track).
     pub fn path_info_of(&self, conn: ConnId, index: u8) -> Option<PathInfo> {
         self.path_info(PathId { conn, index })
+    }
+}
+
+/// The lifecycle rules that need nothing but the connection (and the
+/// transport's capabilities): each returns what the node must then do.
+impl Connection {
+    /// `rds_connect_worker`'s part on the connection (see
+    /// `Node::connect_worker`): DOWN -> CONNECTING with a new instance, if
+    /// the path may connect now; returns the path to connect.
+    pub(crate) fn start_connect(&mut self, index: u8, caps: TransportCaps) -> Option<PathInfo> {
+        let smaller = Node::is_smaller(&self.laddr, &self.faddr);
+        let i = usize::from(index);
+        if i > 0
+            && (!smaller
+                || i >= self.active_paths()
+                || self.paths[..i].iter().any(|p| p.state != PathState::Up || !p.confirmed))
+        {
+            return None;
+        }
+        let maps = self.maps_rx;
+        let path = &mut self.paths[i];
+        if path.state != PathState::Down {
+            return None;
+        }
+        path.set_state(PathState::Connecting);
+        path.inst += 1;
+        if smaller || !caps.smaller_connects {
+            path.rx_conns += 1;
+        }
+        path.maps_at_connect = maps;
+        Some(self.info(i))
+    }
+
+    /// The path's connection is up (see `Node::complete_path`): the path
+    /// holds, owes its hello, is confirmed or not, and its backoff ends.
+    /// Returns (no path of the connection was up before, the path holds).
+    pub(crate) fn path_came_up(&mut self, index: u8, full: bool, caps: TransportCaps) -> (bool, bool) {
+        let sends_map = caps.sends_cong_map;
+        let i = usize::from(index);
+        // Only our own connections of a multipath connection need the
+        // peer's confirmation (`connect_worker`); a map may have come already.
+        let confirmed = !caps.mp_capable
+            || !Node::is_smaller(&self.laddr, &self.faddr)
+            || self.maps_rx > self.paths[i].maps_at_connect;
+        let fresh = self.ups == 0;
+        let hold = full && sends_map && (self.peer_gen_maps || !self.heard);
+        self.ups += 1;
+        let up_seq = self.ups;
+        let path = &mut self.paths[i];
+        path.hold = hold;
+        path.hello_owed = full && sends_map;
+        path.inst_gen = 0;
+        path.up_seq = up_seq;
+        path.confirmed = confirmed;
+        path.go_up();
+        path.reconnect_delay = Duration::ZERO;
+        path.reconnect_at = None;
+        path.connects += 1;
+        if std::mem::take(&mut path.rx_reset) {
+            path.next_rx_seq = 0;
+        }
+        (fresh, hold)
+    }
+
+    /// The core drops the path (see `Node::drop_path`): UP or CONNECTING ->
+    /// DISCONNECTING; returns the path whose transport connection to close.
+    pub(crate) fn drop_path(&mut self, index: u8) -> Option<PathInfo> {
+        let path = self.paths.get_mut(usize::from(index))?;
+        if !matches!(path.state, PathState::Up | PathState::Connecting) {
+            return None;
+        }
+        path.go_disconnecting();
+        Some(self.info(usize::from(index)))
+    }
+
+    /// Whether the path has something to transmit and no Kick outstanding;
+    /// if so the Kick is now outstanding and the path is returned.
+    pub(crate) fn kick(&mut self, index: u8) -> Option<PathInfo> {
+        let i = usize::from(index);
+        let map_due = self.map_queued && self.map_lane() == Some(i);
+        let peer_gen_maps = self.peer_gen_maps;
+        let path = self.paths.get_mut(i)?;
+        let map_due = map_due || (path.hello_owed && peer_gen_maps);
+        if path.kick_queued || path.state != PathState::Up || (path.send_queue.is_empty() && !map_due) {
+            return None;
+        }
+        path.kick_queued = true;
+        Some(self.info(i))
+    }
+}
+
+impl Path {
+    /// `rds_queue_reconnect`'s delay: the first attempt after `settle`,
+    /// then a random delay (from `jitter`) below a bound that doubles from
+    /// `min` up to `max`. Returns when to connect (also kept in
+    /// `reconnect_at`).
+    pub(crate) fn backoff(
+        &mut self,
+        now: Instant,
+        settle: Duration,
+        min: Duration,
+        max: Duration,
+        jitter: u64,
+    ) -> Instant {
+        let at = if self.reconnect_delay.is_zero() {
+            self.reconnect_delay = min;
+            crate::types::later(now, settle)
+        } else {
+            let bound = self.reconnect_delay.as_nanos().max(1) as u64;
+            let d = Duration::from_nanos(jitter % bound);
+            self.reconnect_delay = self.reconnect_delay.saturating_mul(2).min(max);
+            crate::types::later(now, d)
+        };
+        self.reconnect_at = Some(at);
+        at
     }
 }
 
