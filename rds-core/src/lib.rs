@@ -56,7 +56,7 @@
 //! | socket API: `socket`, `bind`, `connect`, options, `close`, readiness, errno rules, the address check | [`sock`] | `Sock`, `Node` (`socks`, `bound`) |
 //! | outputs, wake-ups, timers and their dispatch | [`node`] | `Node` (`outputs`, `timers`, `write_waiters`) |
 //! | loopback (a path up from the start; what goes a -> b arrives on b -> a) | [`loopback`], [`node`] (`conn_for`), [`recv`] | `LoopTransport` |
-//! | wire format: header, extension headers, checksum, TCP framing | [`wire`] | (values) |
+//! | wire format: header and checksum (`wire/mod.rs`), extension headers (`wire/ext.rs`), TCP framing (`wire/frame.rs`) | [`wire`] | (values) |
 //! | messages on queues, received, notifications | [`message`] | `QueuedMsg` |
 //! | the kernel's counters | [`stats`] | `Counters` |
 //! | info snapshots (`RDS_INFO_*`) | [`info`] | (read-only) |
