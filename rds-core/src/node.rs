@@ -185,7 +185,7 @@ pub(crate) enum Timer {
 /// every connection shares — settings, transports, local addresses,
 /// sockets and bound ports, congestion maps, counters, the outputs and
 /// timers queued for the driver, the receive budget. Per-peer state is in
-/// the [`Connection`]s of [`Node::conns`].
+/// the `Connection`s of `Node::conns`.
 pub(crate) struct Endpoint {
     pub cfg: NodeConfig,
     pub rng: Rng,
@@ -218,9 +218,9 @@ impl Endpoint {
     }
 }
 
-/// One RDS stack: the node-wide [`Endpoint`] and the table of
+/// One RDS stack: the node-wide state (an `Endpoint`) and the table of
 /// connections, apart, so that a rule of one connection can borrow its
-/// [`Connection`] and the parts of the endpoint it needs at the same time.
+/// `Connection` and the parts of the endpoint it needs at the same time.
 pub struct Node {
     pub(crate) ep: Endpoint,
     pub(crate) conns: ConnTable,
