@@ -12,6 +12,7 @@ use std::net::IpAddr;
 use crate::message::RxMessage;
 use crate::node::{HandshakeExts, Node};
 use crate::recv::RecvOutcome;
+use crate::sock::Sock;
 use crate::types::{ConnId, PathId, SockId, TransportKind};
 use crate::wire::{CONG_MAP_BYTES, Ext, Header, PROBE_PORT, WireError};
 
@@ -40,6 +41,57 @@ impl Congestion {
     /// The map of `addr`, created empty if there is none yet.
     pub fn map(&mut self, addr: IpAddr) -> &mut CongMap {
         self.maps.entry(addr).or_default()
+    }
+
+    /// The header of a congestion-map update from our address `laddr` (see
+    /// `Node::map_header`); `full_gen`: our generation with
+    /// `HandshakeExts::Full`, which numbers the maps of each address.
+    pub fn map_header(&mut self, laddr: IpAddr, index: u8, hello: bool, full_gen: Option<u32>) -> Header {
+        let mut h = Header::cong_map();
+        if let Some(gen_num) = full_gen {
+            h.sport = u16::from(index);
+            h.dport = if hello { PROBE_PORT } else { 0 };
+            let _ = h.push_extension(Ext::GenNum(gen_num));
+            let v = self.versions.entry(laddr).or_insert((gen_num, 0));
+            v.1 += 1;
+            h.sequence = v.1;
+        }
+        h
+    }
+
+    /// Whether a map of `faddr` of generation `gen_num` and version
+    /// `version` is newer than the last one applied (then it is the last
+    /// one applied now); an older one came the other way round.
+    pub fn newer(&mut self, faddr: IpAddr, gen_num: u32, version: u64) -> bool {
+        let last = self.versions.entry(faddr).or_insert((0, 0));
+        if last.0 == gen_num && version <= last.1 {
+            return false;
+        }
+        *last = (gen_num, version);
+        true
+    }
+}
+
+/// The congestion rule that needs nothing but the socket.
+impl Sock {
+    /// `rds_recv_rcvbuf_delta`'s hysteresis: the socket becomes congested
+    /// above its receive buffer and uncongested below half of it. Returns
+    /// the change, if any. Sockets of the loop transport (bound to 127/8 or
+    /// ::1) are never congested.
+    pub(crate) fn congestion_change(&mut self) -> Option<bool> {
+        if self.transport == Some(TransportKind::Loop) {
+            return None;
+        }
+        let limit = self.rcvbuf_limit();
+        if !self.congested && self.rcv_bytes > limit {
+            self.congested = true;
+            Some(true)
+        } else if self.congested && self.rcv_bytes < limit / 2 {
+            self.congested = false;
+            Some(false)
+        } else {
+            None
+        }
     }
 }
 
@@ -125,22 +177,7 @@ impl Node {
     pub(crate) fn recheck_congestion(&mut self, s: SockId) {
         let Some(sock) = self.sock_mut(s) else { return };
         let Some(bound) = sock.bound else { return };
-        // Sockets of the loop transport (bound to 127/8 or ::1) are never
-        // congested (rds_recv_rcvbuf_delta).
-        if sock.transport == Some(TransportKind::Loop) {
-            return;
-        }
-        let limit = sock.rcvbuf_limit();
-        let change = if !sock.congested && sock.rcv_bytes > limit {
-            sock.congested = true;
-            Some(true)
-        } else if sock.congested && sock.rcv_bytes < limit / 2 {
-            sock.congested = false;
-            Some(false)
-        } else {
-            None
-        };
-        if let Some(congested) = change {
+        if let Some(congested) = sock.congestion_change() {
             let map = self.ep.cong.maps.entry(bound.ip()).or_default();
             if congested {
                 map.set(bound.port());
@@ -215,16 +252,8 @@ impl Node {
     /// receiver takes the generation and the path from it, not the bitmap.
     /// Kernels read nothing of a map's header but h_len and h_flags.
     pub(crate) fn map_header(&mut self, laddr: IpAddr, index: u8, hello: bool) -> Header {
-        let mut h = Header::cong_map();
-        if self.ep.cfg.handshake_exts == HandshakeExts::Full {
-            h.sport = u16::from(index);
-            h.dport = if hello { PROBE_PORT } else { 0 };
-            let _ = h.push_extension(Ext::GenNum(self.ep.cfg.gen_num));
-            let v = self.ep.cong.versions.entry(laddr).or_insert((self.ep.cfg.gen_num, 0));
-            v.1 += 1;
-            h.sequence = v.1;
-        }
-        h
+        let full = self.ep.cfg.handshake_exts == HandshakeExts::Full;
+        self.ep.cong.map_header(laddr, index, hello, full.then_some(self.ep.cfg.gen_num))
     }
 
     /// A congestion-map message: must be exactly 8192 bytes. It updates our
@@ -269,12 +298,10 @@ impl Node {
                 return RecvOutcome::CongMap;
             }
             let faddr = self.conn(conn).faddr;
-            let last = self.ep.cong.versions.entry(faddr).or_insert((0, 0));
-            if last.0 == g && msg.header.sequence <= last.1 {
+            if !self.ep.cong.newer(faddr, g, msg.header.sequence) {
                 // Older than a map already applied (it came the other way).
                 return RecvOutcome::CongMap;
             }
-            *last = (g, msg.header.sequence);
         } else if self.conn(conn).peer_gen_maps {
             // The peer came back without them: nobody will send the maps
             // our held paths wait for.

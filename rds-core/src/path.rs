@@ -378,21 +378,7 @@ impl Node {
         // the next path of a peer that connects its paths in order (as we
         // do). A connection that cannot be placed yet waits (Defer) rather
         // than being reset, which would lose what the peer already wrote.
-        let i = if c.with_sport_idx {
-            usize::from(peer_port) % c.active_paths()
-        } else {
-            let n = if c.npaths == 0 { c.paths.len() } else { c.active_paths() };
-            match (0..n).find(|&i| c.paths[i].state != PathState::Up) {
-                // Before the handshake with path 0 up, this is either the
-                // peer's path 0 again (ours is dead) or its path 1 (it
-                // heard our probe): known once either happens.
-                Some(i) if i > 0 && c.npaths == 0 => return Accept::Defer,
-                Some(i) => i,
-                None if n == 1 => 0,
-                // Every path is up: one is dead, which one shows later.
-                None => return Accept::Defer,
-            }
-        };
+        let Some(i) = c.accept_slot(peer_port) else { return Accept::Defer };
         let pid = PathId { conn, index: i as u8 };
         match self.path(pid).unwrap().state {
             PathState::Down | PathState::Connecting => {}
@@ -563,6 +549,27 @@ impl Connection {
             path.next_rx_seq = 0;
         }
         (fresh, hold)
+    }
+
+    /// The slot of an inbound connection (see `Node::accept`): the one the
+    /// peer's source port names when it encodes the path index
+    /// (SPORT_IDX); otherwise the lowest that is not up. None: it cannot be
+    /// placed yet (Defer).
+    pub(crate) fn accept_slot(&self, peer_port: u16) -> Option<usize> {
+        if self.with_sport_idx {
+            return Some(usize::from(peer_port) % self.active_paths());
+        }
+        let n = if self.npaths == 0 { self.paths.len() } else { self.active_paths() };
+        match (0..n).find(|&i| self.paths[i].state != PathState::Up) {
+            // Before the handshake with path 0 up, this is either the
+            // peer's path 0 again (ours is dead) or its path 1 (it
+            // heard our probe): known once either happens.
+            Some(i) if i > 0 && self.npaths == 0 => None,
+            Some(i) => Some(i),
+            None if n == 1 => Some(0),
+            // Every path is up: one is dead, which one shows later.
+            None => None,
+        }
     }
 
     /// The core drops the path (see `Node::drop_path`): UP or CONNECTING ->
