@@ -202,58 +202,14 @@ impl Node {
         // socket's message: a 6.1 kernel that finds no free slot for it
         // resets it, and what its TCP had already acked would be lost. (The
         // probe lets a peer that stays silent until it hears from us answer.)
-        let confirmed = self.path(pid).unwrap().confirmed;
         let (max_packets, max_bytes) = (self.ep.cfg.max_unacked_packets, self.ep.cfg.max_unacked_bytes);
-        let mut sent = 0usize;
         let mut flushed = Vec::new();
-        loop {
-            if (sent >= budget || held) && sent > 0 {
-                break;
-            }
-            let Some(front) = self.path(pid).unwrap().send_queue.front() else { break };
-            if !confirmed && front.sock.is_some() {
-                break;
-            }
-            if front.gated {
-                let s = front.sock.unwrap();
-                if self.sock(s).is_some_and(|k| k.lane0_count(conn) > 0) {
-                    break;
-                }
-            }
-            let path = &mut self.conns[conn].paths[usize::from(pid.index)];
-            let mut m = path.send_queue.pop_front().unwrap();
-            m.gated = false;
-            // A restarted peer must not get messages meant for its previous
-            // instance; an RDMA op is never retransmitted.
-            if m.flags.flush || (m.flags.retransmitted && m.rdma.is_some()) {
-                flushed.push(m);
-                continue;
-            }
-            let len = m.payload.len() as u64;
-            if path.unacked_packets == 0 || path.unacked_bytes < len {
-                m.flags.ack_required = true;
-                path.unacked_packets = max_packets;
-                path.unacked_bytes = max_bytes;
-                self.ep.counters.send_ack_required += 1;
-            } else {
-                path.unacked_packets -= 1;
-                path.unacked_bytes -= len;
-            }
-            if m.flags.retransmitted {
-                m.hdr.flags |= wire::flags::RETRANSMITTED;
-            }
-            sent += m.payload.len() + wire::HEADER_LEN;
-            out.push(TxMessage {
-                header: m.hdr,
-                payload: m.payload.clone(),
-                ack_required: m.flags.ack_required,
-                rdma: m.rdma.clone(),
-            });
-            if m.rdma.is_some() {
-                self.ep.counters.send_rdma += 1;
-            }
-            path.retrans.push_back(m);
-        }
+        let ep = &self.ep;
+        let lane_held = |s: SockId| ep.sock(s).is_some_and(|k| k.lane0_count(conn) > 0);
+        let path = &mut self.conns[conn].paths[usize::from(pid.index)];
+        let counts = path.transmit(budget, held, (max_packets, max_bytes), lane_held, out, &mut flushed);
+        self.ep.counters.send_ack_required += counts.ack_required;
+        self.ep.counters.send_rdma += counts.rdma;
         for m in flushed {
             let status = if m.rdma.is_some() { rdma_status::DROPPED } else { rdma_status::OTHER_ERROR };
             if m.flags.flush {
@@ -269,12 +225,8 @@ impl Node {
         if self.path(pid).unwrap().send_queue.is_empty() {
             self.ep.counters.send_queue_empty += 1;
         }
-        let path = self.path(pid).unwrap();
-        !path.send_queue.is_empty()
-            && !path.send_queue.front().is_some_and(|m| {
-                (!confirmed && m.sock.is_some())
-                    || (m.gated && m.sock.and_then(|s| self.sock(s)).is_some_and(|k| k.lane0_count(conn) > 0))
-            })
+        let ep = &self.ep;
+        self.path(pid).unwrap().more_to_send(|s| ep.sock(s).is_some_and(|k| k.lane0_count(conn) > 0))
     }
 
     /// The transport confirms delivery of every message up to `seq` on the
@@ -427,8 +379,95 @@ impl Node {
     }
 }
 
+/// What [`Path::transmit`] counted.
+pub(crate) struct TxCounts {
+    /// Messages it asked an ack for (`s_send_ack_required`).
+    pub ack_required: u64,
+    /// Messages with an RDMA op (`s_send_rdma`).
+    pub rdma: u64,
+}
+
 /// The send rules that need nothing but the path.
 impl Path {
+    /// The transmit loop of `Node::pull`: moves the next messages of the
+    /// send queue to `out` and the retransmit queue, about `budget` payload
+    /// bytes (one message if the path `held`), asking for acks by the
+    /// ACK_REQUIRED pacing (`max` packets and bytes between them). A
+    /// message meant for a restarted peer's previous instance (FLUSH), or
+    /// an RDMA op to retransmit, goes to `flushed` instead. It stops before
+    /// a socket's message while the peer has not confirmed the connection,
+    /// and before a message whose socket's lane is held behind path 0
+    /// (`lane_held`).
+    pub(crate) fn transmit(
+        &mut self,
+        budget: usize,
+        held: bool,
+        max: (u32, u64),
+        lane_held: impl Fn(SockId) -> bool,
+        out: &mut Vec<TxMessage>,
+        flushed: &mut Vec<QueuedMsg>,
+    ) -> TxCounts {
+        let (max_packets, max_bytes) = max;
+        let confirmed = self.confirmed;
+        let mut counts = TxCounts { ack_required: 0, rdma: 0 };
+        let mut sent = 0usize;
+        loop {
+            if (sent >= budget || held) && sent > 0 {
+                break;
+            }
+            let Some(front) = self.send_queue.front() else { break };
+            if !confirmed && front.sock.is_some() {
+                break;
+            }
+            if front.gated && lane_held(front.sock.unwrap()) {
+                break;
+            }
+            let mut m = self.send_queue.pop_front().unwrap();
+            m.gated = false;
+            // A restarted peer must not get messages meant for its previous
+            // instance; an RDMA op is never retransmitted.
+            if m.flags.flush || (m.flags.retransmitted && m.rdma.is_some()) {
+                flushed.push(m);
+                continue;
+            }
+            let len = m.payload.len() as u64;
+            if self.unacked_packets == 0 || self.unacked_bytes < len {
+                m.flags.ack_required = true;
+                self.unacked_packets = max_packets;
+                self.unacked_bytes = max_bytes;
+                counts.ack_required += 1;
+            } else {
+                self.unacked_packets -= 1;
+                self.unacked_bytes -= len;
+            }
+            if m.flags.retransmitted {
+                m.hdr.flags |= wire::flags::RETRANSMITTED;
+            }
+            sent += m.payload.len() + wire::HEADER_LEN;
+            out.push(TxMessage {
+                header: m.hdr,
+                payload: m.payload.clone(),
+                ack_required: m.flags.ack_required,
+                rdma: m.rdma.clone(),
+            });
+            if m.rdma.is_some() {
+                counts.rdma += 1;
+            }
+            self.retrans.push_back(m);
+        }
+        counts
+    }
+
+    /// Whether the send queue holds a message the next pull can send (not
+    /// one waiting for the peer's confirmation or behind a held lane).
+    pub(crate) fn more_to_send(&self, lane_held: impl Fn(SockId) -> bool) -> bool {
+        !self.send_queue.is_empty()
+            && !self
+                .send_queue
+                .front()
+                .is_some_and(|m| (!self.confirmed && m.sock.is_some()) || (m.gated && m.sock.is_some_and(&lane_held)))
+    }
+
     /// Queues a message with the path's next sequence number.
     pub(crate) fn enqueue(&mut self, mut msg: QueuedMsg) {
         msg.hdr.sequence = self.next_tx_seq;

@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::net::{IpAddr, SocketAddr};
 
 use crate::message::{Incoming, Notification};
-use crate::node::Node;
+use crate::node::{Endpoint, Node};
 use crate::types::{ConnId, Errno, RDS_TRANS_NONE, SockId, TransportKind};
 
 /// Kernel constants for socket buffers.
@@ -398,11 +398,7 @@ impl Node {
     }
 
     pub(crate) fn sock(&self, s: SockId) -> Option<&Sock> {
-        let slot = self.ep.socks.get(s.idx as usize)?;
-        if slot.generation != s.generation {
-            return None;
-        }
-        slot.sock.as_ref()
+        self.ep.sock(s)
     }
 
     pub(crate) fn sock_mut(&mut self, s: SockId) -> Option<&mut Sock> {
@@ -411,5 +407,16 @@ impl Node {
             return None;
         }
         slot.sock.as_mut()
+    }
+}
+
+impl Endpoint {
+    /// The socket `s`, unless it was closed (its slot reused or empty).
+    pub(crate) fn sock(&self, s: SockId) -> Option<&Sock> {
+        let slot = self.socks.get(s.idx as usize)?;
+        if slot.generation != s.generation {
+            return None;
+        }
+        slot.sock.as_ref()
     }
 }
