@@ -419,47 +419,13 @@ impl Node {
             self.release_lane0(pid.conn, s);
         }
         let conn = pid.conn;
-        let path = self.path_mut(pid).unwrap();
-        path.go_down();
-        path.inst += 1;
-        if was_up && self.conn(conn).paths.len() > 1 && self.conn(conn).all_down() {
-            // The peer may come back as a new instance with other settings:
-            // negotiate the path count again on the next connection. (Not
-            // after a failed connect: every send to an unreachable peer
-            // would queue one more probe.)
-            let c = self.conn_mut(conn);
-            c.npaths = 0;
-            c.ping_triggered = false;
+        let caps = self.caps_of(self.conn(conn).kind);
+        let c = self.conn_mut(conn);
+        c.path_went_down(pid.index, was_up);
+        for k in c.unconfirmed_after(pid.index, caps) {
+            self.drop_path(PathId { conn, index: k });
         }
-        // Our later paths that the peer has not evidently taken yet may sit in
-        // its accept queue: a 6.1 kernel would give them the slot this path
-        // just freed (its lowest free one), crossing sequence spaces. Close
-        // them; they connect again in order after this one.
-        let c = self.conn(conn);
-        if self.caps_of(c.kind).mp_capable && Node::is_smaller(&c.laddr, &c.faddr) && !c.with_sport_idx {
-            let later: Vec<usize> = (usize::from(pid.index) + 1..c.paths.len())
-                .filter(|&k| match c.paths[k].state {
-                    PathState::Connecting => true,
-                    PathState::Up => !c.paths[k].confirmed,
-                    _ => false,
-                })
-                .collect();
-            for k in later {
-                self.drop_path(PathId { conn, index: k as u8 });
-            }
-        }
-        // A failed connect is tried again only for something to send (a
-        // socket's messages, a map owed) or while another path of the peer
-        // is up: a peer that vanished is not retried for ever (the kernel
-        // does), and one that comes back connects, or pokes us, when it
-        // has something. A connection that closed reconnects as in the
-        // kernel (once, if the peer is gone). An evicted peer's connection
-        // stays down (`Node::make_room`).
-        let c = self.conn(conn);
-        let others_up = c.paths.iter().any(|p| p.state == PathState::Up);
-        let retry = reason != DownReason::ConnectFailed || c.has_queued() || others_up || c.map_queued;
-        let poke_only = reason == DownReason::DirectionRule && self.path(pid).unwrap().send_queue.is_empty();
-        if retry && !poke_only && !self.conn(conn).evicted {
+        if self.conn(conn).reconnects_after_down(pid.index, reason) {
             self.queue_reconnect(pid, now);
         }
         if self.conn(conn).all_down() {
@@ -570,6 +536,56 @@ impl Connection {
             // Every path is up: one is dead, which one shows later.
             None => None,
         }
+    }
+
+    /// The path's transport connection is gone (see `Node::path_down`):
+    /// DOWN with a new instance. If it was up and every path is now down,
+    /// the peer may come back as a new instance with other settings: the
+    /// path count is negotiated again on the next connection. (Not after a
+    /// failed connect: every send to an unreachable peer would queue one
+    /// more probe.)
+    pub(crate) fn path_went_down(&mut self, index: u8, was_up: bool) {
+        let path = &mut self.paths[usize::from(index)];
+        path.go_down();
+        path.inst += 1;
+        if was_up && self.paths.len() > 1 && self.all_down() {
+            self.npaths = 0;
+            self.ping_triggered = false;
+        }
+    }
+
+    /// After path `index` went down, our later paths that the peer has not
+    /// evidently taken yet, to drop: they may sit in its accept queue, and
+    /// a 6.1 kernel would give them the slot this path just freed (its
+    /// lowest free one), crossing sequence spaces. They connect again in
+    /// order after this one.
+    pub(crate) fn unconfirmed_after(&self, index: u8, caps: TransportCaps) -> Vec<u8> {
+        if !caps.mp_capable || !Node::is_smaller(&self.laddr, &self.faddr) || self.with_sport_idx {
+            return Vec::new();
+        }
+        (usize::from(index) + 1..self.paths.len())
+            .filter(|&k| match self.paths[k].state {
+                PathState::Connecting => true,
+                PathState::Up => !self.paths[k].confirmed,
+                _ => false,
+            })
+            .map(|k| k as u8)
+            .collect()
+    }
+
+    /// Whether path `index`, gone for `reason`, reconnects. A failed
+    /// connect is tried again only for something to send (a socket's
+    /// messages, a map owed) or while another path of the peer is up: a
+    /// peer that vanished is not retried for ever (the kernel does), and
+    /// one that comes back connects, or pokes us, when it has something. A
+    /// connection that closed reconnects as in the kernel (once, if the
+    /// peer is gone). An evicted peer's connection stays down
+    /// (`Node::make_room`).
+    pub(crate) fn reconnects_after_down(&self, index: u8, reason: DownReason) -> bool {
+        let others_up = self.paths.iter().any(|p| p.state == PathState::Up);
+        let retry = reason != DownReason::ConnectFailed || self.has_queued() || others_up || self.map_queued;
+        let poke_only = reason == DownReason::DirectionRule && self.paths[usize::from(index)].send_queue.is_empty();
+        retry && !poke_only && !self.evicted
     }
 
     /// The core drops the path (see `Node::drop_path`): UP or CONNECTING ->
