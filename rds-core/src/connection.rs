@@ -5,6 +5,33 @@
 //! connection that stays down with nothing queued after
 //! `NodeConfig::conn_idle_gc`, leaving its sequence state behind
 //! (`ConnMemo`), and eviction at the peer limit (`make_room`).
+//!
+//! ## Endpoint and connection
+//!
+//! As quinn-proto splits `Endpoint` from `Connection`, the node keeps its
+//! node-wide state (settings, transports, sockets and bound ports,
+//! congestion maps, counters, outputs, timers, the receive budget) in an
+//! `Endpoint` apart from its `ConnTable`, and a rule that concerns one
+//! connection is a method of `Connection` or `Path` that takes what it
+//! needs of the endpoint as arguments and returns what the endpoint must
+//! do. Those that run on the connection (or path) alone:
+//!
+//! * send: `Path::enqueue`, `Path::transmit` / `more_to_send` (the
+//!   transmit loop; a lane-hold test is passed in), `Path::take_acked`,
+//!   `Path::reset_for_retransmit`;
+//! * receive: `Path::rx_sequence` (the duplicate and stale rules);
+//! * lifecycle: `Connection::start_connect`, `path_came_up`, `drop_path`,
+//!   `path_went_down`, `unconfirmed_after`, `reconnects_after_down`,
+//!   `accept_slot`, `kick`, `Path::backoff`, `Path::set_state`;
+//! * mprds: `Connection::gen_heard`, `peer_gen_update`, `apply_handshake`,
+//!   `take_unused_paths`, `lane_of`, `Path::probe_first`;
+//! * collection: `Connection::idle`, `has_queued`, `memo`, `restore`.
+//!
+//! The `Node` methods around them still need the whole node for what is
+//! node-wide: outputs and timers, counters, sockets (send-buffer bytes,
+//! notifications, lane-0 backlogs, wake-ups), congestion maps, the
+//! connection table (loopback delivers on the reverse connection) and the
+//! receive budget.
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant};
