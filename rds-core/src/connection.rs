@@ -23,8 +23,9 @@
 //! * lifecycle: `Connection::start_connect`, `path_came_up`, `drop_path`,
 //!   `path_went_down`, `unconfirmed_after`, `reconnects_after_down`,
 //!   `accept_slot`, `kick`, `Path::backoff`, `Path::set_state`;
-//! * mprds: `Connection::gen_heard`, `peer_gen_update`, `apply_handshake`,
-//!   `take_unused_paths`, `lane_of`, `Path::probe_first`;
+//! * mprds: `Connection::select_path`, `lane_of`, `confirm`, `fanout`,
+//!   `map_received`, `gen_heard`, `peer_gen_update`, `apply_handshake`,
+//!   `take_unused_paths`, `Path::probe_first`;
 //! * collection: `Connection::idle`, `has_queued`, `memo`, `restore`.
 //!
 //! The `Node` methods around them still need the whole node for what is

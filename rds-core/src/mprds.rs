@@ -20,31 +20,12 @@ impl Node {
     /// (index, sent before the handshake, held behind the path-0 backlog).
     pub(crate) fn select_path(&mut self, s: SockId, conn: ConnId, port: u16) -> (usize, bool, bool) {
         let c = self.conn(conn);
-        if c.paths.len() == 1 {
-            return (0, false, false);
-        }
-        if c.npaths == 0 {
-            // Not negotiated yet: path 0, and ask the peer (rds_send_mprds_hash).
+        if c.paths.len() > 1 && c.npaths == 0 {
+            // Not negotiated yet: ask the peer (rds_send_mprds_hash).
             self.maybe_probe(conn);
-            // Negotiated again after every path went down: a socket whose
-            // earlier messages still wait on another path keeps that path,
-            // or the next ones would overtake them on path 0.
-            let c = self.conn(conn);
-            let waiting = (1..c.paths.len()).find(|&k| {
-                let p = &c.paths[k];
-                p.send_queue.iter().chain(p.retrans.iter()).any(|m| m.sock == Some(s))
-            });
-            if let Some(k) = waiting {
-                return (k, false, false);
-            }
-            return (0, true, false);
-        }
-        let lane = self.lane_of(conn, port);
-        if lane == 0 {
-            return (0, false, false);
         }
         let backlog = self.sock(s).map_or(0, |k| k.lane0_count(conn));
-        (lane, false, backlog > 0)
+        self.conn(conn).select_path(s, port, backlog)
     }
 
     /// `RDS_MPATH_HASH`: the path of a socket bound to `port`. The kernel
@@ -200,22 +181,17 @@ impl Node {
     /// The peer evidently took the path's connection: the next path may
     /// connect (`connect_worker`).
     pub(crate) fn confirm_path(&mut self, pid: PathId) {
-        let Some(path) = self.path_mut(pid) else { return };
-        if path.confirmed || path.state != PathState::Up {
-            return;
+        let Some(c) = self.conns.get_mut(pid.conn) else { return };
+        if c.confirm(pid.index) {
+            self.start_mprds(pid.conn);
+            self.kick(pid);
         }
-        path.confirmed = true;
-        self.start_mprds(pid.conn);
-        self.kick(pid);
     }
 
     /// Starts the extra paths once the count is known (`rds_start_mprds`).
     pub(crate) fn start_mprds(&mut self, conn: ConnId) {
-        let c = self.conn(conn);
-        if c.npaths > 1 && Node::is_smaller(&c.laddr, &c.faddr) {
-            for i in 0..c.active_paths() {
-                self.connect_if_down(PathId { conn, index: i as u8 });
-            }
+        for i in self.conn(conn).fanout() {
+            self.connect_if_down(PathId { conn, index: i });
         }
     }
 
@@ -257,6 +233,62 @@ pub(crate) enum GenHeard {
 
 /// The multipath rules that need nothing but the connection.
 impl Connection {
+    /// The path for a message of socket `s` bound to `port` (see
+    /// `Node::select_path`), given the socket's messages held on path 0
+    /// (`lane0_backlog`): (index, sent before the handshake, held behind
+    /// the path-0 backlog).
+    pub(crate) fn select_path(&self, s: SockId, port: u16, lane0_backlog: u32) -> (usize, bool, bool) {
+        if self.paths.len() == 1 {
+            return (0, false, false);
+        }
+        if self.npaths == 0 {
+            // Not negotiated yet: path 0. Negotiated again after every path
+            // went down: a socket whose earlier messages still wait on
+            // another path keeps that path, or the next ones would overtake
+            // them on path 0.
+            let waiting = (1..self.paths.len()).find(|&k| {
+                let p = &self.paths[k];
+                p.send_queue.iter().chain(p.retrans.iter()).any(|m| m.sock == Some(s))
+            });
+            if let Some(k) = waiting {
+                return (k, false, false);
+            }
+            return (0, true, false);
+        }
+        let lane = self.lane_of(port);
+        if lane == 0 {
+            return (0, false, false);
+        }
+        (lane, false, lane0_backlog > 0)
+    }
+
+    /// The peer evidently took path `index`'s connection (see
+    /// `Node::confirm_path`); returns whether that is news.
+    pub(crate) fn confirm(&mut self, index: u8) -> bool {
+        let Some(path) = self.paths.get_mut(usize::from(index)) else { return false };
+        if path.confirmed || path.state != PathState::Up {
+            return false;
+        }
+        path.confirmed = true;
+        true
+    }
+
+    /// The paths the smaller side connects once the count is known
+    /// (`rds_start_mprds`; each only when its turn comes, see
+    /// `Connection::start_connect`).
+    pub(crate) fn fanout(&self) -> std::ops::Range<u8> {
+        if self.npaths > 1 && Node::is_smaller(&self.laddr, &self.faddr) { 0..self.active_paths() as u8 } else { 0..0 }
+    }
+
+    /// A congestion map arrived on some path: it shows the peer took every
+    /// connection we had started before it (a 6.1 kernel sends its map when
+    /// it accepts a connection, on whichever path transmits first). Returns
+    /// those paths, to confirm.
+    pub(crate) fn map_received(&mut self) -> Vec<u8> {
+        self.maps_rx += 1;
+        (0..self.paths.len() as u8).filter(|&i| self.paths[usize::from(i)].maps_at_connect < self.maps_rx).collect()
+    }
+
     /// `RDS_MPATH_HASH` (see [`Node::lane_of`]).
     pub(crate) fn lane_of(&self, port: u16) -> usize {
         usize::from(port) % self.active_paths()

@@ -85,11 +85,7 @@ impl Node {
         // path transmits first; it may arrive before our end of the new
         // connection reported it up).
         if msg.header.kind() == Kind::CongMap {
-            let c = self.conn_mut(pid.conn);
-            c.maps_rx += 1;
-            let started: Vec<u8> =
-                (0..c.paths.len() as u8).filter(|&i| c.paths[usize::from(i)].maps_at_connect < c.maps_rx).collect();
-            for i in started {
+            for i in self.conn_mut(pid.conn).map_received() {
                 self.confirm_path(PathId { conn: pid.conn, index: i });
             }
         } else {
