@@ -228,9 +228,7 @@ impl Node {
     /// Owes the peer our congestion map on this connection and kicks the
     /// path that carries maps.
     pub(crate) fn queue_map(&mut self, conn: ConnId) {
-        let c = self.conn_mut(conn);
-        if !c.map_queued {
-            c.map_queued = true;
+        if !std::mem::replace(&mut self.conn_mut(conn).map_queued, true) {
             self.ep.counters.cong_update_queued += 1;
         }
         match self.conn(conn).map_lane() {

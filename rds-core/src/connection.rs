@@ -18,12 +18,14 @@
 //!
 //! * send: `Path::enqueue`, `Path::transmit` / `more_to_send` (the
 //!   transmit loop; a lane-hold test is passed in), `Path::take_acked`,
-//!   `Path::reset_for_retransmit`;
+//!   `Path::rdma_done`, `Path::reset_for_retransmit`, `Connection::cancel`,
+//!   `Connection::unsent`;
 //! * receive: `Path::rx_sequence` (the duplicate and stale rules);
 //! * lifecycle: `Connection::start_connect`, `path_came_up`, `drop_path`,
 //!   `path_went_down`, `unconfirmed_after`, `reconnects_after_down`,
 //!   `accept_slot`, `kick`, `Path::backoff`, `Path::set_state`;
-//! * mprds: `Connection::select_path`, `lane_of`, `confirm`, `fanout`,
+//! * mprds: `Connection::select_path`, `lane_of`, `start_probe`,
+//!   `Path::pong_queued`, `confirm`, `fanout`,
 //!   `map_received`, `gen_heard`, `peer_gen_update`, `apply_handshake`,
 //!   `take_unused_paths`, `Path::probe_first`;
 //! * collection: `Connection::idle`, `has_queued`, `memo`, `restore`.

@@ -39,11 +39,10 @@ impl Node {
     /// Sends the multipath probe ping on path 0 if the path count is unknown
     /// and none is outstanding (`rds_send_ping`).
     pub(crate) fn maybe_probe(&mut self, conn: ConnId) {
-        let c = self.conn(conn);
-        if !self.caps_of(c.kind).mp_capable || c.npaths != 0 || c.ping_triggered {
+        let caps = self.caps_of(self.conn(conn).kind);
+        if !self.conn_mut(conn).start_probe(caps.mp_capable) {
             return;
         }
-        self.conn_mut(conn).ping_triggered = true;
         self.ep.counters.mprds_probe_sent += 1;
         self.send_probe(PathId { conn, index: 0 }, PROBE_PORT, 0);
     }
@@ -75,18 +74,7 @@ impl Node {
         // (a ping flood against a closed window must not grow the queue).
         // Not one that was on a wire before: a restart of the peer flushes
         // those, and a handshake pong must still reach its new instance.
-        if sport == 0
-            && self.path(pid).is_some_and(|p| {
-                p.send_queue.iter().any(|m| {
-                    m.sock.is_none()
-                        && m.hdr.sport == 0
-                        && m.hdr.dport == dport
-                        && m.payload.is_empty()
-                        && !m.flags.retransmitted
-                        && !m.flags.flush
-                })
-            })
-        {
+        if sport == 0 && self.path(pid).is_some_and(|p| p.pong_queued(dport)) {
             self.ep.counters.send_pong_coalesced += 1;
             return;
         }
@@ -262,6 +250,16 @@ impl Connection {
         (lane, false, lane0_backlog > 0)
     }
 
+    /// Whether to send the multipath probe (see `Node::maybe_probe`): the
+    /// path count is unknown and none is outstanding; it now is.
+    pub(crate) fn start_probe(&mut self, mp_capable: bool) -> bool {
+        if !mp_capable || self.npaths != 0 || self.ping_triggered {
+            return false;
+        }
+        self.ping_triggered = true;
+        true
+    }
+
     /// The peer evidently took path `index`'s connection (see
     /// `Node::confirm_path`); returns whether that is news.
     pub(crate) fn confirm(&mut self, index: u8) -> bool {
@@ -386,6 +384,19 @@ impl Connection {
 
 /// The multipath rules that need nothing but the path.
 impl Path {
+    /// A pong to `dport` is queued and was never on a wire (see
+    /// `Node::send_probe`: it answers every ping from that port).
+    pub(crate) fn pong_queued(&self, dport: u16) -> bool {
+        self.send_queue.iter().any(|m| {
+            m.sock.is_none()
+                && m.hdr.sport == 0
+                && m.hdr.dport == dport
+                && m.payload.is_empty()
+                && !m.flags.retransmitted
+                && !m.flags.flush
+        })
+    }
+
     /// Puts our probe first (see `Node::probe_first`).
     pub(crate) fn probe_first(&mut self) {
         let Some(at) = self.send_queue.iter().position(QueuedMsg::is_probe) else { return };

@@ -7,6 +7,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use crate::connection::Connection;
 use crate::message::{MsgFlags, Notification, QueuedMsg, RdmaOp, TxMessage, rdma_flags, rdma_status};
 use crate::node::Node;
 use crate::path::{Path, PathState};
@@ -255,12 +256,7 @@ impl Node {
         if path.inst != inst {
             return;
         }
-        let Some(m) = path.retrans.iter_mut().find(|m| m.hdr.sequence == seq && m.rdma.is_some()) else { return };
-        if m.flags.rdma_notified {
-            return;
-        }
-        m.flags.rdma_notified = true;
-        let (Some(s), Some(op)) = (m.sock, m.rdma.clone()) else { return };
+        let Some((s, op)) = path.rdma_done(seq) else { return };
         let Some(sock) = self.sock_mut(s) else { return };
         if op.flags & rdma_flags::NOTIFY_ME != 0 || (status != rdma_status::SUCCESS && sock.recverr) {
             sock.notify_queue.push_back(Notification { user_token: op.user_token, status });
@@ -313,26 +309,7 @@ impl Node {
             if c.laddr != bound.ip() || dst.is_some_and(|d| d.ip() != c.faddr) {
                 continue;
             }
-            let matches =
-                |m: &crate::message::QueuedMsg| m.sock == Some(s) && dst.is_none_or(|d| d.port() == m.hdr.dport);
-            for path in c.paths.iter_mut() {
-                let mut wire = Vec::new();
-                for (sent, q) in [(false, &mut path.send_queue), (true, &mut path.retrans)] {
-                    let mut i = 0;
-                    while i < q.len() {
-                        if matches(&q[i]) {
-                            let mut m = q.remove(i).unwrap();
-                            if sent && m.lane0_of.take().is_some() {
-                                wire.push((m.hdr.sequence, s));
-                            }
-                            dropped.push((c.id, m));
-                        } else {
-                            i += 1;
-                        }
-                    }
-                }
-                path.lane0_wire.extend(wire);
-            }
+            dropped.extend(c.cancel(s, dst.map(|d| d.port())).into_iter().map(|m| (c.id, m)));
         }
         let n = dropped.len();
         self.ep.counters.send_drop_cancelled += n as u64;
@@ -354,18 +331,7 @@ impl Node {
 
     /// Messages still on send and retransmit queues, per connection.
     pub fn unsent(&self) -> Vec<Unsent> {
-        self.conns
-            .iter()
-            .filter_map(|c| {
-                let mut u = Unsent { laddr: Some(c.laddr), faddr: Some(c.faddr), ..Unsent::default() };
-                for p in &c.paths {
-                    u.queued += p.send_queue.iter().filter(|m| m.sock.is_some()).count();
-                    u.unacked += p.retrans.iter().filter(|m| m.sock.is_some()).count();
-                    u.bytes += p.queued().1;
-                }
-                (u.queued + u.unacked > 0).then_some(u)
-            })
-            .collect()
+        self.conns.iter().filter_map(Connection::unsent).collect()
     }
 
     // ----------------------------------------------------------------
@@ -376,6 +342,49 @@ impl Node {
     pub(crate) fn send_path_reset(&mut self, pid: PathId) {
         let (max_packets, max_bytes) = (self.ep.cfg.max_unacked_packets, self.ep.cfg.max_unacked_bytes);
         self.path_mut(pid).unwrap().reset_for_retransmit(max_packets, max_bytes);
+    }
+}
+
+/// The send rules that need nothing but the connection.
+impl Connection {
+    /// `rds_send_drop_to`'s part on one connection: removes the messages
+    /// of socket `s` (to `dport`, or all) from every path's queues and
+    /// returns them. A dropped message that was transmitted on path 0
+    /// before the handshake keeps holding its socket's lane until path 0's
+    /// acks pass it (`Path::lane0_wire`).
+    pub(crate) fn cancel(&mut self, s: SockId, dport: Option<u16>) -> Vec<QueuedMsg> {
+        let matches = |m: &QueuedMsg| m.sock == Some(s) && dport.is_none_or(|p| p == m.hdr.dport);
+        let mut dropped = Vec::new();
+        for path in self.paths.iter_mut() {
+            let mut wire = Vec::new();
+            for (sent, q) in [(false, &mut path.send_queue), (true, &mut path.retrans)] {
+                let mut i = 0;
+                while i < q.len() {
+                    if matches(&q[i]) {
+                        let mut m = q.remove(i).unwrap();
+                        if sent && m.lane0_of.take().is_some() {
+                            wire.push((m.hdr.sequence, s));
+                        }
+                        dropped.push(m);
+                    } else {
+                        i += 1;
+                    }
+                }
+            }
+            path.lane0_wire.extend(wire);
+        }
+        dropped
+    }
+
+    /// Sockets' messages still queued or unacked on the connection, if any.
+    pub(crate) fn unsent(&self) -> Option<Unsent> {
+        let mut u = Unsent { laddr: Some(self.laddr), faddr: Some(self.faddr), ..Unsent::default() };
+        for p in &self.paths {
+            u.queued += p.send_queue.iter().filter(|m| m.sock.is_some()).count();
+            u.unacked += p.retrans.iter().filter(|m| m.sock.is_some()).count();
+            u.bytes += p.queued().1;
+        }
+        (u.queued + u.unacked > 0).then_some(u)
     }
 }
 
@@ -473,6 +482,17 @@ impl Path {
         msg.hdr.sequence = self.next_tx_seq;
         self.next_tx_seq += 1;
         self.send_queue.push_back(msg);
+    }
+
+    /// The RDMA op of message `seq` completed: marks it notified (once) and
+    /// returns its socket and op, for the socket's notification.
+    pub(crate) fn rdma_done(&mut self, seq: u64) -> Option<(SockId, Arc<RdmaOp>)> {
+        let m = self.retrans.iter_mut().find(|m| m.hdr.sequence == seq && m.rdma.is_some())?;
+        if m.flags.rdma_notified {
+            return None;
+        }
+        m.flags.rdma_notified = true;
+        Some((m.sock?, m.rdma.clone()?))
     }
 
     /// Messages acked up to `seq` leave the retransmit queue, and lane-0
