@@ -487,10 +487,6 @@ impl Node {
         self.path(p).map(|p| p.state)
     }
 
-    // ----------------------------------------------------------------
-    // Sockets
-    // ----------------------------------------------------------------
-
     /// Whether the node is the active (connecting) side towards `faddr`.
     pub fn is_smaller(laddr: &IpAddr, faddr: &IpAddr) -> bool {
         addr_cmp(laddr, faddr) == std::cmp::Ordering::Less

@@ -334,11 +334,7 @@ impl Node {
         self.conns.iter().filter_map(Connection::unsent).collect()
     }
 
-    // ----------------------------------------------------------------
-    // Path lifecycle
-    // ----------------------------------------------------------------
-
-    /// `rds_send_path_reset`.
+    /// `rds_send_path_reset` (called when a path goes down).
     pub(crate) fn send_path_reset(&mut self, pid: PathId) {
         let (max_packets, max_bytes) = (self.ep.cfg.max_unacked_packets, self.ep.cfg.max_unacked_bytes);
         self.path_mut(pid).unwrap().reset_for_retransmit(max_packets, max_bytes);
