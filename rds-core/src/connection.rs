@@ -19,7 +19,7 @@
 //! * send: `Path::enqueue`, `Path::transmit` / `more_to_send` (the
 //!   transmit loop; a lane-hold test is passed in), `Path::take_acked`,
 //!   `Path::rdma_done`, `Path::reset_for_retransmit`, `Connection::cancel`,
-//!   `Connection::unsent`;
+//!   `Connection::unsent`, `take_map_due`, `probe_passes_hold`;
 //! * receive: `Path::rx_sequence` (the duplicate and stale rules);
 //! * lifecycle: `Connection::start_connect`, `path_came_up`, `drop_path`,
 //!   `path_went_down`, `unconfirmed_after`, `reconnects_after_down`,

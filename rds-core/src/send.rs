@@ -171,13 +171,9 @@ impl Node {
             return false;
         }
         let conn = pid.conn;
-        let lane_map = c.map_queued && c.map_lane() == Some(usize::from(pid.index));
-        let hello = path.hello_owed && c.peer_gen_maps;
-        if (lane_map || hello) && self.caps_of(c.kind).sends_cong_map {
-            let laddr = c.laddr;
+        let (laddr, sends_map) = (c.laddr, self.caps_of(c.kind).sends_cong_map);
+        if let Some(lane_map) = self.conns[conn].take_map_due(pid.index, sends_map) {
             let header = self.map_header(laddr, pid.index, !lane_map);
-            self.conn_mut(conn).map_queued &= !lane_map;
-            self.path_mut(pid).unwrap().hello_owed = false;
             let map = self.ep.cong.map(laddr);
             out.push(TxMessage {
                 header,
@@ -189,14 +185,8 @@ impl Node {
         // A held path sends only its maps, and on the first connection of a
         // fresh connection object our leading probe (`probe_first`).
         let held = self.path(pid).unwrap().hold;
-        if held {
-            let c = self.conn(conn);
-            let probe = !c.peer_gen_maps
-                && !c.heard
-                && self.path(pid).unwrap().send_queue.front().is_some_and(QueuedMsg::is_probe);
-            if !probe {
-                return false;
-            }
+        if held && !self.conn(conn).probe_passes_hold(pid.index) {
+            return false;
         }
         // On a connection the peer has not evidently taken yet
         // (`Path::confirmed`) only maps and our leading probes go out, no
@@ -370,6 +360,32 @@ impl Connection {
             path.lane0_wire.extend(wire);
         }
         dropped
+    }
+
+    /// The congestion map due on path `index` (see `Node::pull`): our map
+    /// update if the path is the map lane and one is owed, or our hello
+    /// (the first map on a path, for a peer whose maps carry GEN_NUM). If
+    /// one is due and the transport sends maps, it is now sent: returns
+    /// whether it is the update (else the hello).
+    pub(crate) fn take_map_due(&mut self, index: u8, sends_map: bool) -> Option<bool> {
+        let i = usize::from(index);
+        let lane_map = self.map_queued && self.map_lane() == Some(i);
+        let hello = self.paths[i].hello_owed && self.peer_gen_maps;
+        if !(lane_map || hello) || !sends_map {
+            return None;
+        }
+        self.map_queued &= !lane_map;
+        self.paths[i].hello_owed = false;
+        Some(lane_map)
+    }
+
+    /// On a held path (see `Node::complete_path`), whether the message at
+    /// the front is the one that passes the hold: our leading probe on the
+    /// first connection of a fresh connection object (`probe_first`).
+    pub(crate) fn probe_passes_hold(&self, index: u8) -> bool {
+        !self.peer_gen_maps
+            && !self.heard
+            && self.paths[usize::from(index)].send_queue.front().is_some_and(QueuedMsg::is_probe)
     }
 
     /// Sockets' messages still queued or unacked on the connection, if any.
