@@ -1,11 +1,99 @@
-//! Congestion maps: one 65536-bit bitmap per address.
+//! Congestion maps: one 65536-bit bitmap per address, and the rules that
+//! maintain, send, receive and test them (`net/rds/cong.c`).
 //!
 //! Port `p` is bit `p % 8` of byte `p / 8` (the kernel's little-endian bit
 //! order over two 4 KiB pages). A local map says which of our ports are
 //! congested and is sent to peers; a peer's map (received in a
 //! congestion-map message) says which of its ports we must not send to.
 
-use crate::wire::{CONG_MAP_BYTES, WireError};
+use std::collections::HashMap;
+use std::net::IpAddr;
+
+use crate::message::RxMessage;
+use crate::node::{HandshakeExts, Node};
+use crate::recv::RecvOutcome;
+use crate::sock::Sock;
+use crate::types::{ConnId, PathId, SockId, TransportKind};
+use crate::wire::{CONG_MAP_BYTES, Ext, Header, PROBE_PORT, WireError};
+
+/// The node's congestion state (`net/rds/cong.c`): one map per address,
+/// ours (maintained by our sockets' receive accounting, sent to peers) and
+/// peers' (applied from their updates, tested before every send), and with
+/// `HandshakeExts::Full` the maps' versions. Connections owe a map update
+/// (`Connection::map_queued`) and carry it on their map lane.
+#[derive(Debug, Default)]
+pub(crate) struct Congestion {
+    /// Congestion maps by address: ours (maintained by our sockets) and
+    /// peers' (from their updates).
+    pub maps: HashMap<IpAddr, CongMap>,
+    /// `HandshakeExts::Full` map versions: for our addresses (our
+    /// generation, last version sent), for peers' (their generation, last
+    /// version applied). See `Node::map_header`.
+    pub versions: HashMap<IpAddr, (u32, u64)>,
+}
+
+impl Congestion {
+    /// Whether `port` of `addr` is congested (`rds_cong_wait`'s test).
+    pub fn congested(&self, addr: &IpAddr, port: u16) -> bool {
+        self.maps.get(addr).is_some_and(|m| m.test(port))
+    }
+
+    /// The map of `addr`, created empty if there is none yet.
+    pub fn map(&mut self, addr: IpAddr) -> &mut CongMap {
+        self.maps.entry(addr).or_default()
+    }
+
+    /// The header of a congestion-map update from our address `laddr` (see
+    /// `Node::map_header`); `full_gen`: our generation with
+    /// `HandshakeExts::Full`, which numbers the maps of each address.
+    pub fn map_header(&mut self, laddr: IpAddr, index: u8, hello: bool, full_gen: Option<u32>) -> Header {
+        let mut h = Header::cong_map();
+        if let Some(gen_num) = full_gen {
+            h.sport = u16::from(index);
+            h.dport = if hello { PROBE_PORT } else { 0 };
+            let _ = h.push_extension(Ext::GenNum(gen_num));
+            let v = self.versions.entry(laddr).or_insert((gen_num, 0));
+            v.1 += 1;
+            h.sequence = v.1;
+        }
+        h
+    }
+
+    /// Whether a map of `faddr` of generation `gen_num` and version
+    /// `version` is newer than the last one applied (then it is the last
+    /// one applied now); an older one came the other way round.
+    pub fn newer(&mut self, faddr: IpAddr, gen_num: u32, version: u64) -> bool {
+        let last = self.versions.entry(faddr).or_insert((0, 0));
+        if last.0 == gen_num && version <= last.1 {
+            return false;
+        }
+        *last = (gen_num, version);
+        true
+    }
+}
+
+/// The congestion rule that needs nothing but the socket.
+impl Sock {
+    /// `rds_recv_rcvbuf_delta`'s hysteresis: the socket becomes congested
+    /// above its receive buffer and uncongested below half of it. Returns
+    /// the change, if any. Sockets of the loop transport (bound to 127/8 or
+    /// ::1) are never congested.
+    pub(crate) fn congestion_change(&mut self) -> Option<bool> {
+        if self.transport == Some(TransportKind::Loop) {
+            return None;
+        }
+        let limit = self.rcvbuf_limit();
+        if !self.congested && self.rcv_bytes > limit {
+            self.congested = true;
+            Some(true)
+        } else if self.congested && self.rcv_bytes < limit / 2 {
+            self.congested = false;
+            Some(false)
+        } else {
+            None
+        }
+    }
+}
 
 /// `RDS_CONG_MONITOR_MASK(port)`: the port group bit of a port.
 pub fn monitor_mask(port: u16) -> u64 {
@@ -82,6 +170,151 @@ impl CongMap {
         }
         *self.bits = *new.bits;
         mask
+    }
+}
+
+impl Node {
+    pub(crate) fn recheck_congestion(&mut self, s: SockId) {
+        let Some(sock) = self.sock_mut(s) else { return };
+        let Some(bound) = sock.bound else { return };
+        if let Some(congested) = sock.congestion_change() {
+            let map = self.ep.cong.maps.entry(bound.ip()).or_default();
+            if congested {
+                map.set(bound.port());
+            } else {
+                map.clear(bound.port());
+            }
+            self.cong_queue_updates(bound.ip(), !congested, bound.port());
+        }
+    }
+
+    /// `rds_cong_queue_updates`: every connection from this address sends
+    /// the map; local senders (loopback) see the change at once.
+    pub(crate) fn cong_queue_updates(&mut self, addr: IpAddr, cleared: bool, port: u16) {
+        let conns: Vec<ConnId> =
+            self.conns.iter().filter(|c| c.laddr == addr && c.kind != TransportKind::Loop).map(|c| c.id).collect();
+        for c in conns {
+            self.queue_map(c);
+        }
+        let mask = if cleared { crate::cong::monitor_mask(port) } else { 0 };
+        self.cong_map_updated(mask);
+    }
+
+    /// `rds_cong_map_updated`: wake blocked senders and notify monitoring
+    /// sockets of the port groups that were uncongested.
+    pub(crate) fn cong_map_updated(&mut self, uncongested: u64) {
+        self.ep.counters.cong_update_received += 1;
+        self.wake_writers();
+        let mut woken = Vec::new();
+        for (idx, slot) in self.ep.socks.iter_mut().enumerate() {
+            let Some(sock) = slot.sock.as_mut() else { continue };
+            if sock.cong_monitor {
+                let n = sock.cong_mask & uncongested;
+                if n != 0 {
+                    sock.cong_notify |= n;
+                    sock.cong_mask &= !n;
+                    woken.push(SockId { idx: idx as u32, generation: slot.generation });
+                }
+            } else if sock.seen_congestion {
+                sock.cong_poll_pending = true;
+                woken.push(SockId { idx: idx as u32, generation: slot.generation });
+            }
+        }
+        for s in woken {
+            self.wake(s, false);
+        }
+    }
+
+    /// Owes the peer our congestion map on this connection and kicks the
+    /// path that carries maps.
+    pub(crate) fn queue_map(&mut self, conn: ConnId) {
+        if !std::mem::replace(&mut self.conn_mut(conn).map_queued, true) {
+            self.ep.counters.cong_update_queued += 1;
+        }
+        match self.conn(conn).map_lane() {
+            Some(lane) => self.kick(PathId { conn, index: lane as u8 }),
+            // No path up: connect (reconnects are only for something to
+            // send, and the map is).
+            None if self.conn(conn).kind != TransportKind::Loop => self.connect_if_down(PathId { conn, index: 0 }),
+            None => {}
+        }
+    }
+
+    /// The header of a congestion-map update from our address `laddr`.
+    /// With `HandshakeExts::Full` it also carries our GEN_NUM, the index of
+    /// the path it travels on (h_sport) and a version (h_sequence, growing
+    /// per address): the map lane moves when paths go down and come up, so
+    /// two maps can travel on different connections and arrive in the
+    /// wrong order; the receiver applies only newer versions. The first map
+    /// on a path that is not the map lane is a hello (h_dport 1): its
+    /// receiver takes the generation and the path from it, not the bitmap.
+    /// Kernels read nothing of a map's header but h_len and h_flags.
+    pub(crate) fn map_header(&mut self, laddr: IpAddr, index: u8, hello: bool) -> Header {
+        let full = self.ep.cfg.handshake_exts == HandshakeExts::Full;
+        self.ep.cong.map_header(laddr, index, hello, full.then_some(self.ep.cfg.gen_num))
+    }
+
+    /// A congestion-map message: must be exactly 8192 bytes. It updates our
+    /// copy of the peer address's map and wakes whoever waits on it.
+    pub(crate) fn cong_recv(&mut self, pid: PathId, msg: &RxMessage) -> RecvOutcome {
+        if msg.header.len as usize != CONG_MAP_BYTES || msg.payload.len() != CONG_MAP_BYTES {
+            self.ep.counters.recv_drop_bad_frame += 1;
+            self.drop_path(pid);
+            return RecvOutcome::ProtocolError;
+        }
+        let Ok(new) = CongMap::from_wire(&msg.payload) else {
+            self.drop_path(pid);
+            return RecvOutcome::ProtocolError;
+        };
+        let conn = pid.conn;
+        let gen_num = msg.header.extensions().find_map(|e| if let Ext::GenNum(g) = e { Some(g) } else { None });
+        if let Some(g) = gen_num {
+            // An rds-rs peer with HandshakeExts::Full: its maps carry its
+            // generation, the path they travel on and a version
+            // (`map_header`).
+            let newly = !self.conn(conn).peer_gen_maps;
+            self.conn_mut(conn).peer_gen_maps = true;
+            if !self.gen_heard(pid, g) {
+                // A dead instance's map, late: stale.
+                return RecvOutcome::CongMap;
+            }
+            if msg.header.sport != u16::from(pid.index) {
+                // An accept race paired this slot with another of the
+                // peer's paths: their sequence spaces differ. Nothing but
+                // maps went on it (both sides hold until they hear from
+                // each other); drop it, the paths connect again.
+                self.drop_path(pid);
+                return RecvOutcome::Ignored;
+            }
+            if newly {
+                // Our hellos are due on the other paths up.
+                for i in 0..self.conn(conn).paths.len() {
+                    self.kick(PathId { conn, index: i as u8 });
+                }
+            }
+            if msg.header.dport == PROBE_PORT {
+                return RecvOutcome::CongMap;
+            }
+            let faddr = self.conn(conn).faddr;
+            if !self.ep.cong.newer(faddr, g, msg.header.sequence) {
+                // Older than a map already applied (it came the other way).
+                return RecvOutcome::CongMap;
+            }
+        } else if self.conn(conn).peer_gen_maps {
+            // The peer came back without them: nobody will send the maps
+            // our held paths wait for.
+            self.conn_mut(conn).peer_gen_maps = false;
+            for i in 0..self.conn(conn).paths.len() {
+                let pid = PathId { conn, index: i as u8 };
+                if std::mem::take(&mut self.path_mut(pid).unwrap().hold) {
+                    self.kick(pid);
+                }
+            }
+        }
+        let faddr = self.conn(conn).faddr;
+        let mask = self.ep.cong.map(faddr).update_from(&new);
+        self.cong_map_updated(mask);
+        RecvOutcome::CongMap
     }
 }
 

@@ -8,8 +8,8 @@
 
 use std::net::{IpAddr, SocketAddr};
 
-use crate::conn::PathState;
 use crate::node::Node;
+use crate::path::PathState;
 use crate::stats::Counters;
 use crate::types::{ConnId, SockId, TransportKind};
 
@@ -168,7 +168,8 @@ impl Node {
 
     /// Every socket (bound or not), in slot order.
     pub fn info_sockets(&self) -> Vec<SockSnapshot> {
-        self.socks
+        self.ep
+            .socks
             .iter()
             .enumerate()
             .filter_map(|(idx, slot)| {
@@ -215,7 +216,7 @@ impl Node {
                 }
             }
             Queue::Recv => {
-                for slot in &self.socks {
+                for slot in &self.ep.socks {
                     let Some(k) = &slot.sock else { continue };
                     out.extend(k.recv_queue.iter().map(|m| MsgSnapshot {
                         seq: m.header.sequence,

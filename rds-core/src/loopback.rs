@@ -12,8 +12,8 @@ use std::io;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
 
-use crate::conn::PathInfo;
 use crate::message::RxMessage;
+use crate::path::PathInfo;
 use crate::transport::{RdsTransport, TransportCaps, TransportSink};
 use crate::types::PathId;
 
@@ -114,7 +114,7 @@ impl RdsTransport for LoopTransport {
 
     fn shutdown(&self, path: PathInfo) {
         if let Some(sink) = self.sink() {
-            sink.path_down(path.id, path.inst, crate::conn::DownReason::ShutdownDone);
+            sink.path_down(path.id, path.inst, crate::path::DownReason::ShutdownDone);
         }
     }
 
@@ -176,9 +176,9 @@ impl RdsTransport for LoopTransport {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::conn::DownReason;
     use crate::message::TxMessage;
-    use crate::node::Accept;
+    use crate::path::DownReason;
+    use crate::transport::Accept;
     use crate::types::{ConnId, Payload, TransportKind};
     use crate::wire::Header;
     use std::sync::atomic::{AtomicUsize, Ordering};

@@ -6,19 +6,23 @@
 //! [`Output`]s: connections to open or close, paths with data to transmit,
 //! sockets whose readiness changed. Nothing here reads a clock, touches a
 //! socket or spawns a thread.
+//!
+//! This file holds the node-wide state ([`Node`], [`NodeConfig`]), the
+//! outputs and timers with their dispatch, wake-ups and the connection
+//! table's lookups; the rules live a file each (see the crate docs).
 
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::time::{Duration, Instant};
 
-use crate::cong::CongMap;
-use crate::conn::{Conn, ConnMemo, ConnTable, Path, PathInfo, PathState};
-use crate::message::Received;
-use crate::sock::{Readiness, Sock, bufs};
+use crate::cong::Congestion;
+use crate::connection::{ConnMemo, ConnTable, Connection};
+use crate::path::{Path, PathInfo, PathState};
+use crate::sock::{SockSlot, bufs};
 use crate::stats::Counters;
 use crate::transport::TransportCaps;
-use crate::types::{ConnId, Errno, PathId, RDS_TRANS_NONE, Rng, SockId, TransportKind, addr_cmp};
+use crate::types::{ConnId, PathId, Rng, SockId, TransportKind, addr_cmp};
 
 /// Which extension headers the multipath probe and its pong carry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -165,84 +169,57 @@ pub enum Output {
     RxFlow { path: PathInfo, paused: bool, seq: u64 },
 }
 
-/// Answer to an inbound transport connection.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Accept {
-    /// Serve this path with the new connection (the path is now UP).
-    Path(PathInfo),
-    /// Reset the new connection.
-    Reject,
-    /// Reset the new connection: the peer has the larger address, so we
-    /// connect ourselves (a Connect output was queued).
-    RejectPeerLarger,
-    /// Keep the new connection without reading it and offer it again after
-    /// the next `path_down` of a path to that peer, or a few milliseconds
-    /// later: the slot it belongs to still holds a connection that is going
-    /// away (a `Shutdown` was queued for it if needed), or which slot it
-    /// belongs to shows only once the multipath handshake is done.
-    /// Resetting it instead would lose what the peer already wrote on it,
-    /// which our TCP acknowledged.
-    Defer,
-}
-
-/// Socket options handled by the core.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum SockOpt {
-    SndBuf(u32),
-    RcvBuf(u32),
-    /// SO_SNDBUFFORCE / SO_RCVBUFFORCE: not capped by wmem_max / rmem_max.
-    SndBufForce(u32),
-    RcvBufForce(u32),
-    Transport(i32),
-    CongMonitor(bool),
-    RecvErr(bool),
-    Timestamp(bool),
-    Tos(u8),
-}
-
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Timer {
     Reconnect(PathId),
-    /// Idle collection of a connection (`Conn::gc_at`).
+    /// Idle collection of a connection (`Connection::gc_at`).
     Collect(ConnId),
 }
 
-pub(crate) struct SockSlot {
-    pub generation: u32,
-    pub sock: Option<Sock>,
-}
-
-/// One RDS stack.
-pub struct Node {
-    pub(crate) cfg: NodeConfig,
-    pub(crate) rng: Rng,
-    pub(crate) caps: [Option<TransportCaps>; 3],
+/// The node-wide state of one RDS stack (quinn-proto's `Endpoint`): what
+/// every connection shares — settings, transports, local addresses,
+/// sockets and bound ports, congestion maps, counters, the outputs and
+/// timers queued for the driver, the receive budget. Per-peer state is in
+/// the `Connection`s of `Node::conns`.
+pub(crate) struct Endpoint {
+    pub cfg: NodeConfig,
+    pub rng: Rng,
+    pub caps: [Option<TransportCaps>; 3],
     /// Addresses this node serves, with the transports serving each.
-    pub(crate) locals: HashMap<IpAddr, Vec<TransportKind>>,
-    pub(crate) socks: Vec<SockSlot>,
-    pub(crate) free_socks: Vec<u32>,
-    pub(crate) bound: HashMap<SocketAddr, SockId>,
-    pub(crate) conns: ConnTable,
-    pub(crate) conn_index: HashMap<(IpAddr, IpAddr, TransportKind, u8), ConnId>,
-    /// Congestion maps by address: ours (maintained by our sockets) and
-    /// peers' (from their updates).
-    pub(crate) maps: HashMap<IpAddr, CongMap>,
-    /// `HandshakeExts::Full` map versions: for our addresses (our
-    /// generation, last version sent), for peers' (their generation, last
-    /// version applied). See `Node::map_header`.
-    pub(crate) map_versions: HashMap<IpAddr, (u32, u64)>,
-    pub(crate) counters: Counters,
-    pub(crate) outputs: VecDeque<Output>,
-    pub(crate) timers: BinaryHeap<Reverse<(Instant, Timer)>>,
+    pub locals: HashMap<IpAddr, Vec<TransportKind>>,
+    pub socks: Vec<SockSlot>,
+    pub free_socks: Vec<u32>,
+    pub bound: HashMap<SocketAddr, SockId>,
+    /// Congestion maps and their versions (`cong.rs`).
+    pub cong: Congestion,
+    pub counters: Counters,
+    pub outputs: VecDeque<Output>,
+    pub timers: BinaryHeap<Reverse<(Instant, Timer)>>,
     /// Sockets with a blocked sender (woken on acks and map updates).
-    pub(crate) write_waiters: Vec<SockId>,
+    pub write_waiters: Vec<SockId>,
     /// Bytes queued on all sockets' receive queues (payloads plus
     /// `RCV_MSG_OVERHEAD` per message), against `NodeConfig::rcv_budget`.
-    pub(crate) rx_held: u64,
+    pub rx_held: u64,
     /// Paths whose reading is paused, and why (`recv.rs`).
-    pub(crate) rx_paused: HashMap<PathId, crate::recv::RxPause>,
+    pub rx_paused: HashMap<PathId, crate::recv::RxPause>,
     /// Sequence of `Output::RxFlow`.
-    pub(crate) rx_flow_seq: u64,
+    pub rx_flow_seq: u64,
+}
+
+impl Endpoint {
+    /// The capabilities of a transport (loopback's if not registered).
+    pub fn caps_of(&self, kind: TransportKind) -> TransportCaps {
+        self.caps[kind.slot()].unwrap_or_else(TransportCaps::loopback)
+    }
+}
+
+/// One RDS stack: the node-wide state (an `Endpoint`) and the table of
+/// connections, apart, so that a rule of one connection can borrow its
+/// `Connection` and the parts of the endpoint it needs at the same time.
+pub struct Node {
+    pub(crate) ep: Endpoint,
+    pub(crate) conns: ConnTable,
+    pub(crate) conn_index: HashMap<(IpAddr, IpAddr, TransportKind, u8), ConnId>,
     /// Sequence state of collected connections (`ConnMemo`), with their
     /// order of collection (oldest first) for the bound.
     pub(crate) memos: HashMap<(IpAddr, IpAddr, TransportKind, u8), ConnMemo>,
@@ -253,67 +230,68 @@ impl Node {
     pub fn new(cfg: NodeConfig) -> Node {
         let rng = Rng::new(cfg.seed ^ u64::from(cfg.gen_num).rotate_left(32));
         Node {
-            cfg,
-            rng,
-            caps: [None, None, None],
-            locals: HashMap::new(),
-            socks: Vec::new(),
-            free_socks: Vec::new(),
-            bound: HashMap::new(),
+            ep: Endpoint {
+                cfg,
+                rng,
+                caps: [None, None, None],
+                locals: HashMap::new(),
+                socks: Vec::new(),
+                free_socks: Vec::new(),
+                bound: HashMap::new(),
+                cong: Congestion::default(),
+                counters: Counters::default(),
+                outputs: VecDeque::new(),
+                timers: BinaryHeap::new(),
+                write_waiters: Vec::new(),
+                rx_held: 0,
+                rx_paused: HashMap::new(),
+                rx_flow_seq: 0,
+            },
             conns: ConnTable::default(),
             conn_index: HashMap::new(),
-            maps: HashMap::new(),
-            map_versions: HashMap::new(),
-            counters: Counters::default(),
-            outputs: VecDeque::new(),
-            timers: BinaryHeap::new(),
-            write_waiters: Vec::new(),
-            rx_held: 0,
-            rx_paused: HashMap::new(),
-            rx_flow_seq: 0,
             memos: HashMap::new(),
             memo_order: VecDeque::new(),
         }
     }
 
     pub fn config(&self) -> &NodeConfig {
-        &self.cfg
+        &self.ep.cfg
     }
 
     pub fn counters(&self) -> &Counters {
-        &self.counters
+        &self.ep.counters
     }
 
     /// Makes a transport available (`rds_trans_register`).
     pub fn register_transport(&mut self, caps: TransportCaps) {
-        self.caps[caps.kind.slot()] = Some(caps);
+        self.ep.caps[caps.kind.slot()] = Some(caps);
     }
 
     pub fn has_transport(&self, kind: TransportKind) -> bool {
-        self.caps[kind.slot()].is_some()
+        self.ep.caps[kind.slot()].is_some()
     }
 
     pub(crate) fn caps_of(&self, kind: TransportKind) -> TransportCaps {
-        self.caps[kind.slot()].unwrap_or_else(TransportCaps::loopback)
+        self.ep.caps_of(kind)
     }
 
     /// The node now serves `addr` with transport `kind` (the driver has set
     /// up whatever listening that needs).
     pub fn add_local(&mut self, addr: IpAddr, kind: TransportKind) {
-        let kinds = self.locals.entry(addr).or_default();
+        let kinds = self.ep.locals.entry(addr).or_default();
         if !kinds.contains(&kind) {
             kinds.push(kind);
         }
-        self.maps.entry(addr).or_default();
+        self.ep.cong.map(addr);
     }
 
     pub fn is_local(&self, addr: &IpAddr) -> bool {
-        self.locals.contains_key(addr)
+        self.ep.locals.contains_key(addr)
     }
 
     /// Addresses served, with their transports.
     pub fn locals(&self) -> impl Iterator<Item = (&IpAddr, &Vec<TransportKind>)> {
-        self.locals.iter()
+        self.ep.locals.iter()
     }
 
     // ----------------------------------------------------------------
@@ -322,7 +300,7 @@ impl Node {
 
     /// Next thing for the driver to do.
     pub fn poll_output(&mut self) -> Option<Output> {
-        let o = self.outputs.pop_front()?;
+        let o = self.ep.outputs.pop_front()?;
         match &o {
             Output::Kick(info) => {
                 if let Some(path) = self.path_mut(info.id) {
@@ -341,11 +319,11 @@ impl Node {
 
     /// When [`Node::handle_timeout`] should next be called.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
-        while let Some(Reverse((at, t))) = self.timers.peek().copied() {
+        while let Some(Reverse((at, t))) = self.ep.timers.peek().copied() {
             if self.timer_live(at, t) {
                 return Some(at);
             }
-            self.timers.pop();
+            self.ep.timers.pop();
         }
         None
     }
@@ -359,21 +337,16 @@ impl Node {
 
     /// Runs every timer due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
-        while let Some(Reverse((at, t))) = self.timers.peek().copied() {
+        while let Some(Reverse((at, t))) = self.ep.timers.peek().copied() {
             if at > now {
                 break;
             }
-            self.timers.pop();
+            self.ep.timers.pop();
             if !self.timer_live(at, t) {
                 continue;
             }
             match t {
-                Timer::Reconnect(p) => {
-                    if let Some(path) = self.path_mut(p) {
-                        path.reconnect_at = None;
-                    }
-                    self.connect_worker(p);
-                }
+                Timer::Reconnect(p) => self.reconnect_due(p),
                 Timer::Collect(c) => {
                     self.conns[c].gc_at = None;
                     self.collect_idle(c, now);
@@ -383,36 +356,13 @@ impl Node {
     }
 
     pub(crate) fn schedule(&mut self, at: Instant, t: Timer) {
-        self.timers.push(Reverse((at, t)));
+        self.ep.timers.push(Reverse((at, t)));
     }
 
     pub(crate) fn kick(&mut self, p: PathId) {
-        let Some(c) = self.conns.get(p.conn) else { return };
-        let Some(path) = c.paths.get(usize::from(p.index)) else { return };
-        let map_due =
-            (c.map_queued && c.map_lane() == Some(usize::from(p.index))) || (path.hello_owed && c.peer_gen_maps);
-        if path.kick_queued || path.state != PathState::Up || (path.send_queue.is_empty() && !map_due) {
-            return;
-        }
-        let info = c.info(usize::from(p.index));
-        self.path_mut(p).unwrap().kick_queued = true;
-        self.outputs.push_back(Output::Kick(info));
-    }
-
-    /// Owes the peer our congestion map on this connection and kicks the
-    /// path that carries maps.
-    pub(crate) fn queue_map(&mut self, conn: ConnId) {
-        let c = self.conn_mut(conn);
-        if !c.map_queued {
-            c.map_queued = true;
-            self.counters.cong_update_queued += 1;
-        }
-        match self.conn(conn).map_lane() {
-            Some(lane) => self.kick(PathId { conn, index: lane as u8 }),
-            // No path up: connect (reconnects are only for something to
-            // send, and the map is).
-            None if self.conn(conn).kind != TransportKind::Loop => self.connect_if_down(PathId { conn, index: 0 }),
-            None => {}
+        let Some(c) = self.conns.get_mut(p.conn) else { return };
+        if let Some(info) = c.kick(p.index) {
+            self.ep.outputs.push_back(Output::Kick(info));
         }
     }
 
@@ -424,7 +374,7 @@ impl Node {
         if (force || now != sock.reported) && !sock.wake_queued {
             sock.wake_queued = true;
             sock.reported = now;
-            self.outputs.push_back(Output::Wake(s));
+            self.ep.outputs.push_back(Output::Wake(s));
         } else if sock.wake_queued {
             sock.reported = now;
         }
@@ -432,7 +382,7 @@ impl Node {
 
     /// Wakes every socket with a blocked sender.
     pub(crate) fn wake_writers(&mut self) {
-        let waiters = std::mem::take(&mut self.write_waiters);
+        let waiters = std::mem::take(&mut self.ep.write_waiters);
         for s in waiters {
             if let Some(sock) = self.sock_mut(s) {
                 sock.wants_write = false;
@@ -445,22 +395,6 @@ impl Node {
     // Lookups
     // ----------------------------------------------------------------
 
-    pub(crate) fn sock(&self, s: SockId) -> Option<&Sock> {
-        let slot = self.socks.get(s.idx as usize)?;
-        if slot.generation != s.generation {
-            return None;
-        }
-        slot.sock.as_ref()
-    }
-
-    pub(crate) fn sock_mut(&mut self, s: SockId) -> Option<&mut Sock> {
-        let slot = self.socks.get_mut(s.idx as usize)?;
-        if slot.generation != s.generation {
-            return None;
-        }
-        slot.sock.as_mut()
-    }
-
     pub(crate) fn path(&self, p: PathId) -> Option<&Path> {
         self.conns.get(p.conn)?.paths.get(usize::from(p.index))
     }
@@ -469,11 +403,11 @@ impl Node {
         self.conns.get_mut(p.conn)?.paths.get_mut(usize::from(p.index))
     }
 
-    pub(crate) fn conn(&self, c: ConnId) -> &Conn {
+    pub(crate) fn conn(&self, c: ConnId) -> &Connection {
         &self.conns[c]
     }
 
-    pub(crate) fn conn_mut(&mut self, c: ConnId) -> &mut Conn {
+    pub(crate) fn conn_mut(&mut self, c: ConnId) -> &mut Connection {
         &mut self.conns[c]
     }
 
@@ -485,10 +419,10 @@ impl Node {
             return *c;
         }
         let caps = self.caps_of(kind);
-        let n = if caps.mp_capable { usize::from(self.cfg.npaths.clamp(1, 8)) } else { 1 };
+        let n = if caps.mp_capable { usize::from(self.ep.cfg.npaths.clamp(1, 8)) } else { 1 };
         let id = self.conns.next_id();
         let paths = (0..n).map(|_| Path::new()).collect();
-        self.conns.insert(Conn {
+        self.conns.insert(Connection {
             id,
             laddr,
             faddr,
@@ -512,133 +446,20 @@ impl Node {
         if let Some(m) = self.memos.remove(&key) {
             self.memo_order.retain(|k| *k != key);
             if let Some(v) = m.map_version {
-                self.map_versions.entry(faddr).or_insert(v);
+                self.ep.cong.versions.entry(faddr).or_insert(v);
             }
             self.conns[id].restore(&m);
         }
         if kind == TransportKind::Loop {
             // Loopback paths need no connection: they are up from the start.
             let p = &mut self.conns[id].paths[0];
-            p.state = PathState::Up;
+            p.go_up();
             p.inst = 1;
             p.confirmed = true;
         }
         self.conn_index.insert((laddr, faddr, kind, tos), id);
-        self.maps.entry(faddr).or_default();
+        self.ep.cong.map(faddr);
         id
-    }
-
-    /// Peers counted against `NodeConfig::max_peers`.
-    pub(crate) fn peers(&self) -> usize {
-        self.conns.iter().filter(|c| c.kind != TransportKind::Loop && !c.evicted).count()
-    }
-
-    /// Room for one more peer: at the limit the oldest peer that never sent
-    /// a message and has nothing queued is evicted (its paths are shut
-    /// down; it is collected once down). False when none can be, or when a
-    /// quarter of the limit is already being evicted.
-    pub(crate) fn make_room(&mut self) -> bool {
-        if self.peers() < self.cfg.max_peers {
-            return true;
-        }
-        // Evicted peers hold their connections until their drain ends: at
-        // most a quarter of the limit at a time, or a flood of new peers
-        // would turn into a flood of draining connections.
-        let evicting = self.conns.iter().filter(|c| c.evicted).count();
-        if evicting >= (self.cfg.max_peers / 4).max(1) {
-            return false;
-        }
-        let victim = self
-            .conns
-            .iter()
-            .find(|c| c.kind != TransportKind::Loop && !c.evicted && !c.heard && !c.has_queued())
-            .map(|c| c.id);
-        let Some(v) = victim else { return false };
-        self.counters.conn_evicted_silent += 1;
-        self.conns[v].evicted = true;
-        for i in 0..self.conns[v].paths.len() {
-            self.drop_path(PathId { conn: v, index: i as u8 });
-        }
-        // (Already down, e.g. a larger peer's poke we answered: at once.)
-        if self.conns[v].idle() {
-            self.collect(v);
-        }
-        true
-    }
-
-    /// Every path of the connection went down: collect it once idle.
-    pub(crate) fn conn_all_down(&mut self, c: ConnId, now: Instant) {
-        let conn = &self.conns[c];
-        if conn.kind == TransportKind::Loop {
-            return;
-        }
-        if conn.evicted {
-            self.collect_idle(c, now);
-            return;
-        }
-        if let Some(idle) = self.cfg.conn_idle_gc {
-            if conn.gc_at.is_none() {
-                let at = crate::types::later(now, idle);
-                self.conns[c].gc_at = Some(at);
-                self.schedule(at, Timer::Collect(c));
-            }
-        }
-    }
-
-    /// Collects the connection if it is idle (every path down, nothing
-    /// queued or scheduled), remembering its sequence state; otherwise
-    /// looks again after another idle period.
-    pub(crate) fn collect_idle(&mut self, c: ConnId, now: Instant) {
-        let Some(conn) = self.conns.get(c) else { return };
-        if !conn.idle() {
-            if conn.all_down() {
-                let at = crate::types::later(now, self.cfg.conn_idle_gc.unwrap_or(Duration::from_secs(1)));
-                self.conns[c].gc_at = Some(at);
-                self.schedule(at, Timer::Collect(c));
-            }
-            return;
-        }
-        self.collect(c);
-    }
-
-    /// Removes an idle connection, remembering its sequence state.
-    fn collect(&mut self, c: ConnId) {
-        // Receive flow control ends with the connection: the transport
-        // forgets the pause (a later connection of the peer has a new id and
-        // is paused again, if need be, by its first delivery).
-        let mut paused: Vec<PathId> = self.rx_paused.keys().copied().filter(|p| p.conn == c).collect();
-        paused.sort();
-        for pid in paused {
-            self.rx_paused.remove(&pid);
-            if let Some(info) = self.path_info(pid) {
-                self.push_rx_flow(info, false);
-            }
-        }
-        let conn = self.conns.remove(c).unwrap();
-        self.counters.conn_collected += 1;
-        let key = (conn.laddr, conn.faddr, conn.kind, conn.tos);
-        self.conn_index.remove(&key);
-        let mut memo = conn.memo();
-        let last = !self.conns.iter().any(|o| o.faddr == conn.faddr);
-        if last && !self.is_local(&conn.faddr) {
-            // The peer's congestion map (8 KiB) goes with its last
-            // connection; it sends it again on every new connection.
-            self.maps.remove(&conn.faddr);
-            memo.map_version = self.map_versions.remove(&conn.faddr);
-        }
-        for slot in self.socks.iter_mut() {
-            if let Some(k) = slot.sock.as_mut() {
-                k.lane0_backlog.retain(|(lc, _)| *lc != c);
-            }
-        }
-        if self.cfg.conn_memo_max > 0 {
-            while self.memos.len() >= self.cfg.conn_memo_max {
-                let Some(old) = self.memo_order.pop_front() else { break };
-                self.memos.remove(&old);
-            }
-            self.memos.insert(key, memo);
-            self.memo_order.push_back(key);
-        }
     }
 
     /// Connections the node holds (all transports, loopback included).
@@ -659,347 +480,6 @@ impl Node {
 
     pub fn path_state(&self, p: PathId) -> Option<PathState> {
         self.path(p).map(|p| p.state)
-    }
-
-    // ----------------------------------------------------------------
-    // Sockets
-    // ----------------------------------------------------------------
-
-    /// `socket(AF_RDS, SOCK_SEQPACKET, 0)`.
-    pub fn socket(&mut self) -> SockId {
-        let sock = Sock::new(self.cfg.wmem_default, self.cfg.rmem_default);
-        if let Some(idx) = self.free_socks.pop() {
-            let slot = &mut self.socks[idx as usize];
-            slot.generation = slot.generation.wrapping_add(1);
-            slot.sock = Some(sock);
-            SockId { idx, generation: slot.generation }
-        } else {
-            self.socks.push(SockSlot { generation: 0, sock: Some(sock) });
-            SockId { idx: self.socks.len() as u32 - 1, generation: 0 }
-        }
-    }
-
-    /// `bind`. Rules and errno as `rds_bind`: a specific unicast address
-    /// (EINVAL for any/broadcast/multicast), once (EINVAL), not port 1
-    /// (EINVAL), on an address this node serves (EADDRNOTAVAIL; ENOPROTOOPT
-    /// when SO_RDS_TRANSPORT chose a transport that does not serve it), on a
-    /// free port (EADDRINUSE); port 0 picks a free port.
-    pub fn bind(&mut self, s: SockId, addr: SocketAddr) -> Result<SocketAddr, Errno> {
-        let ip = addr.ip();
-        let bad = match ip {
-            IpAddr::V4(v4) => v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast(),
-            IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-                Some(v4) => v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast(),
-                None => v6.is_unspecified() || v6.is_multicast(),
-            },
-        };
-        if bad {
-            return Err(Errno::EINVAL);
-        }
-        let sock = self.sock(s).ok_or(Errno::EINVAL)?;
-        if sock.bound.is_some() {
-            return Err(Errno::EINVAL);
-        }
-        // rds_add_bound: port 1 is the handshake probe's source port.
-        if addr.port() == crate::wire::PROBE_PORT {
-            return Err(Errno::EINVAL);
-        }
-        let forced = sock.transport;
-        let kinds = self.locals.get(&ip).map(Vec::as_slice).unwrap_or_default();
-        let kind = match forced {
-            Some(k) if kinds.contains(&k) => k,
-            // The transport set with SO_RDS_TRANSPORT fails its laddr_check.
-            Some(_) => return Err(Errno::ENOPROTOOPT),
-            // The preferred transport: IB where the address has an RDMA device.
-            None if kinds.contains(&TransportKind::Ib) => TransportKind::Ib,
-            None => *kinds.first().ok_or(Errno::EADDRNOTAVAIL)?,
-        };
-        let port = if addr.port() == 0 {
-            let start = 1024 + self.rng.below(65536 - 1024) as u32;
-            (0..65535u32)
-                .map(|i| ((start + i) % 65535 + 1) as u16)
-                .find(|p| *p > 1 && !self.bound.contains_key(&SocketAddr::new(ip, *p)))
-        } else {
-            (!self.bound.contains_key(&addr)).then_some(addr.port())
-        };
-        let Some(port) = port else {
-            // rds_bind forgets the transport when rds_add_bound fails, even
-            // one set with SO_RDS_TRANSPORT.
-            self.sock_mut(s).unwrap().transport = None;
-            return Err(Errno::EADDRINUSE);
-        };
-        let local = SocketAddr::new(ip, port);
-        self.bound.insert(local, s);
-        let sock = self.sock_mut(s).unwrap();
-        sock.bound = Some(local);
-        sock.transport = Some(kind);
-        Ok(local)
-    }
-
-    /// `connect`: sets the default destination of `send` without an address.
-    /// Errno as `rds_connect`: IPv4 any is EDESTADDRREQ, IPv4 broadcast or
-    /// multicast EINVAL; an IPv6 address that is not unicast (any,
-    /// multicast, or a v4-mapped any/broadcast/multicast) is EPROTOTYPE.
-    pub fn connect(&mut self, s: SockId, dst: SocketAddr) -> Result<(), Errno> {
-        match dst.ip() {
-            IpAddr::V4(v4) if v4.is_unspecified() => return Err(Errno::EDESTADDRREQ),
-            IpAddr::V4(v4) if v4.is_multicast() || v4.is_broadcast() => return Err(Errno::EINVAL),
-            IpAddr::V6(v6) => {
-                let bad = match v6.to_ipv4_mapped() {
-                    Some(v4) => v4.is_unspecified() || v4.is_broadcast() || v4.is_multicast(),
-                    None => v6.is_unspecified() || v6.is_multicast(),
-                };
-                if bad {
-                    return Err(Errno::EPROTOTYPE);
-                }
-            }
-            IpAddr::V4(_) => {}
-        }
-        self.sock_mut(s).ok_or(Errno::EINVAL)?.conn_addr = Some(dst);
-        Ok(())
-    }
-
-    pub fn local_addr(&self, s: SockId) -> Option<SocketAddr> {
-        self.sock(s)?.bound
-    }
-
-    pub fn peer_addr(&self, s: SockId) -> Option<SocketAddr> {
-        self.sock(s)?.conn_addr
-    }
-
-    /// `setsockopt` for the options the core owns.
-    pub fn setsockopt(&mut self, s: SockId, opt: SockOpt) -> Result<(), Errno> {
-        let (wmax, rmax) = (self.cfg.wmem_max, self.cfg.rmem_max);
-        let transport_ok = |k: TransportKind, node: &Node| node.has_transport(k);
-        if let SockOpt::Transport(v) = opt {
-            let sock = self.sock(s).ok_or(Errno::EINVAL)?;
-            if sock.transport.is_some() {
-                return Err(Errno::EOPNOTSUPP);
-            }
-            if !(0..crate::types::RDS_TRANS_COUNT).contains(&v) {
-                return Err(Errno::EINVAL);
-            }
-            let kind = TransportKind::from_uapi(v).filter(|k| transport_ok(*k, self)).ok_or(Errno::ENOPROTOOPT)?;
-            self.sock_mut(s).unwrap().transport = Some(kind);
-            return Ok(());
-        }
-        let sock = self.sock_mut(s).ok_or(Errno::EINVAL)?;
-        match opt {
-            // sock_setsockopt: min(val, max) * 2, at least the minimum.
-            SockOpt::SndBuf(v) => sock.sndbuf = v.min(wmax).saturating_mul(2).max(bufs::SOCK_MIN_SNDBUF),
-            SockOpt::RcvBuf(v) => sock.rcvbuf = v.min(rmax).saturating_mul(2).max(bufs::SOCK_MIN_RCVBUF),
-            // The *FORCE variants take a negative int as 0.
-            SockOpt::SndBufForce(v) => {
-                let v = if v > i32::MAX as u32 { 0 } else { v };
-                sock.sndbuf = v.min(i32::MAX as u32 / 2).saturating_mul(2).max(bufs::SOCK_MIN_SNDBUF)
-            }
-            SockOpt::RcvBufForce(v) => {
-                let v = if v > i32::MAX as u32 { 0 } else { v };
-                sock.rcvbuf = v.min(i32::MAX as u32 / 2).saturating_mul(2).max(bufs::SOCK_MIN_RCVBUF)
-            }
-            // rds_cong_monitor: switching it off forgets the recorded port
-            // groups and any pending notification.
-            SockOpt::CongMonitor(on) => {
-                sock.cong_monitor = on;
-                if !on {
-                    sock.cong_mask = 0;
-                    sock.cong_notify = 0;
-                }
-            }
-            SockOpt::RecvErr(on) => sock.recverr = on,
-            SockOpt::Timestamp(on) => sock.timestamp = on,
-            // SIOCRDSSETTOS: the transport maps the value (TCP: everything
-            // to 0, IB: as is; loopback and an unbound socket without
-            // SO_RDS_TRANSPORT have no map: ENOTTY); once a non-zero TOS is
-            // set or the socket has a connection, EINVAL.
-            SockOpt::Tos(t) => {
-                let tos = match sock.transport {
-                    Some(TransportKind::Tcp) => 0,
-                    Some(TransportKind::Ib) => t,
-                    Some(TransportKind::Loop) | None => return Err(Errno::ENOTTY),
-                };
-                if sock.tos != 0 || sock.last_conn.is_some() {
-                    return Err(Errno::EINVAL);
-                }
-                sock.tos = tos
-            }
-            SockOpt::Transport(_) => unreachable!(),
-        }
-        // A larger send buffer may make a blocked sender writable, a larger
-        // receive buffer may uncongest the socket (and raise its hard cap).
-        self.recheck_congestion(s);
-        self.rx_recheck();
-        self.wake(s, false);
-        Ok(())
-    }
-
-    /// `getsockopt` for the options the core owns; returns the value as the
-    /// kernel reports it (buffers doubled, transport as its uapi number).
-    pub fn getsockopt(&self, s: SockId, opt: SockOpt) -> Result<u64, Errno> {
-        let sock = self.sock(s).ok_or(Errno::EINVAL)?;
-        Ok(match opt {
-            SockOpt::SndBuf(_) | SockOpt::SndBufForce(_) => u64::from(sock.sndbuf),
-            SockOpt::RcvBuf(_) | SockOpt::RcvBufForce(_) => u64::from(sock.rcvbuf),
-            SockOpt::Transport(_) => u64::from(sock.transport.map_or(RDS_TRANS_NONE, |k| k.uapi())),
-            SockOpt::CongMonitor(_) => sock.cong_monitor as u64,
-            SockOpt::RecvErr(_) => sock.recverr as u64,
-            SockOpt::Timestamp(_) => sock.timestamp as u64,
-            SockOpt::Tos(_) => u64::from(sock.tos),
-        })
-    }
-
-    /// `rds_poll`.
-    pub fn readiness(&self, s: SockId) -> Readiness {
-        self.sock(s)
-            .map_or(Readiness::default(), |sock| Readiness { readable: sock.readable(), writable: sock.writable() })
-    }
-
-    /// Messages of this socket that were dropped because the peer restarted
-    /// (the kernel drops them silently; we count them per socket).
-    pub fn flushed(&self, s: SockId) -> u64 {
-        self.sock(s).map_or(0, |k| k.flushed)
-    }
-
-    /// Send bytes queued and not yet acked.
-    pub fn snd_bytes(&self, s: SockId) -> u64 {
-        self.sock(s).map_or(0, |k| k.snd_bytes)
-    }
-
-    /// `recvmsg` (non-blocking; the driver waits). Notifications come first,
-    /// then a congestion update, then data, as in `rds_recvmsg`. With `peek`
-    /// the datagram stays queued; notifications and congestion updates are
-    /// consumed even then (the kernel hands them out without looking at
-    /// MSG_PEEK).
-    pub fn recv(&mut self, s: SockId, peek: bool) -> Result<Received, Errno> {
-        let sock = self.sock_mut(s).ok_or(Errno::EINVAL)?;
-        sock.cong_poll_pending = false;
-        if let Some(n) = sock.notify_queue.pop_front() {
-            self.wake(s, false);
-            return Ok(Received::RdmaStatus { user_token: n.user_token, status: n.status });
-        }
-        if sock.cong_notify != 0 {
-            let mask = std::mem::take(&mut sock.cong_notify);
-            self.wake(s, false);
-            return Ok(Received::CongUpdate { mask });
-        }
-        let inc = if peek { sock.recv_queue.front().cloned() } else { sock.recv_queue.pop_front() };
-        let Some(inc) = inc else {
-            // Clearing the congestion-update flag may have changed readiness:
-            // report it, or a later delivery would look like no change.
-            self.wake(s, false);
-            return Err(Errno::EAGAIN);
-        };
-        // s_recv_delivered counts every copy to the user, peeks included.
-        self.counters.recv_delivered += 1;
-        if !peek {
-            self.rcvbuf_delta(s, -(inc.payload.len() as i64));
-            self.rx_held = self.rx_held.saturating_sub(inc.payload.len() as u64 + crate::recv::RCV_MSG_OVERHEAD);
-            self.rx_recheck();
-        }
-        self.wake(s, false);
-        Ok(Received::Data(inc))
-    }
-
-    /// Closes a socket (`rds_release`): its receive queue is freed, it is
-    /// unbound, and every message it still has queued or unacked is dropped.
-    /// Returns the number of messages dropped.
-    pub fn close(&mut self, s: SockId) -> usize {
-        let Some(sock) = self.sock(s) else { return 0 };
-        let bound = sock.bound;
-        let dropped = self.drop_messages(s, None);
-        let held = crate::recv::sock_held(self.sock(s).unwrap());
-        if let Some(b) = bound {
-            // Free the receive queue through the accounting so congestion clears.
-            let queued: i64 = self.sock(s).unwrap().rcv_bytes as i64;
-            self.rcvbuf_delta(s, -queued);
-            self.bound.remove(&b);
-        }
-        self.write_waiters.retain(|w| *w != s);
-        let slot = &mut self.socks[s.idx as usize];
-        slot.sock = None;
-        self.free_socks.push(s.idx);
-        self.rx_held = self.rx_held.saturating_sub(held);
-        self.rx_recheck();
-        dropped
-    }
-
-    /// `rds_recv_rcvbuf_delta`: account queued receive bytes and flip the
-    /// socket's congestion bit with the kernel's hysteresis.
-    pub(crate) fn rcvbuf_delta(&mut self, s: SockId, delta: i64) {
-        let Some(sock) = self.sock_mut(s) else { return };
-        sock.rcv_bytes = (sock.rcv_bytes as i64 + delta).max(0) as u64;
-        if delta > 0 {
-            self.counters.recv_bytes_added_to_sock += delta as u64;
-        } else {
-            self.counters.recv_bytes_freed_fromsock += (-delta) as u64;
-        }
-        self.recheck_congestion(s);
-    }
-
-    pub(crate) fn recheck_congestion(&mut self, s: SockId) {
-        let Some(sock) = self.sock_mut(s) else { return };
-        let Some(bound) = sock.bound else { return };
-        // Sockets of the loop transport (bound to 127/8 or ::1) are never
-        // congested (rds_recv_rcvbuf_delta).
-        if sock.transport == Some(TransportKind::Loop) {
-            return;
-        }
-        let limit = sock.rcvbuf_limit();
-        let change = if !sock.congested && sock.rcv_bytes > limit {
-            sock.congested = true;
-            Some(true)
-        } else if sock.congested && sock.rcv_bytes < limit / 2 {
-            sock.congested = false;
-            Some(false)
-        } else {
-            None
-        };
-        if let Some(congested) = change {
-            let map = self.maps.entry(bound.ip()).or_default();
-            if congested {
-                map.set(bound.port());
-            } else {
-                map.clear(bound.port());
-            }
-            self.cong_queue_updates(bound.ip(), !congested, bound.port());
-        }
-    }
-
-    /// `rds_cong_queue_updates`: every connection from this address sends
-    /// the map; local senders (loopback) see the change at once.
-    pub(crate) fn cong_queue_updates(&mut self, addr: IpAddr, cleared: bool, port: u16) {
-        let conns: Vec<ConnId> =
-            self.conns.iter().filter(|c| c.laddr == addr && c.kind != TransportKind::Loop).map(|c| c.id).collect();
-        for c in conns {
-            self.queue_map(c);
-        }
-        let mask = if cleared { crate::cong::monitor_mask(port) } else { 0 };
-        self.cong_map_updated(mask);
-    }
-
-    /// `rds_cong_map_updated`: wake blocked senders and notify monitoring
-    /// sockets of the port groups that were uncongested.
-    pub(crate) fn cong_map_updated(&mut self, uncongested: u64) {
-        self.counters.cong_update_received += 1;
-        self.wake_writers();
-        let mut woken = Vec::new();
-        for (idx, slot) in self.socks.iter_mut().enumerate() {
-            let Some(sock) = slot.sock.as_mut() else { continue };
-            if sock.cong_monitor {
-                let n = sock.cong_mask & uncongested;
-                if n != 0 {
-                    sock.cong_notify |= n;
-                    sock.cong_mask &= !n;
-                    woken.push(SockId { idx: idx as u32, generation: slot.generation });
-                }
-            } else if sock.seen_congestion {
-                sock.cong_poll_pending = true;
-                woken.push(SockId { idx: idx as u32, generation: slot.generation });
-            }
-        }
-        for s in woken {
-            self.wake(s, false);
-        }
     }
 
     /// Whether the node is the active (connecting) side towards `faddr`.
@@ -1037,9 +517,12 @@ impl Node {
                     p.reconnect_at.is_some(),
                     p.connects
                 );
+                if p.illegal_transitions > 0 {
+                    let _ = writeln!(s, "  path {i} refused {} illegal transitions", p.illegal_transitions);
+                }
             }
         }
-        for slot in &self.socks {
+        for slot in &self.ep.socks {
             if let Some(k) = &slot.sock {
                 let _ = writeln!(
                     s,
@@ -1054,14 +537,14 @@ impl Node {
                 );
             }
         }
-        for (a, m) in &self.maps {
+        for (a, m) in &self.ep.cong.maps {
             let ports: Vec<u16> = m.congested_ports().take(20).collect();
             if !ports.is_empty() {
                 let _ = writeln!(s, "map {a}: congested {ports:?}");
             }
         }
-        let _ = writeln!(s, "write_waiters {:?} outputs {}", self.write_waiters.len(), self.outputs.len());
-        let _ = writeln!(s, "rx_held {} rx_paused {:?}", self.rx_held, self.rx_paused);
+        let _ = writeln!(s, "write_waiters {:?} outputs {}", self.ep.write_waiters.len(), self.ep.outputs.len());
+        let _ = writeln!(s, "rx_held {} rx_paused {:?}", self.ep.rx_held, self.ep.rx_paused);
         s
     }
 }

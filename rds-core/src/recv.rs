@@ -1,17 +1,18 @@
-//! The receive side (`net/rds/recv.c`, `cong.c`): the duplicate rule,
-//! pings and pongs, the multipath handshake, congestion-map updates and
-//! delivery to sockets.
+//! The receive side (`net/rds/recv.c`): the duplicate and stale rules,
+//! answering pings, delivery to sockets, `recvmsg` ([`Node::recv`]) and
+//! receive flow control (a socket's hard cap and the node's budget pause
+//! the path that delivered). Congestion maps received go to
+//! [`crate::cong`], handshake probes and pongs to [`crate::mprds`].
 
 use std::net::SocketAddr;
 
-use crate::cong::CongMap;
-use crate::conn::PathState;
-use crate::message::{Incoming, RxMessage};
+use crate::message::{Incoming, Received, RxMessage};
 use crate::node::Node;
 use crate::node::Output;
+use crate::path::{Path, PathState};
 use crate::sock::Sock;
-use crate::types::{ConnId, PathId, SockId};
-use crate::wire::{CONG_MAP_BYTES, Ext, Kind, PROBE_PORT};
+use crate::types::{ConnId, Errno, PathId, SockId};
+use crate::wire::{Ext, Header, Kind, PROBE_PORT};
 
 /// What the core made of a received message.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,11 +85,7 @@ impl Node {
         // path transmits first; it may arrive before our end of the new
         // connection reported it up).
         if msg.header.kind() == Kind::CongMap {
-            let c = self.conn_mut(pid.conn);
-            c.maps_rx += 1;
-            let started: Vec<u8> =
-                (0..c.paths.len() as u8).filter(|&i| c.paths[usize::from(i)].maps_at_connect < c.maps_rx).collect();
-            for i in started {
+            for i in self.conn_mut(pid.conn).map_received() {
                 self.confirm_path(PathId { conn: pid.conn, index: i });
             }
         } else {
@@ -121,32 +118,24 @@ impl Node {
             return self.cong_recv(pid, &msg);
         }
 
-        // The duplicate rule: only a retransmission of something already seen
-        // is dropped; sequence numbers may skip forward (cancelled messages)
-        // and fall back (a restarted peer).
-        let path = self.path_mut(pid).unwrap();
-        if hdr.sequence < path.next_rx_seq && hdr.is_retransmitted() {
-            self.counters.recv_drop_old_seq += 1;
-            return RecvOutcome::DupDropped;
+        // The duplicate and stale rules (`Path::rx_sequence`).
+        match self.path_mut(pid).unwrap().rx_sequence(&hdr) {
+            Ok(()) => {}
+            Err(RecvOutcome::DupDropped) => {
+                self.ep.counters.recv_drop_old_seq += 1;
+                return RecvOutcome::DupDropped;
+            }
+            Err(r) => {
+                self.ep.counters.recv_drop_stale += 1;
+                return r;
+            }
         }
-        // A retransmission before anything else on the only connection of
-        // the path the peer could ever have sent on to this node was first
-        // sent to a previous instance of this node, which died without
-        // acking it: stale, not ours. (A peer resends its unacked messages
-        // first on a new connection; the 6.1 kernel cannot tell that we
-        // restarted, and would deliver them.)
-        if hdr.is_retransmitted() && path.rx_conns <= 1 && !path.rx_any && hdr.sport > PROBE_PORT {
-            self.counters.recv_drop_stale += 1;
-            return RecvOutcome::Stale;
-        }
-        path.next_rx_seq = hdr.sequence.wrapping_add(1);
-        path.rx_any = true;
 
-        if self.cfg.ping_enable && hdr.dport == 0 {
+        if self.ep.cfg.ping_enable && hdr.dport == 0 {
             if hdr.sport == 0 {
                 return RecvOutcome::Ignored;
             }
-            self.counters.recv_ping += 1;
+            self.ep.counters.recv_ping += 1;
             self.send_probe(pid, 0, hdr.sport);
             if kind == Kind::ProbePing {
                 self.hs_exthdrs(conn, pid.index, &msg);
@@ -170,8 +159,8 @@ impl Node {
         let (laddr, faddr) = (c.laddr, c.faddr);
         let hdr = msg.header;
         let to = SocketAddr::new(laddr, hdr.dport);
-        let Some(s) = self.bound.get(&to).copied() else {
-            self.counters.recv_drop_no_sock += 1;
+        let Some(s) = self.ep.bound.get(&to).copied() else {
+            self.ep.counters.recv_drop_no_sock += 1;
             return RecvOutcome::NoSocket;
         };
         // A socket receives only over its own transport (the one bind or
@@ -183,7 +172,7 @@ impl Node {
         // the kernel counts its own no-such-socket drops.
         let kind = self.conn(conn).kind;
         if kind != crate::types::TransportKind::Loop && self.sock(s).and_then(|k| k.transport) != Some(kind) {
-            self.counters.recv_drop_no_sock += 1;
+            self.ep.counters.recv_drop_no_sock += 1;
             return RecvOutcome::NoSocket;
         }
         let cap = self.rcv_cap(s);
@@ -204,12 +193,12 @@ impl Node {
             timestamp_ns,
             rdma_dest,
         });
-        self.counters.recv_queued += 1;
-        self.rx_held = self.rx_held.saturating_add(len as u64 + RCV_MSG_OVERHEAD);
+        self.ep.counters.recv_queued += 1;
+        self.ep.rx_held = self.ep.rx_held.saturating_add(len as u64 + RCV_MSG_OVERHEAD);
         self.rcvbuf_delta(s, len as i64);
         self.wake(s, false);
         let over_sock = self.sock(s).is_some_and(|k| sock_held(k) > cap);
-        let over_budget = self.rx_held > self.cfg.rcv_budget;
+        let over_budget = self.ep.rx_held > self.ep.cfg.rcv_budget;
         if over_sock || over_budget {
             self.rx_pause(via, over_sock.then_some(s), over_budget);
             return RecvOutcome::DeliveredPaused;
@@ -219,24 +208,24 @@ impl Node {
 
     /// The socket's hard receive cap.
     pub(crate) fn rcv_cap(&self, s: SockId) -> u64 {
-        let hard = u64::from(self.cfg.rcv_hard_factor.max(1));
+        let hard = u64::from(self.ep.cfg.rcv_hard_factor.max(1));
         self.sock(s).map_or(RCV_HARD_FLOOR, |k| k.rcvbuf_limit().saturating_mul(hard).max(RCV_HARD_FLOOR))
     }
 
     /// Bytes queued on all sockets, against [`crate::NodeConfig::rcv_budget`].
     pub fn rx_held(&self) -> u64 {
-        self.rx_held
+        self.ep.rx_held
     }
 
     /// Whether reading the path is paused (receive flow control).
     pub fn rx_paused(&self, p: PathId) -> bool {
-        self.rx_paused.contains_key(&p)
+        self.ep.rx_paused.contains_key(&p)
     }
 
     /// Pauses reading `pid` on account of socket `s` and/or the budget.
     fn rx_pause(&mut self, pid: PathId, s: Option<SockId>, budget: bool) {
         let Some(info) = self.path_info(pid) else { return };
-        let st = self.rx_paused.entry(pid).or_default();
+        let st = self.ep.rx_paused.entry(pid).or_default();
         let new = st.socks.is_empty() && !st.budget;
         if let Some(s) = s {
             if !st.socks.contains(&s) {
@@ -245,27 +234,27 @@ impl Node {
         }
         st.budget |= budget;
         if new {
-            self.counters.recv_pause += 1;
+            self.ep.counters.recv_pause += 1;
             self.push_rx_flow(info, true);
         }
     }
 
     /// Tells the transport to pause or resume reading a path; `seq` orders
     /// the signals across the threads that dispatch them.
-    pub(crate) fn push_rx_flow(&mut self, path: crate::conn::PathInfo, paused: bool) {
-        self.rx_flow_seq += 1;
-        self.outputs.push_back(Output::RxFlow { path, paused, seq: self.rx_flow_seq });
+    pub(crate) fn push_rx_flow(&mut self, path: crate::path::PathInfo, paused: bool) {
+        self.ep.rx_flow_seq += 1;
+        self.ep.outputs.push_back(Output::RxFlow { path, paused, seq: self.ep.rx_flow_seq });
     }
 
     /// Resumes the paused paths whose reasons are gone: their sockets are
     /// back under three quarters of their cap (or closed), the node under
     /// three quarters of its budget.
     pub(crate) fn rx_recheck(&mut self) {
-        if self.rx_paused.is_empty() {
+        if self.ep.rx_paused.is_empty() {
             return;
         }
-        let budget_ok = self.rx_held <= self.cfg.rcv_budget - self.cfg.rcv_budget / 4;
-        let mut st = std::mem::take(&mut self.rx_paused);
+        let budget_ok = self.ep.rx_held <= self.ep.cfg.rcv_budget - self.ep.cfg.rcv_budget / 4;
+        let mut st = std::mem::take(&mut self.ep.rx_paused);
         let mut resume = Vec::new();
         for (pid, p) in st.iter_mut() {
             p.socks.retain(|&s| {
@@ -283,109 +272,72 @@ impl Node {
         for pid in resume {
             st.remove(&pid);
             if let Some(info) = self.path_info(pid) {
-                self.counters.recv_resume += 1;
+                self.ep.counters.recv_resume += 1;
                 self.push_rx_flow(info, false);
             }
         }
-        self.rx_paused = st;
+        self.ep.rx_paused = st;
     }
+}
 
-    /// A congestion-map message: must be exactly 8192 bytes. It updates our
-    /// copy of the peer address's map and wakes whoever waits on it.
-    fn cong_recv(&mut self, pid: PathId, msg: &RxMessage) -> RecvOutcome {
-        if msg.header.len as usize != CONG_MAP_BYTES || msg.payload.len() != CONG_MAP_BYTES {
-            self.counters.recv_drop_bad_frame += 1;
-            self.drop_path(pid);
-            return RecvOutcome::ProtocolError;
+impl Node {
+    /// `recvmsg` (non-blocking; the driver waits). Notifications come first,
+    /// then a congestion update, then data, as in `rds_recvmsg`. With `peek`
+    /// the datagram stays queued; notifications and congestion updates are
+    /// consumed even then (the kernel hands them out without looking at
+    /// MSG_PEEK).
+    pub fn recv(&mut self, s: SockId, peek: bool) -> Result<Received, Errno> {
+        let sock = self.sock_mut(s).ok_or(Errno::EINVAL)?;
+        sock.cong_poll_pending = false;
+        if let Some(n) = sock.notify_queue.pop_front() {
+            self.wake(s, false);
+            return Ok(Received::RdmaStatus { user_token: n.user_token, status: n.status });
         }
-        let Ok(new) = CongMap::from_wire(&msg.payload) else {
-            self.drop_path(pid);
-            return RecvOutcome::ProtocolError;
+        if sock.cong_notify != 0 {
+            let mask = std::mem::take(&mut sock.cong_notify);
+            self.wake(s, false);
+            return Ok(Received::CongUpdate { mask });
+        }
+        let inc = if peek { sock.recv_queue.front().cloned() } else { sock.recv_queue.pop_front() };
+        let Some(inc) = inc else {
+            // Clearing the congestion-update flag may have changed readiness:
+            // report it, or a later delivery would look like no change.
+            self.wake(s, false);
+            return Err(Errno::EAGAIN);
         };
-        let conn = pid.conn;
-        let gen_num = msg.header.extensions().find_map(|e| if let Ext::GenNum(g) = e { Some(g) } else { None });
-        if let Some(g) = gen_num {
-            // An rds-rs peer with HandshakeExts::Full: its maps carry its
-            // generation, the path they travel on and a version
-            // (`map_header`).
-            let newly = !self.conn(conn).peer_gen_maps;
-            self.conn_mut(conn).peer_gen_maps = true;
-            if !self.gen_heard(pid, g) {
-                // A dead instance's map, late: stale.
-                return RecvOutcome::CongMap;
-            }
-            if msg.header.sport != u16::from(pid.index) {
-                // An accept race paired this slot with another of the
-                // peer's paths: their sequence spaces differ. Nothing but
-                // maps went on it (both sides hold until they hear from
-                // each other); drop it, the paths connect again.
-                self.drop_path(pid);
-                return RecvOutcome::Ignored;
-            }
-            if newly {
-                // Our hellos are due on the other paths up.
-                for i in 0..self.conn(conn).paths.len() {
-                    self.kick(PathId { conn, index: i as u8 });
-                }
-            }
-            if msg.header.dport == PROBE_PORT {
-                return RecvOutcome::CongMap;
-            }
-            let faddr = self.conn(conn).faddr;
-            let last = self.map_versions.entry(faddr).or_insert((0, 0));
-            if last.0 == g && msg.header.sequence <= last.1 {
-                // Older than a map already applied (it came the other way).
-                return RecvOutcome::CongMap;
-            }
-            *last = (g, msg.header.sequence);
-        } else if self.conn(conn).peer_gen_maps {
-            // The peer came back without them: nobody will send the maps
-            // our held paths wait for.
-            self.conn_mut(conn).peer_gen_maps = false;
-            for i in 0..self.conn(conn).paths.len() {
-                let pid = PathId { conn, index: i as u8 };
-                if std::mem::take(&mut self.path_mut(pid).unwrap().hold) {
-                    self.kick(pid);
-                }
-            }
+        // s_recv_delivered counts every copy to the user, peeks included.
+        self.ep.counters.recv_delivered += 1;
+        if !peek {
+            self.rcvbuf_delta(s, -(inc.payload.len() as i64));
+            self.ep.rx_held = self.ep.rx_held.saturating_sub(inc.payload.len() as u64 + crate::recv::RCV_MSG_OVERHEAD);
+            self.rx_recheck();
         }
-        let faddr = self.conn(conn).faddr;
-        let mask = self.maps.entry(faddr).or_default().update_from(&new);
-        self.cong_map_updated(mask);
-        RecvOutcome::CongMap
+        self.wake(s, false);
+        Ok(Received::Data(inc))
     }
+}
 
-    /// `rds_recv_hs_exthdrs`: NPATHS (capped at ours; 1 when absent),
-    /// GEN_NUM, SPORT_IDX.
-    fn hs_exthdrs(&mut self, conn: ConnId, index: u8, msg: &RxMessage) {
-        let ours = self.cfg.npaths;
-        let mut npaths = None;
-        let mut gen_num = 0;
-        let mut sport_idx = false;
-        for e in msg.header.extensions() {
-            match e {
-                Ext::Npaths(n) => npaths = Some(n.min(u16::from(ours)) as u8),
-                Ext::GenNum(g) => gen_num = g,
-                Ext::SportIdx => sport_idx = true,
-                _ => {}
-            }
+/// The receive rules that need nothing but the path.
+impl Path {
+    /// The duplicate rule: only a retransmission of something already seen
+    /// is dropped (`DupDropped`); sequence numbers may skip forward
+    /// (cancelled messages) and fall back (a restarted peer). A
+    /// retransmission before anything else on the only connection of the
+    /// path the peer could ever have sent on to this node was first sent to
+    /// a previous instance of this node, which died without acking it:
+    /// stale, not ours (`Stale`). (A peer resends its unacked messages
+    /// first on a new connection; the 6.1 kernel cannot tell that we
+    /// restarted, and would deliver them.) A message that passes advances
+    /// the receive sequence.
+    pub(crate) fn rx_sequence(&mut self, hdr: &Header) -> Result<(), RecvOutcome> {
+        if hdr.sequence < self.next_rx_seq && hdr.is_retransmitted() {
+            return Err(RecvOutcome::DupDropped);
         }
-        if !self.gen_heard(PathId { conn, index }, gen_num) {
-            // A dead instance's probe or pong, late.
-            return;
+        if hdr.is_retransmitted() && self.rx_conns <= 1 && !self.rx_any && hdr.sport > PROBE_PORT {
+            return Err(RecvOutcome::Stale);
         }
-        let c = self.conn_mut(conn);
-        let before = c.npaths;
-        if let Some(n) = npaths {
-            c.npaths = n;
-        }
-        c.npaths = c.npaths.max(1).min(c.paths.len() as u8);
-        c.ping_triggered = false;
-        c.with_sport_idx = sport_idx;
-        let after = c.npaths;
-        if before != after {
-            self.rehome_paths(conn);
-        }
-        let _ = PROBE_PORT;
+        self.next_rx_seq = hdr.sequence.wrapping_add(1);
+        self.rx_any = true;
+        Ok(())
     }
 }

@@ -102,10 +102,29 @@
 use std::io;
 use std::net::IpAddr;
 
-use crate::conn::{DownReason, PathInfo};
 use crate::message::{RxMessage, TxMessage};
-use crate::node::Accept;
+use crate::path::{DownReason, PathInfo};
 use crate::types::{PathId, TransportKind};
+
+/// Answer to an inbound transport connection.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Accept {
+    /// Serve this path with the new connection (the path is now UP).
+    Path(PathInfo),
+    /// Reset the new connection.
+    Reject,
+    /// Reset the new connection: the peer has the larger address, so we
+    /// connect ourselves (a Connect output was queued).
+    RejectPeerLarger,
+    /// Keep the new connection without reading it and offer it again after
+    /// the next `path_down` of a path to that peer, or a few milliseconds
+    /// later: the slot it belongs to still holds a connection that is going
+    /// away (a `Shutdown` was queued for it if needed), or which slot it
+    /// belongs to shows only once the multipath handshake is done.
+    /// Resetting it instead would lose what the peer already wrote on it,
+    /// which our TCP acknowledged.
+    Defer,
+}
 
 /// What a transport can do; the node's behaviour depends on it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

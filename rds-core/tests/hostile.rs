@@ -6,7 +6,7 @@
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use rds_core::conn::DownReason;
+use rds_core::DownReason;
 use rds_core::driver::{self, Dispatch};
 use rds_core::types::Rng;
 use rds_core::wire::{CONG_MAP_BYTES, Ext, FrameDecoder, HEADER_LEN, Header, flags};

@@ -4,7 +4,7 @@
 
 use std::time::Instant;
 
-use rds_core::conn::DownReason;
+use rds_core::DownReason;
 use rds_core::driver;
 use rds_core::wire::{self, Ext, Header, Kind};
 use rds_core::*;

@@ -1,0 +1,413 @@
+//! Multipath RDS over TCP (mprds, `net/rds/send.c`'s `rds_send_mprds_hash`,
+//! `recv.c`'s `rds_recv_hs_exthdrs`, `connection.c`'s peer generation): the
+//! handshake (probe ping and pong carrying NPATHS, GEN_NUM, SPORT_IDX), lane
+//! selection by source port, the in-order fan-out of the extra paths, the
+//! lane-0 hold (a socket's messages sent on path 0 before the handshake
+//! keep its later messages on other paths waiting) and peer restarts
+//! (generation numbers). The state lives in [`crate::path`]'s connection
+//! (`npaths`, `ping_triggered`, `peer_gen`, `with_sport_idx`, ...) and
+//! paths (`confirmed`, `inst_gen`, `lane0_wire`).
+
+use crate::connection::Connection;
+use crate::message::{MsgFlags, QueuedMsg, RxMessage};
+use crate::node::{HandshakeExts, Node};
+use crate::path::{Path, PathState};
+use crate::types::{ConnId, PathId, Payload, SockId};
+use crate::wire::{self, Ext, Header, PROBE_PORT};
+
+impl Node {
+    /// Chooses the path for a message of a socket bound to `port`:
+    /// (index, sent before the handshake, held behind the path-0 backlog).
+    pub(crate) fn select_path(&mut self, s: SockId, conn: ConnId, port: u16) -> (usize, bool, bool) {
+        let c = self.conn(conn);
+        if c.paths.len() > 1 && c.npaths == 0 {
+            // Not negotiated yet: ask the peer (rds_send_mprds_hash).
+            self.maybe_probe(conn);
+        }
+        let backlog = self.sock(s).map_or(0, |k| k.lane0_count(conn));
+        self.conn(conn).select_path(s, port, backlog)
+    }
+
+    /// `RDS_MPATH_HASH`: the path of a socket bound to `port`. The kernel
+    /// hashes the port with a per-socket random value; we use the port modulo
+    /// the path count, which spreads consecutive ports (rds-stress tasks)
+    /// over distinct paths. The choice is local: the peer never needs it.
+    pub fn lane_of(&self, conn: ConnId, port: u16) -> usize {
+        self.conn(conn).lane_of(port)
+    }
+
+    /// Sends the multipath probe ping on path 0 if the path count is unknown
+    /// and none is outstanding (`rds_send_ping`).
+    pub(crate) fn maybe_probe(&mut self, conn: ConnId) {
+        let caps = self.caps_of(self.conn(conn).kind);
+        if !self.conn_mut(conn).start_probe(caps.mp_capable) {
+            return;
+        }
+        self.ep.counters.mprds_probe_sent += 1;
+        self.send_probe(PathId { conn, index: 0 }, PROBE_PORT, 0);
+    }
+
+    /// The first connection of a fresh connection object (no path of it was
+    /// ever up, so nothing queued was ever transmitted): our probe goes
+    /// first, numbered before the queued messages, and is the one message
+    /// that passes the hold (`pull`). A 6.1 kernel whose map went out on
+    /// another of its connections stays silent on this one until a message
+    /// of ours asks for an answer; an rds-rs peer with `Full` reads our map
+    /// before it (a crossed connection is dropped before the probe counts)
+    /// and sends its own map first. Renumbering is safe: none of these
+    /// sequence numbers was on a wire yet.
+    pub(crate) fn probe_first(&mut self, pid: PathId) {
+        if let Some(path) = self.path_mut(pid) {
+            path.probe_first();
+        }
+    }
+
+    /// `rds_send_probe`: a zero-length control message (probe ping, pong).
+    /// Probe pings and their pongs carry the handshake extension headers.
+    pub(crate) fn send_probe(&mut self, pid: PathId, sport: u16, dport: u16) {
+        let c = self.conn(pid.conn);
+        let (faddr, kind) = (c.faddr, c.kind);
+        if self.ep.cong.congested(&faddr, dport) {
+            return;
+        }
+        // A pong never transmitted yet answers every ping from that port
+        // (a ping flood against a closed window must not grow the queue).
+        // Not one that was on a wire before: a restart of the peer flushes
+        // those, and a handshake pong must still reach its new instance.
+        if sport == 0 && self.path(pid).is_some_and(|p| p.pong_queued(dport)) {
+            self.ep.counters.send_pong_coalesced += 1;
+            return;
+        }
+        // s_send_pong counts every probe queued: probe pings and all pongs.
+        self.ep.counters.send_pong += 1;
+        let mut hdr = Header::data(sport, dport, 0);
+        let hs = (sport, dport) == (PROBE_PORT, 0) || (sport, dport) == (0, PROBE_PORT);
+        if hs && self.caps_of(kind).mp_capable {
+            let _ = hdr.push_extension(Ext::Npaths(u16::from(self.ep.cfg.npaths)));
+            if self.ep.cfg.handshake_exts == HandshakeExts::Full {
+                let _ = hdr.push_extension(Ext::GenNum(self.ep.cfg.gen_num));
+            }
+        }
+        let msg = QueuedMsg {
+            hdr,
+            payload: Payload::empty(),
+            sock: None,
+            flags: MsgFlags::default(),
+            rdma: None,
+            lane0_of: None,
+            gated: false,
+        };
+        self.connect_if_down(pid);
+        self.enqueue(pid, msg);
+    }
+
+    /// One message of socket `s` no longer holds its lane behind path 0.
+    pub(crate) fn release_lane0(&mut self, conn: ConnId, s: SockId) {
+        let Some(sock) = self.sock_mut(s) else { return };
+        let n = sock.lane0(conn);
+        *n = n.saturating_sub(1);
+        if *n == 0 {
+            for i in 1..self.conn(conn).paths.len() {
+                self.kick(PathId { conn, index: i as u8 });
+            }
+        }
+    }
+
+    /// A GEN_NUM `gen_num` heard on path `pid` (in a probe, a pong or a
+    /// Full map). Returns whether the path's connection speaks for the
+    /// peer's current instance. A connection instance speaks for one peer
+    /// instance: the first generation heard on it. A generation first heard
+    /// on a connection older than the one that announced the current
+    /// generation comes from a dead instance (a later connection reached
+    /// the later instance): it is ignored, not taken for a restart.
+    pub(crate) fn gen_heard(&mut self, pid: PathId, gen_num: u32) -> bool {
+        if gen_num == 0 {
+            return true;
+        }
+        match self.conn_mut(pid.conn).gen_heard(pid.index, gen_num) {
+            GenHeard::Known(current) => current,
+            GenHeard::First => {
+                self.peer_gen_update(pid.conn, gen_num, pid.index);
+                true
+            }
+        }
+    }
+
+    /// Our peer announced generation `inst` on path `on`
+    /// (`rds_conn_peer_gen_update`): if it changed, the peer restarted, and
+    /// messages the old instance may have seen are flushed.
+    ///
+    /// Unlike the kernel, our transmit sequence numbers keep growing: acks
+    /// name messages by sequence number (the kernel's TCP acks by byte
+    /// offset), so numbering restarted on a live connection left 40, 41
+    /// then 1, 2 on the retransmit queue, and the ack of 2 could never
+    /// release 40. The new instance accepts any number. Its own numbering
+    /// starts again, so we forget the old instance's: at once on the path
+    /// that heard the new generation, and on the others when they next
+    /// connect (until then they may still deliver what the old instance
+    /// sent, which the old receive state deduplicates).
+    pub(crate) fn peer_gen_update(&mut self, conn: ConnId, gen_num: u32, on: u8) {
+        let Some(old) = self.conn_mut(conn).peer_gen_update(gen_num, on) else { return };
+        self.ep.counters.peer_restart += 1;
+        for i in old {
+            self.drop_path(PathId { conn, index: i });
+        }
+    }
+
+    /// After the path count was (re)negotiated: messages queued on paths
+    /// that are no longer used move to path 0 with new sequence numbers.
+    pub(crate) fn rehome_paths(&mut self, conn: ConnId) {
+        let n = self.conn(conn).active_paths();
+        for m in self.conn_mut(conn).take_unused_paths() {
+            self.enqueue(PathId { conn, index: 0 }, m);
+        }
+        for i in 1..n {
+            self.kick(PathId { conn, index: i as u8 });
+        }
+    }
+
+    /// The peer evidently took the path's connection: the next path may
+    /// connect (`connect_worker`).
+    pub(crate) fn confirm_path(&mut self, pid: PathId) {
+        let Some(c) = self.conns.get_mut(pid.conn) else { return };
+        if c.confirm(pid.index) {
+            self.start_mprds(pid.conn);
+            self.kick(pid);
+        }
+    }
+
+    /// Starts the extra paths once the count is known (`rds_start_mprds`).
+    pub(crate) fn start_mprds(&mut self, conn: ConnId) {
+        for i in self.conn(conn).fanout() {
+            self.connect_if_down(PathId { conn, index: i });
+        }
+    }
+
+    /// `rds_recv_hs_exthdrs`: NPATHS (capped at ours; 1 when absent),
+    /// GEN_NUM, SPORT_IDX.
+    pub(crate) fn hs_exthdrs(&mut self, conn: ConnId, index: u8, msg: &RxMessage) {
+        let ours = self.ep.cfg.npaths;
+        let mut npaths = None;
+        let mut gen_num = 0;
+        let mut sport_idx = false;
+        for e in msg.header.extensions() {
+            match e {
+                Ext::Npaths(n) => npaths = Some(n.min(u16::from(ours)) as u8),
+                Ext::GenNum(g) => gen_num = g,
+                Ext::SportIdx => sport_idx = true,
+                _ => {}
+            }
+        }
+        if !self.gen_heard(PathId { conn, index }, gen_num) {
+            // A dead instance's probe or pong, late.
+            return;
+        }
+        if self.conn_mut(conn).apply_handshake(npaths, sport_idx) {
+            self.rehome_paths(conn);
+        }
+    }
+}
+
+/// What a GEN_NUM heard on a path means (`Connection::gen_heard`).
+pub(crate) enum GenHeard {
+    /// The path's connection already spoke for a generation: whether it is
+    /// the peer's current one.
+    Known(bool),
+    /// The first generation heard on this connection instance, and not a
+    /// dead instance's: the peer's generation is now this one
+    /// (`Connection::peer_gen_update`).
+    First,
+}
+
+/// The multipath rules that need nothing but the connection.
+impl Connection {
+    /// The path for a message of socket `s` bound to `port` (see
+    /// `Node::select_path`), given the socket's messages held on path 0
+    /// (`lane0_backlog`): (index, sent before the handshake, held behind
+    /// the path-0 backlog).
+    pub(crate) fn select_path(&self, s: SockId, port: u16, lane0_backlog: u32) -> (usize, bool, bool) {
+        if self.paths.len() == 1 {
+            return (0, false, false);
+        }
+        if self.npaths == 0 {
+            // Not negotiated yet: path 0. Negotiated again after every path
+            // went down: a socket whose earlier messages still wait on
+            // another path keeps that path, or the next ones would overtake
+            // them on path 0.
+            let waiting = (1..self.paths.len()).find(|&k| {
+                let p = &self.paths[k];
+                p.send_queue.iter().chain(p.retrans.iter()).any(|m| m.sock == Some(s))
+            });
+            if let Some(k) = waiting {
+                return (k, false, false);
+            }
+            return (0, true, false);
+        }
+        let lane = self.lane_of(port);
+        if lane == 0 {
+            return (0, false, false);
+        }
+        (lane, false, lane0_backlog > 0)
+    }
+
+    /// Whether to send the multipath probe (see `Node::maybe_probe`): the
+    /// path count is unknown and none is outstanding; it now is.
+    pub(crate) fn start_probe(&mut self, mp_capable: bool) -> bool {
+        if !mp_capable || self.npaths != 0 || self.ping_triggered {
+            return false;
+        }
+        self.ping_triggered = true;
+        true
+    }
+
+    /// The peer evidently took path `index`'s connection (see
+    /// `Node::confirm_path`); returns whether that is news.
+    pub(crate) fn confirm(&mut self, index: u8) -> bool {
+        let Some(path) = self.paths.get_mut(usize::from(index)) else { return false };
+        if path.confirmed || path.state != PathState::Up {
+            return false;
+        }
+        path.confirmed = true;
+        true
+    }
+
+    /// The paths the smaller side connects once the count is known
+    /// (`rds_start_mprds`; each only when its turn comes, see
+    /// `Connection::start_connect`).
+    pub(crate) fn fanout(&self) -> std::ops::Range<u8> {
+        if self.npaths > 1 && Node::is_smaller(&self.laddr, &self.faddr) { 0..self.active_paths() as u8 } else { 0..0 }
+    }
+
+    /// A congestion map arrived on some path: it shows the peer took every
+    /// connection we had started before it (a 6.1 kernel sends its map when
+    /// it accepts a connection, on whichever path transmits first). Returns
+    /// those paths, to confirm.
+    pub(crate) fn map_received(&mut self) -> Vec<u8> {
+        self.maps_rx += 1;
+        (0..self.paths.len() as u8).filter(|&i| self.paths[usize::from(i)].maps_at_connect < self.maps_rx).collect()
+    }
+
+    /// `RDS_MPATH_HASH` (see [`Node::lane_of`]).
+    pub(crate) fn lane_of(&self, port: u16) -> usize {
+        usize::from(port) % self.active_paths()
+    }
+
+    /// A non-zero GEN_NUM heard on path `index` (see `Node::gen_heard`).
+    pub(crate) fn gen_heard(&mut self, index: u8, gen_num: u32) -> GenHeard {
+        let (peer_gen, gen_up_seq) = (self.peer_gen, self.gen_up_seq);
+        let path = &mut self.paths[usize::from(index)];
+        if path.inst_gen != 0 {
+            return GenHeard::Known(path.inst_gen == peer_gen);
+        }
+        path.inst_gen = gen_num;
+        let up_seq = path.up_seq;
+        if gen_num != peer_gen && peer_gen != 0 && up_seq < gen_up_seq {
+            return GenHeard::Known(false);
+        }
+        self.gen_up_seq = self.gen_up_seq.max(up_seq);
+        GenHeard::First
+    }
+
+    /// The peer announced generation `gen_num` on path `on` (see
+    /// `Node::peer_gen_update`). If it restarted, what the old instance may
+    /// have seen is marked to flush, the receive sequences are forgotten,
+    /// and the paths to drop are returned: those that came up before the
+    /// one that announced the new generation reach the dead instance (a
+    /// message first written on one now would be lost, then resent to the
+    /// new instance as a retransmission, which it must take for its
+    /// predecessor's and drop); they connect again, to the new one. None:
+    /// no restart.
+    pub(crate) fn peer_gen_update(&mut self, gen_num: u32, on: u8) -> Option<Vec<u8>> {
+        if gen_num == 0 {
+            return None;
+        }
+        let restarted = self.peer_gen != 0 && self.peer_gen != gen_num;
+        self.peer_gen = gen_num;
+        if !restarted {
+            return None;
+        }
+        for (i, path) in self.paths.iter_mut().enumerate() {
+            if i == usize::from(on) {
+                path.next_rx_seq = 0;
+            } else {
+                path.rx_reset = true;
+            }
+            for m in path.retrans.iter_mut() {
+                m.flags.flush = true;
+            }
+            for m in path.send_queue.iter_mut().filter(|m| m.flags.retransmitted) {
+                m.flags.flush = true;
+            }
+        }
+        let fresh = self.paths[usize::from(on)].up_seq;
+        Some(
+            (0..self.paths.len())
+                .filter(|&i| {
+                    i != usize::from(on) && self.paths[i].state == PathState::Up && self.paths[i].up_seq < fresh
+                })
+                .map(|i| i as u8)
+                .collect(),
+        )
+    }
+
+    /// Applies a handshake's NPATHS (already capped at ours) and SPORT_IDX;
+    /// returns whether the path count changed.
+    pub(crate) fn apply_handshake(&mut self, npaths: Option<u8>, sport_idx: bool) -> bool {
+        let before = self.npaths;
+        if let Some(n) = npaths {
+            self.npaths = n;
+        }
+        self.npaths = self.npaths.max(1).min(self.paths.len() as u8);
+        self.ping_triggered = false;
+        self.with_sport_idx = sport_idx;
+        before != self.npaths
+    }
+
+    /// Messages queued on paths no longer used after the count was
+    /// negotiated, in sequence order, unmarked for requeueing on path 0.
+    pub(crate) fn take_unused_paths(&mut self) -> Vec<QueuedMsg> {
+        let n = self.active_paths();
+        let mut moved = Vec::new();
+        for path in &mut self.paths[n..] {
+            moved.extend(path.retrans.drain(..));
+            moved.extend(path.send_queue.drain(..));
+        }
+        moved.sort_by_key(|m| m.hdr.sequence);
+        for m in &mut moved {
+            m.flags.retransmitted = false;
+            m.hdr.flags &= !wire::flags::RETRANSMITTED;
+            m.gated = false;
+        }
+        moved
+    }
+}
+
+/// The multipath rules that need nothing but the path.
+impl Path {
+    /// A pong to `dport` is queued and was never on a wire (see
+    /// `Node::send_probe`: it answers every ping from that port).
+    pub(crate) fn pong_queued(&self, dport: u16) -> bool {
+        self.send_queue.iter().any(|m| {
+            m.sock.is_none()
+                && m.hdr.sport == 0
+                && m.hdr.dport == dport
+                && m.payload.is_empty()
+                && !m.flags.retransmitted
+                && !m.flags.flush
+        })
+    }
+
+    /// Puts our probe first (see `Node::probe_first`).
+    pub(crate) fn probe_first(&mut self) {
+        let Some(at) = self.send_queue.iter().position(QueuedMsg::is_probe) else { return };
+        if at == 0 || self.send_queue.iter().any(|m| m.flags.retransmitted) {
+            return;
+        }
+        let first = self.send_queue[0].hdr.sequence;
+        let probe = self.send_queue.remove(at).unwrap();
+        self.send_queue.push_front(probe);
+        for (i, m) in self.send_queue.iter_mut().enumerate() {
+            m.hdr.sequence = first + i as u64;
+        }
+    }
+}

@@ -1,0 +1,150 @@
+//! Unit tests of the path state machine: the kernel's table, and every
+//! transition the core makes staying inside it.
+
+use super::PathState::*;
+use super::{DownReason, Path, PathInfo};
+use crate::message::RxMessage;
+use crate::node::{Node, NodeConfig, Output};
+use crate::transport::{Accept, TransportCaps};
+use crate::types::{Payload, TransportKind};
+use crate::wire::Header;
+use crate::{PathState, SendOptions};
+use std::net::{IpAddr, SocketAddr};
+use std::time::{Duration, Instant};
+
+fn node(addr: &str, npaths: u8) -> (Node, IpAddr) {
+    let mut n = Node::new(NodeConfig { npaths, ..NodeConfig::default() });
+    n.register_transport(TransportCaps::tcp());
+    let ip: IpAddr = addr.parse().unwrap();
+    n.add_local(ip, TransportKind::Tcp);
+    (n, ip)
+}
+
+/// The Connect, Shutdown and Kick outputs queued so far (Wakes and
+/// flow control dropped).
+fn drain(n: &mut Node) -> Vec<Output> {
+    std::iter::from_fn(|| n.poll_output()).filter(|o| !matches!(o, Output::Wake(_) | Output::RxFlow { .. })).collect()
+}
+
+fn connect_of(outs: &[Output]) -> PathInfo {
+    outs.iter().find_map(|o| if let Output::Connect(i) = o { Some(*i) } else { None }).expect("a Connect")
+}
+
+/// Every path of every connection of the node stayed inside the table.
+fn all_legal(n: &Node) {
+    for c in &n.conns {
+        for (i, p) in c.paths.iter().enumerate() {
+            assert_eq!(p.illegal_transitions, 0, "path {i} of {} -> {}", c.laddr, c.faddr);
+        }
+    }
+}
+
+/// Drives paths through every transition the core makes (connect, a
+/// failed connect, reconnect, up, reset, shutdown done, a connection
+/// closed while connecting, accept from DOWN and from CONNECTING, a
+/// protocol error, an accept that finds the path up, eviction,
+/// loopback): each one is in the kernel's table.
+#[test]
+fn every_transition_the_core_makes_is_the_kernels() {
+    let t0 = Instant::now();
+    // The smaller address connects.
+    let (mut a, la) = node("10.0.0.1", 8);
+    let s = a.socket();
+    a.bind(s, SocketAddr::new(la, 4000)).unwrap();
+    let dst: SocketAddr = "10.0.0.2:5000".parse().unwrap();
+    a.send(s, Some(dst), &Payload::copy_from(b"x"), &SendOptions::default()).unwrap();
+    let info = connect_of(&drain(&mut a));
+    let pid = info.id;
+    assert_eq!(a.path_state(pid), Some(Connecting));
+    // The connect fails: down, and a reconnect for the queued message.
+    a.path_down(pid, info.inst, DownReason::ConnectFailed, t0);
+    assert_eq!(a.path_state(pid), Some(Down));
+    a.handle_timeout(t0 + Duration::from_secs(5));
+    let info = connect_of(&drain(&mut a));
+    a.path_up(pid, info.inst);
+    assert_eq!(a.path_state(pid), Some(Up));
+    // Reset (RDS_CONN_RESET): disconnecting until the transport is done.
+    a.reset_path(pid);
+    assert_eq!(a.path_state(pid), Some(Disconnecting));
+    assert!(drain(&mut a).iter().any(|o| matches!(o, Output::Shutdown(_))));
+    a.path_down(pid, info.inst, DownReason::ShutdownDone, t0);
+    assert_eq!(a.path_state(pid), Some(Down));
+    a.handle_timeout(t0 + Duration::from_secs(10));
+    let info = connect_of(&drain(&mut a));
+    // Closed while connecting.
+    a.path_down(pid, info.inst, DownReason::Closed, t0);
+    assert_eq!(a.path_state(pid), Some(Down));
+    a.handle_timeout(t0 + Duration::from_secs(20));
+    let info = connect_of(&drain(&mut a));
+    // Dropped while connecting (eviction, a peer restart): the core
+    // drops the path, the transport closes it.
+    a.drop_path(pid);
+    assert_eq!(a.path_state(pid), Some(Disconnecting));
+    a.path_down(pid, info.inst, DownReason::ShutdownDone, t0);
+    assert_eq!(a.path_state(pid), Some(Down));
+    // Loopback: up from the start.
+    a.send(s, Some(SocketAddr::new(la, 4001)), &Payload::copy_from(b"y"), &SendOptions::default()).unwrap();
+    all_legal(&a);
+
+    // The larger address accepts: DOWN -> UP through CONNECTING. (One
+    // path: which slot a second connection takes is then clear.)
+    let (mut b, lb) = node("10.0.0.2", 1);
+    let Accept::Path(binfo) = b.accept(TransportKind::Tcp, lb, la, 40000) else { panic!("accepted") };
+    assert_eq!(b.path_state(binfo.id), Some(Up));
+    // A protocol error (a map of the wrong size): the core drops it.
+    let bad = RxMessage { header: Header::cong_map(), payload: Payload::copy_from(&[0; 10]), rx_time_ns: None };
+    b.received(binfo.id, binfo.inst, bad);
+    assert_eq!(b.path_state(binfo.id), Some(Disconnecting));
+    b.path_down(binfo.id, binfo.inst, DownReason::ProtocolError, t0);
+    assert_eq!(b.path_state(binfo.id), Some(Down));
+    // Accepted again, then a second connection for the path while it is
+    // up: the one up is dropped, the new one waits.
+    let Accept::Path(binfo) = b.accept(TransportKind::Tcp, lb, la, 40001) else { panic!("accepted") };
+    assert_eq!(b.accept(TransportKind::Tcp, lb, la, 40002), Accept::Defer);
+    assert_eq!(b.path_state(binfo.id), Some(Disconnecting));
+    b.path_down(binfo.id, binfo.inst, DownReason::Closed, t0);
+    assert_eq!(b.path_state(binfo.id), Some(Down));
+    // Closed while up.
+    let Accept::Path(binfo) = b.accept(TransportKind::Tcp, lb, la, 40003) else { panic!("accepted") };
+    b.path_down(binfo.id, binfo.inst, DownReason::Closed, t0);
+    assert_eq!(b.path_state(binfo.id), Some(Down));
+    all_legal(&b);
+
+    // Accept while our own connect is under way (IB: either side
+    // connects): CONNECTING -> UP.
+    let mut c = Node::new(NodeConfig::default());
+    c.register_transport(TransportCaps::ib());
+    c.add_local(la, TransportKind::Ib);
+    let s = c.socket();
+    c.bind(s, SocketAddr::new(la, 4000)).unwrap();
+    c.send(s, Some(dst), &Payload::copy_from(b"x"), &SendOptions::default()).unwrap();
+    let info = connect_of(&drain(&mut c));
+    assert_eq!(c.path_state(info.id), Some(Connecting));
+    let Accept::Path(cinfo) = c.accept(TransportKind::Ib, la, lb, 0) else { panic!("accepted") };
+    assert_eq!(c.path_state(cinfo.id), Some(Up));
+    all_legal(&c);
+}
+
+#[test]
+fn an_illegal_transition_is_refused() {
+    let mut p = Path::new();
+    let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| p.set_state(PathState::Up)));
+    // A debug build panics; a release build refuses and counts.
+    assert!(matches!(r, Err(_) | Ok(false)));
+    assert_eq!(p.state, Down);
+    assert_eq!(p.illegal_transitions, u32::from(r.is_ok()));
+    assert!(p.set_state(Connecting) && p.set_state(Up));
+}
+
+#[test]
+fn kernel_transitions() {
+    assert!(Down.can_go(Connecting));
+    assert!(Connecting.can_go(Up));
+    assert!(Up.can_go(Disconnecting));
+    assert!(Error.can_go(Disconnecting));
+    assert!(Disconnecting.can_go(Down));
+    assert!(Up.can_go(Error) && Down.can_go(Error));
+    assert!(!Down.can_go(Up));
+    assert!(!Up.can_go(Down));
+    assert!(!Connecting.can_go(Down));
+}
