@@ -31,7 +31,7 @@ impl Engine {
     /// Fault injection (tests, operators): cuts the TCP connection of a
     /// path in both directions as a failing connection would, wherever its
     /// byte streams are, without telling the node
-    /// ([`TcpTransport::abort_path`]). The node sees the connection end,
+    /// ([`rds_tcp::TcpTransport::abort_path`]). The node sees the connection end,
     /// gets what was already received, resends what was not acked and
     /// reconnects. Returns whether the path had a connection.
     pub fn abort_tcp_path(&self, path: PathId) -> bool {
