@@ -23,7 +23,9 @@ fn node(addr: &str, npaths: u8) -> (Node, IpAddr) {
 /// The Connect, Shutdown and Kick outputs queued so far (Wakes and
 /// flow control dropped).
 fn drain(n: &mut Node) -> Vec<Output> {
-    std::iter::from_fn(|| n.poll_output()).filter(|o| !matches!(o, Output::Wake(_) | Output::RxFlow { .. })).collect()
+    let mut outs = crate::driver::outputs(n);
+    outs.retain(|o| !matches!(o, Output::Wake(_) | Output::RxFlow { .. }));
+    outs
 }
 
 fn connect_of(outs: &[Output]) -> PathInfo {
