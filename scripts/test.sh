@@ -22,20 +22,20 @@ echo "== clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== tests"
 cargo test --release --workspace
-echo "== rds-ib verbs (RDMA CM against the kernel's rds_rdma over Soft-RoCE in the VM rig)"
+echo "== rds-ib verbs (lints with the RDMA features; rds-ib's unit tests; kernel_ib: RDMA CM against the kernel's rds_rdma over Soft-RoCE in the VM rig)"
 cargo clippy -p rds-ib --all-targets --features verbs -- -D warnings
 cargo clippy -p rds-sock --all-targets --features ib -- -D warnings
 cargo clippy -p rds-tools --all-targets --features ib -- -D warnings
 cargo clippy -p rds-tests --all-targets --features ib -- -D warnings
 cargo test --release -p rds-ib --features verbs
 cargo test --release -p rds-tests --features verbs --test kernel_ib
-echo "== rds-sock with IB (engine to engine and to the kernel's rds_rdma over rxe in the VM rig)"
+echo "== the engine with IB (rds-sock's ib feature, tests in rds-tests) (engine to engine and to the kernel's rds_rdma over rxe in the VM rig)"
 cargo test --release -p rds-tests --features ib --test ib_vm
-echo "== rds-sock with IB, verbs-only setup (PSK-authenticated side channel, a wrong key refused) in the VM rig"
+echo "== the engine with IB (rds-sock's ib feature, tests in rds-tests), verbs-only setup (PSK-authenticated side channel, a wrong key refused) in the VM rig"
 cargo test --release -p rds-tests --features ib --test ib_vm_psk
-echo "== rds-sock with IB: connections broken mid-stream (verbs-only: side channel killed; RDMA CM: RoCE v2 dropped, ours and the kernel's rds_rdma), nothing lost or duplicated (VM rig)"
+echo "== the engine with IB (rds-sock's ib feature, tests in rds-tests): connections broken mid-stream (verbs-only: side channel killed; RDMA CM: RoCE v2 dropped, ours and the kernel's rds_rdma), nothing lost or duplicated (VM rig)"
 cargo test --release -p rds-tests --features ib --test ib_vm_disconnect
-echo "== rds-sock with IB: RDMA READ / WRITE through the socket API, ours and the kernel's rds_rdma (VM rig)"
+echo "== the engine with IB (rds-sock's ib feature, tests in rds-tests): RDMA READ / WRITE through the socket API, ours and the kernel's rds_rdma (VM rig)"
 cargo test --release -p rds-tests --features ib --test ib_vm_rdma
 echo "== fuzz (5 s per target; scripts/fuzz.sh 600 for ten minutes each)"
 scripts/fuzz.sh 5
