@@ -40,9 +40,12 @@
 //! ## Where each rule lives
 //!
 //! Each protocol rule is written once, in one file, as methods beside the
-//! state type that owns what the rule changes. [`Node`] holds the node-wide
-//! state and the table of connections; a `Connection` ([`connection`]) its
-//! paths (`Path`, [`path`]); sockets are `Sock`s ([`sock`]).
+//! state type that owns what the rule changes. [`Node`] holds an
+//! `Endpoint` (the node-wide state: settings, transports, sockets and bound
+//! ports, congestion, counters, outputs, timers, the receive budget) and the
+//! table of connections; a `Connection` ([`connection`]) holds its paths
+//! (`Path`, [`path`]) with their queues and sequence numbers; sockets are
+//! `Sock`s ([`sock`]).
 //!
 //! | rule | file | state owned by |
 //! |------|------|----------------|
@@ -50,7 +53,7 @@
 //! | transmit (`pull`), ACK_REQUIRED pacing, acks, retransmit after reconnect (`send_path_reset`) | [`send`] | `Path` (`retrans`, `unacked_*`) |
 //! | cancel (`drop_messages`), RDMA completion, `unsent` | [`send`] | `Path`, `Sock` (`notify_queue`) |
 //! | receive (`received`), the duplicate and stale rules, delivery, `Node::recv` | [`recv`] | `Path` (`next_rx_seq`, `rx_any`, `rx_conns`), `Sock` (`recv_queue`) |
-//! | receive flow control (hard cap, node budget, pause/resume) | [`recv`] | `Node` (`rx_held`, `rx_paused`) |
+//! | receive flow control (hard cap, node budget, pause/resume) | [`recv`] | `Endpoint` (`rx_held`, `rx_paused`) |
 //! | ping/pong (answering pings; probes and pongs are queued by `send_probe`) | [`recv`], [`mprds`] | `Connection` (`ping_triggered`) |
 //! | path state machine (`Path::set_state`, the kernel's table) | [`path`] | `Path` (`state`) |
 //! | connect, accept, up, down, drop, reset | [`path`] | `Path` (`inst`, `hold`, `confirmed`, ...) |
@@ -58,9 +61,9 @@
 //! | idle collection, sequence memos of collected connections, peer limit and eviction | [`connection`] | `Connection` (`gc_at`, `evicted`), `ConnMemo`; `Node` (`memos`) |
 //! | connection table and lookups (`conn_for`, `find_conn`, `path_info`) | [`node`], [`connection`] | `Node` (`conns`: a `ConnTable`, `conn_index`) |
 //! | mprds: handshake (NPATHS, GEN_NUM, SPORT_IDX), lane hashing, fan-out, lane-0 holds, peer generation and restarts | [`mprds`] | `Connection` (`npaths`, `peer_gen`, `with_sport_idx`, `gen_up_seq`), `Path` (`inst_gen`, `lane0_wire`), `Sock` (`lane0_backlog`) |
-//! | congestion maps: our ports' hysteresis, updates owed and sent, map header and versions, receiving a map, monitor notifications | [`cong`] | `Congestion` (`maps`, `versions`), `Connection` (`map_queued`), `Sock` (`congested`, `cong_mask`, `cong_notify`) |
-//! | socket API: `socket`, `bind`, `connect`, options, `close`, readiness, errno rules, the address check | [`sock`] | `Sock`, `Node` (`socks`, `bound`) |
-//! | outputs, wake-ups, timers and their dispatch | [`node`] | `Node` (`outputs`, `timers`, `write_waiters`) |
+//! | congestion maps: our ports' hysteresis, updates owed and sent, map header and versions, receiving a map, monitor notifications | [`cong`] | `Congestion` (`maps`, `versions`; the endpoint's `cong`), `Connection` (`map_queued`), `Sock` (`congested`, `cong_mask`, `cong_notify`) |
+//! | socket API: `socket`, `bind`, `connect`, options, `close`, readiness, errno rules, the address check | [`sock`] | `Sock`, `Endpoint` (`socks`, `bound`) |
+//! | outputs, wake-ups, timers and their dispatch | [`node`] | `Endpoint` (`outputs`, `timers`, `write_waiters`) |
 //! | loopback (a path up from the start; what goes a -> b arrives on b -> a) | [`loopback`], [`node`] (`conn_for`), [`recv`] | `LoopTransport` |
 //! | wire format: header and checksum (`wire/mod.rs`), extension headers (`wire/ext.rs`), TCP framing (`wire/frame.rs`) | [`wire`] | (values) |
 //! | messages on queues, received, notifications | [`message`] | `QueuedMsg` |
