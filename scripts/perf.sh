@@ -17,11 +17,13 @@
 # measured and written anyway). Not part of scripts/test.sh: a benchmark,
 # never a test. Environment: VMRIG_DIR (where the rig is), PERF_OUT (the
 # report, default docs/perf.md), PERF_QPERF_T / PERF_STRESS_T (seconds per
-# qperf test / rds-stress run, default 3 / 4).
+# qperf test / rds-stress run, default 3 / 4), PERF_ROUNDS (each part runs
+# this many times, default 2; the report keeps the best figure).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$here"
 start=$(date +%s)
+load_start="$(cut -d' ' -f1-3 /proc/loadavg)"
 out="${PERF_OUT:-$here/docs/perf.md}"
 work="$(mktemp -d /tmp/rds-perf.XXXXXX)"
 cleanup() { rm -rf "$work"; }
@@ -47,7 +49,7 @@ else
     echo "perf: not root: the host part uses the machine's own loopback" >&2
     host_cmd=(bash "$here/scripts/perf/host.sh" "$bin")
 fi
-timeout 300 "${host_cmd[@]}" | tee "$work/host.txt" || echo "perf: WARNING: the host part failed (status $?)" >&2
+timeout 400 "${host_cmd[@]}" | tee "$work/host.txt" || echo "perf: WARNING: the host part failed (status $?)" >&2
 
 echo "== VM rig: raw TCP, the kernel's RDS-TCP, ours"
 vmrig_dir="${VMRIG_DIR:-}"
@@ -66,7 +68,11 @@ elif [ ! -e /var/cache/vmrig/initrd.img ]; then
     vm_status="not run: the VM rig is not set up (vmrig setup failed? see /tmp/vmrig-setup.log)"
 else
     rc=0
-    "$vmrig_dir/vmrig" run -t 540 -- bash "$here/scripts/perf/guest.sh" "$bin" \
+    vm_env=()
+    for v in PERF_ROUNDS PERF_QPERF_T PERF_STRESS_T PERF_VM_TOTAL_1K PERF_VM_TOTAL_8K PERF_VM_TOTAL_64K; do
+        if [ -n "${!v:-}" ]; then vm_env+=(-e "$v=${!v}"); fi
+    done
+    "$vmrig_dir/vmrig" run -t 540 "${vm_env[@]}" -- bash "$here/scripts/perf/guest.sh" "$bin" \
         | tee "$work/vm.txt" || rc=$?
     if [ $rc != 0 ] || ! grep -q '^R vm_done' "$work/vm.txt"; then
         vm_status="failed (vmrig run status $rc; figures missing from the VM part)"
@@ -83,6 +89,9 @@ touch "$work/vm.txt"
     echo "vm_status $vm_status"
     echo "vm_accel $vm_accel"
     echo "duration $(( $(date +%s) - start ))"
+    echo "rounds ${PERF_ROUNDS:-2}"
+    echo "load_start $load_start"
+    echo "load_end $(cut -d' ' -f1-3 /proc/loadavg)"
     qt="${PERF_QPERF_T:-3}"; st="${PERF_STRESS_T:-4}"
     echo "cmd # raw TCP (KIND=tcp) and, in the VM after 'modprobe rds_tcp', the kernel (KIND=rds):"
     echo "cmd B: qperf &"

@@ -2,6 +2,7 @@
 # The host loopback part of scripts/perf.sh: ours (127.0.0.1 -> 127.0.0.2)
 # against raw TCP with qperf on 127.0.0.1 when qperf is installed. perf.sh
 # runs it inside a private network namespace (unshare -n) when it can.
+# PERF_ROUNDS times (default 2); the report keeps the best figure of each.
 # Usage: host.sh BIN_DIR
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -18,15 +19,18 @@ TOTAL_1K=${PERF_HOST_TOTAL_1K:-268435456}
 TOTAL_8K=${PERF_HOST_TOTAL_8K:-536870912}
 TOTAL_64K=${PERF_HOST_TOTAL_64K:-1073741824}
 PREFIX=host_
+ROUNDS=${PERF_ROUNDS:-2}
 trap cleanup_pids EXIT
 
 ip link set lo up 2>/dev/null || true
-if command -v qperf >/dev/null 2>&1; then
-    echo "perf: [host] raw TCP (qperf on 127.0.0.1)" >&2
-    ADDR_B=127.0.0.1 qperf_suite raw tcp
-else
-    echo "perf: [host] qperf is not installed: no raw TCP figures on the host" >&2
-    echo "R host_noqperf 1"
-fi
-echo "perf: [host] ours (rds-stress, rds-gen/rds-sink)" >&2
-ours_suite
+for round in $(seq "$ROUNDS"); do
+    if command -v qperf >/dev/null 2>&1; then
+        echo "perf: [host] round $round: raw TCP (qperf on 127.0.0.1)" >&2
+        ADDR_B=127.0.0.1 qperf_suite raw tcp
+    else
+        echo "perf: [host] qperf is not installed: no raw TCP figures on the host" >&2
+        echo "R host_noqperf 1"
+    fi
+    echo "perf: [host] round $round: ours (rds-stress, rds-gen/rds-sink)" >&2
+    ours_suite
+done

@@ -15,7 +15,7 @@ def load(path):
             for line in f:
                 parts = line.split()
                 if len(parts) >= 3 and parts[0] == "R":
-                    vals[parts[1]] = (parts[2], " ".join(parts[3:]))
+                    vals.setdefault(parts[1], []).append((parts[2], " ".join(parts[3:])))
     except OSError:
         pass
     return vals
@@ -25,11 +25,20 @@ SCALE = {"": 1, "K": 1e3, "M": 1e6, "G": 1e9}
 
 
 def num(vals, key, kind):
-    """The value of key normalised: bandwidth in MB/s, latency in us,
-    rate in messages/s. None when missing or failed."""
-    if key not in vals or vals[key][0] == "FAILED":
+    """The best of the rounds' values of key, normalised: bandwidth in MB/s
+    (the highest), latency in us (the lowest), rate in messages/s (the
+    highest). None when missing or every round failed."""
+    xs = [x for x in (one(v, u, kind) for v, u in vals.get(key, [])) if x is not None]
+    if not xs:
         return None
-    v, unit = vals[key]
+    return min(xs) if kind == "lat" else max(xs)
+
+
+def first(vals, key):
+    return vals.get(key, [("?", "")])[0][0]
+
+
+def one(v, unit, kind):
     try:
         x = float(v)
     except ValueError:
@@ -110,9 +119,11 @@ def main():
     w(f"- machine: {meta.get('nproc', '?')} CPUs ({meta.get('cpu', '?')}), "
       f"kernel {meta.get('kernel', '?')}; the host is shared, figures vary between runs")
     w(f"- VM rig: {meta.get('vm_status', '?')}; guest kernel "
-      f"{vm.get('vm_kernel', ('?',))[0]}, {vm.get('vm_nproc', ('?',))[0]} vCPUs, "
+      f"{first(vm, 'vm_kernel')}, {first(vm, 'vm_nproc')} vCPUs, "
       f"accel {meta.get('vm_accel', '?')}")
-    w(f"- the whole run took {meta.get('duration', '?')} s")
+    w(f"- the whole run took {meta.get('duration', '?')} s; every figure is the best of "
+      f"{meta.get('rounds', '?')} rounds (the machine is shared: load average "
+      f"{meta.get('load_start', '?')} at the start, {meta.get('load_end', '?')} at the end)")
     w("- `docs/perf.svg` (the chart) is missing: not drawn yet (issue 14 item 2, second part).")
     w("")
     w("## VM rig: one guest, two network namespaces joined by veth, one boot")
