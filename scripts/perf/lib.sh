@@ -35,21 +35,27 @@ qperf_server_stop() {
     fi
 }
 
-# qperf_run TEST SIZE KEY: one qperf test from A against the qperf server on B
-# (restarted and the test retried once if it fails: the server does not
-# always survive a test). Prints what qperf -v reports.
+# qperf_run TEST SIZE KEY: one qperf test from A against the qperf server on B.
+# The server sometimes refuses the next connection for a moment after an
+# RDS test (and does not always survive one): up to three attempts, 2 s
+# apart, the server restarted before the third. Prints what qperf -v reports.
 qperf_run() {
-    local test=$1 size=$2 key=$3 out
-    out=$(timeout $((QPERF_T + 30)) "${ON_A[@]}" qperf -v -t "$QPERF_T" -m "$size" "$ADDR_B" "$test" 2>&1) || {
-        echo "perf: qperf $test -m $size failed ($(echo "$out" | tr '\n' ' ')); restarting the server, once more" >&2
-        qperf_server_stop
-        qperf_server_start
-        out=$(timeout $((QPERF_T + 30)) "${ON_A[@]}" qperf -v -t "$QPERF_T" -m "$size" "$ADDR_B" "$test" 2>&1) || {
-            echo "perf: qperf $test -m $size failed again: $out" >&2
+    local test=$1 size=$2 key=$3 out try
+    for try in 1 2 3; do
+        if out=$(timeout $((QPERF_T + 30)) "${ON_A[@]}" qperf -v -t "$QPERF_T" -m "$size" "$ADDR_B" "$test" 2>&1); then
+            break
+        fi
+        echo "perf: qperf $test -m $size failed (attempt $try: $(echo "$out" | tr '\n' ' '))" >&2
+        if [ "$try" = 3 ]; then
             echo "R ${PREFIX}${key} FAILED"
             return 0
-        }
-    }
+        fi
+        sleep 2
+        if [ "$try" = 2 ]; then
+            qperf_server_stop
+            qperf_server_start
+        fi
+    done
     # tcp_lat/rds_lat: the one-way latency; tcp_bw/rds_bw: the bandwidth
     # and the message rate.
     echo "$out" | awk -v k="${PREFIX}${key}" -v t="$test" '
