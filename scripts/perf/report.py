@@ -124,6 +124,16 @@ def main():
     w(f"- the whole run took {meta.get('duration', '?')} s; every figure is the best of "
       f"{meta.get('rounds', '?')} rounds (the machine is shared: load average "
       f"{meta.get('load_start', '?')} at the start, {meta.get('load_end', '?')} at the end)")
+    try:
+        busy = max(float(meta.get(k, "0").split()[0]) for k in ("load_start", "load_end")) \
+            > 0.5 * float(meta.get("nproc", "1"))
+    except ValueError:
+        busy = False
+    if busy:
+        w("- WARNING: the machine was busy during this run (load average above half its "
+          "CPUs, from other work): the VM guest runs under emulation (TCG) and its "
+          "latencies grow several times under load; compare only ratios of one run, "
+          "and figures between runs only at a similar load")
     w("- `docs/perf.svg` (the chart) is missing: not drawn yet (issue 14 item 2, second part).")
     w("")
     w("## VM rig: one guest, two network namespaces joined by veth, one boot")
