@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The benchmark, side by side with the kernel's RDS-TCP (issue 14): one
+# command, one run, about 5 minutes (under 10), every load bounded by a size
+# or a time. It
+#   1. runs scripts/setup.sh and builds rds-gen, rds-sink and rds-stress in
+#      release;
+#   2. on the host loopback (in a private network namespace when run as
+#      root): ours against raw TCP (qperf tcp_bw/tcp_lat on 127.0.0.1;
+#      qperf is apt-installed if missing), scripts/perf/host.sh;
+#   3. in the VM rig (one guest, two network namespaces joined by veth, one
+#      boot): raw TCP and the kernel's RDS-TCP with qperf, ours with
+#      rds-gen/rds-sink and rds-stress, scripts/perf/guest.sh;
+#   4. writes docs/perf.md (scripts/perf/report.py): absolutes, ratios,
+#      the targets of issue 14, the commit, the date, the machine and the
+#      exact commands.
+# Exits 1 with a message when the VM rig cannot run (the host part is
+# measured and written anyway). Not part of scripts/test.sh: a benchmark,
+# never a test. Environment: VMRIG_DIR (where the rig is), PERF_OUT (the
+# report, default docs/perf.md), PERF_QPERF_T / PERF_STRESS_T (seconds per
+# qperf test / rds-stress run, default 3 / 4), PERF_ROUNDS (each part runs
+# this many times, default 2; the report keeps the best figure).
+set -euo pipefail
+here="$(cd "$(dirname "$0")/.." && pwd)"
+cd "$here"
+start=$(date +%s)
+load_start="$(cut -d' ' -f1-3 /proc/loadavg)"
+out="${PERF_OUT:-$here/docs/perf.md}"
+work="$(mktemp -d /tmp/rds-perf.XXXXXX)"
+cleanup() { rm -rf "$work"; }
+trap cleanup EXIT
+
+echo "== setup and release build"
+"$here/scripts/setup.sh"
+export PATH="$HOME/.cargo/bin:$PATH"
+cargo build --release -q -p rds-tools --bin rds-gen --bin rds-sink --bin rds-stress
+bin="$(cargo metadata --format-version 1 --no-deps \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release"
+
+if ! command -v qperf >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "perf: installing qperf (raw TCP on the host)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qperf >/dev/null 2>&1 \
+        || echo "perf: WARNING: could not install qperf; no raw TCP figures on the host" >&2
+fi
+
+echo "== host loopback: ours against raw TCP"
+if [ "$(id -u)" = 0 ] && unshare -n true 2>/dev/null; then
+    host_cmd=(unshare -n bash "$here/scripts/perf/host.sh" "$bin")
+else
+    echo "perf: not root: the host part uses the machine's own loopback" >&2
+    host_cmd=(bash "$here/scripts/perf/host.sh" "$bin")
+fi
+timeout 400 "${host_cmd[@]}" | tee "$work/host.txt" || echo "perf: WARNING: the host part failed (status $?)" >&2
+
+echo "== VM rig: raw TCP, the kernel's RDS-TCP, ours"
+vmrig_dir="${VMRIG_DIR:-}"
+if [ -z "$vmrig_dir" ]; then
+    for d in "$here/../shared/vmrig" /work/shared/vmrig; do
+        if [ -x "$d/vmrig" ]; then vmrig_dir="$d"; break; fi
+    done
+fi
+vm_status="ran"
+vm_accel=tcg
+if grep -qw -e vmx -e svm /proc/cpuinfo && ! grep -q kvm_pvm /proc/modules 2>/dev/null; then vm_accel=kvm; fi
+vm_accel="${VMRIG_ACCEL:-$vm_accel}"
+if [ -z "$vmrig_dir" ] || [ ! -x "$vmrig_dir/vmrig" ]; then
+    vm_status="not run: no VM rig found (set VMRIG_DIR)"
+elif [ ! -e /var/cache/vmrig/initrd.img ]; then
+    vm_status="not run: the VM rig is not set up (vmrig setup failed? see /tmp/vmrig-setup.log)"
+else
+    rc=0
+    vm_env=()
+    for v in PERF_ROUNDS PERF_QPERF_T PERF_STRESS_T PERF_VM_TOTAL_1K PERF_VM_TOTAL_8K PERF_VM_TOTAL_64K; do
+        if [ -n "${!v:-}" ]; then vm_env+=(-e "$v=${!v}"); fi
+    done
+    "$vmrig_dir/vmrig" run -t 540 "${vm_env[@]}" -- bash "$here/scripts/perf/guest.sh" "$bin" \
+        | tee "$work/vm.txt" || rc=$?
+    if [ $rc != 0 ] || ! grep -q '^R vm_done' "$work/vm.txt"; then
+        vm_status="failed (vmrig run status $rc; figures missing from the VM part)"
+    fi
+fi
+touch "$work/vm.txt"
+
+{
+    echo "commit $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- . ':!docs/perf.md' 2>/dev/null || echo ' (with uncommitted changes)')"
+    echo "date $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "nproc $(nproc)"
+    echo "kernel $(uname -r)"
+    echo "cpu $(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo | head -1)"
+    echo "vm_status $vm_status"
+    echo "vm_accel $vm_accel"
+    echo "duration $(( $(date +%s) - start ))"
+    echo "rounds ${PERF_ROUNDS:-2}"
+    echo "load_start $load_start"
+    echo "load_end $(cut -d' ' -f1-3 /proc/loadavg)"
+    qt="${PERF_QPERF_T:-3}"; st="${PERF_STRESS_T:-4}"
+    echo "cmd # raw TCP (KIND=tcp) and, in the VM after 'modprobe rds_tcp', the kernel (KIND=rds):"
+    echo "cmd B: qperf &"
+    echo "cmd A: qperf -v -t $qt -m 64 B \${KIND}_lat"
+    echo "cmd A: qperf -v -t $qt -m SIZE B \${KIND}_bw      # SIZE = 64, 1024, 8192, 65536"
+    echo "cmd # ours (in the VM before rds_tcp is loaded):"
+    echo "cmd B: rds-stress -r B -p 4000 &"
+    echo "cmd A: rds-stress -r A -s B -p 4000 -t 1 -d 1 -q 64 -a 64 -T $st -z"
+    echo "cmd B: rds-stress -r B -p 4100 &"
+    echo "cmd A: rds-stress -r A -s B -p 4100 -t 1 -d 16 -q 64 -a 64 -T $st -z -o"
+    echo "cmd B: rds-sink -s B:PORT -l TOTAL/SIZE -t 20 &"
+    echo "cmd A: time rds-gen -s A:PORT -d B:PORT -m SIZE -l TOTAL   # SIZE = 1024, 8192, 65536"
+    echo "cmd # TOTAL in the VM: ${PERF_VM_TOTAL_1K:-8388608}, ${PERF_VM_TOTAL_8K:-25165824}, ${PERF_VM_TOTAL_64K:-50331648} bytes; on the host: ${PERF_HOST_TOTAL_1K:-268435456}, ${PERF_HOST_TOTAL_8K:-536870912}, ${PERF_HOST_TOTAL_64K:-1073741824} bytes"
+} >"$work/meta.txt"
+
+mkdir -p "$(dirname "$out")"
+python3 "$here/scripts/perf/report.py" "$out" "$work/meta.txt" "$work/vm.txt" "$work/host.txt"
+echo "== wrote $out ($(( $(date +%s) - start )) s)"
+if [ "$vm_status" != ran ]; then
+    echo "perf: ERROR: the VM rig part did not complete: $vm_status; $out has the host part only" >&2
+    exit 1
+fi

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Runs inside one VM rig guest (scripts/perf.sh starts it with vmrig run):
+# two network namespaces joined by veth (netpair), then in this order
+#   1. raw TCP with qperf (tcp_lat, tcp_bw),
+#   2. ours: rds-stress and rds-gen/rds-sink (before rds_tcp is loaded:
+#      once loaded, the kernel listens on *:16385 in every namespace),
+#   3. modprobe rds_tcp, the kernel's RDS-TCP with qperf (rds_lat, rds_bw).
+# 1 and 2 alternate PERF_ROUNDS times (default 2), then 3 runs as many times;
+# the report keeps the best figure of each.
+# Usage: guest.sh BIN_DIR
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+# shellcheck source=scripts/perf/lib.sh
+. "$here/lib.sh"
+BIN=$1
+ON_A=(ip netns exec ns1)
+ON_B=(ip netns exec ns2)
+ADDR_A=10.99.0.1
+ADDR_B=10.99.0.2
+QPERF_T=${PERF_QPERF_T:-3}
+STRESS_T=${PERF_STRESS_T:-4}
+TOTAL_1K=${PERF_VM_TOTAL_1K:-8388608}
+TOTAL_8K=${PERF_VM_TOTAL_8K:-25165824}
+TOTAL_64K=${PERF_VM_TOTAL_64K:-50331648}
+PREFIX=vm_
+ROUNDS=${PERF_ROUNDS:-2}
+trap cleanup_pids EXIT
+
+netpair up || { echo "perf: netpair failed" >&2; exit 1; }
+echo "R vm_kernel $(uname -r)"
+echo "R vm_nproc $(nproc)"
+for round in $(seq "$ROUNDS"); do
+    echo "perf: [vm] round $round: raw TCP (qperf)" >&2
+    qperf_suite raw tcp
+    echo "perf: [vm] round $round: ours (rds-stress, rds-gen/rds-sink)" >&2
+    ours_suite
+done
+modprobe rds_tcp || { echo "perf: modprobe rds_tcp failed" >&2; exit 1; }
+for round in $(seq "$ROUNDS"); do
+    echo "perf: [vm] round $round: kernel RDS-TCP (qperf)" >&2
+    qperf_suite kern rds
+done
+netpair down
+echo "R vm_done 1"

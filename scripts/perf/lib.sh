@@ -1,0 +1,143 @@
+# shellcheck shell=bash
+# Shared by scripts/perf/guest.sh and scripts/perf/host.sh (sourced, not run).
+# Every measurement prints one line "R <key> <value> [unit]" on stdout;
+# scripts/perf/report.py turns them into docs/perf.md. Every load loop is
+# bounded by a size or a time and by timeout(1).
+#
+# The caller sets: BIN (directory of our release binaries), ON_A / ON_B
+# (arrays: the command prefix running a program on side A / B, may be empty), ADDR_A /
+# ADDR_B, QPERF_T (seconds per qperf test), TOTAL_1K / TOTAL_8K /
+# TOTAL_64K (bytes rds-gen sends per size), STRESS_T (seconds per
+# rds-stress run), PREFIX (key prefix: vm_ or host_).
+
+PIDS=()
+cleanup_pids() {
+    local p
+    for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
+    for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
+    PIDS=()
+}
+
+now_ns() { date +%s%N; }
+
+QPERF_PID=
+qperf_server_start() {
+    "${ON_B[@]}" qperf >>/tmp/perf-qperf-server.$$ 2>&1 &
+    QPERF_PID=$!
+    PIDS+=("$QPERF_PID")
+    sleep 1
+}
+qperf_server_stop() {
+    if [ -n "$QPERF_PID" ]; then
+        kill "$QPERF_PID" 2>/dev/null || true
+        wait "$QPERF_PID" 2>/dev/null || true
+        QPERF_PID=
+    fi
+}
+
+# qperf_run TEST SIZE KEY: one qperf test from A against the qperf server on B.
+# The server sometimes refuses the next connection for a moment after an
+# RDS test (and does not always survive one): up to three attempts, 2 s
+# apart, the server restarted before the third. Prints what qperf -v reports.
+qperf_run() {
+    local test=$1 size=$2 key=$3 out try
+    for try in 1 2 3; do
+        if out=$(timeout $((QPERF_T + 30)) "${ON_A[@]}" qperf -v -t "$QPERF_T" -m "$size" "$ADDR_B" "$test" 2>&1); then
+            break
+        fi
+        echo "perf: qperf $test -m $size failed (attempt $try: $(echo "$out" | tr '\n' ' '))" >&2
+        if [ "$try" = 3 ]; then
+            echo "R ${PREFIX}${key} FAILED"
+            return 0
+        fi
+        sleep 2
+        if [ "$try" = 2 ]; then
+            qperf_server_stop
+            qperf_server_start
+        fi
+    done
+    # tcp_lat/rds_lat: the one-way latency; tcp_bw/rds_bw: the bandwidth
+    # and the message rate.
+    echo "$out" | awk -v k="${PREFIX}${key}" -v t="$test" '
+        t ~ /_lat$/ && $1 == "latency" { print "R " k "_lat " $3 " " $4 }
+        t ~ /_bw$/ && $1 == "bw" { print "R " k "_bw " $3 " " $4 }
+        t ~ /_bw$/ && $1 == "msg_rate" { print "R " k "_rate " $3 " " $4 }'
+}
+
+# qperf_suite KIND TCP|RDS: raw TCP (tcp_*) or kernel RDS (rds_*) with qperf.
+qperf_suite() {
+    local kind=$1 proto=$2 s
+    rm -f /tmp/perf-qperf-server.$$
+    qperf_server_start
+    # A short warm-up, not reported: the first test after the server starts
+    # is several times slower (caches, and under TCG code translation).
+    timeout 30 "${ON_A[@]}" qperf -t 1 -m 64 "$ADDR_B" "${proto}_lat" >/dev/null 2>&1 || true
+    qperf_run "${proto}_lat" 64 "${kind}_64"
+    qperf_run "${proto}_bw" 64 "${kind}_64"
+    for s in 1024 8192 65536; do
+        qperf_run "${proto}_bw" "$s" "${kind}_${s}"
+    done
+    qperf_server_stop
+    if [ -s /tmp/perf-qperf-server.$$ ]; then
+        echo "perf: the qperf server said:" >&2
+        cat /tmp/perf-qperf-server.$$ >&2
+    fi
+    rm -f /tmp/perf-qperf-server.$$
+    cleanup_pids
+}
+
+# ours_bw SIZE TOTAL PORT: rds-gen on A -> rds-sink on B, the whole transfer
+# (connection set-up included) timed from rds-gen's start to its exit, which
+# waits until the peer acknowledged everything.
+ours_bw() {
+    local size=$1 total=$2 port=$3 count t0 t1 sink_pid ok=1
+    count=$(( (total + size - 1) / size ))
+    timeout 120 "${ON_B[@]}" "$BIN/rds-sink" -s "$ADDR_B:$port" -l "$count" -t 20 >/tmp/perf-sink.$$ 2>&1 &
+    sink_pid=$!
+    PIDS+=("$sink_pid")
+    sleep 0.5
+    t0=$(now_ns)
+    timeout 120 "${ON_A[@]}" "$BIN/rds-gen" -s "$ADDR_A:$port" -d "$ADDR_B:$port" -m "$size" -l "$total" >/tmp/perf-gen.$$ 2>&1 || ok=0
+    t1=$(now_ns)
+    wait "$sink_pid" || ok=0
+    PIDS=()
+    if [ $ok = 1 ]; then
+        awk -v b="$total" -v t0="$t0" -v t1="$t1" -v k="${PREFIX}ours_${size}_bw" \
+            'BEGIN { printf "R %s %.2f MB/sec\n", k, b / ((t1 - t0) / 1e9) / 1e6 }'
+    else
+        echo "perf: rds-gen/rds-sink -m $size failed:" >&2
+        cat /tmp/perf-gen.$$ /tmp/perf-sink.$$ >&2
+        echo "R ${PREFIX}ours_${size}_bw FAILED"
+    fi
+    rm -f /tmp/perf-gen.$$ /tmp/perf-sink.$$
+}
+
+# ours_stress DEPTH KEY PORT [-o]: rds-stress -t 1 -d DEPTH -q 64 -a 64 for
+# STRESS_T seconds; prints the average line's round trip (us), the
+# requests the active side sent per second and its microseconds per send
+# call.
+ours_stress() {
+    local depth=$1 key=$2 port=$3 out
+    shift 3
+    timeout $((STRESS_T + 40)) "${ON_B[@]}" "$BIN/rds-stress" -r "$ADDR_B" -p "$port" >/dev/null 2>&1 &
+    PIDS+=($!)
+    sleep 0.5
+    out=$(timeout $((STRESS_T + 40)) "${ON_A[@]}" "$BIN/rds-stress" -r "$ADDR_A" -s "$ADDR_B" -p "$port" \
+        -t 1 -d "$depth" -q 64 -a 64 -T "$STRESS_T" -z --connect-retries 10 "$@" 2>&1) || {
+        echo "perf: rds-stress -d $depth failed: $out" >&2
+        echo "R ${PREFIX}${key} FAILED"
+        cleanup_pids
+        return 0
+    }
+    cleanup_pids
+    echo "$out" | awk -v k="${PREFIX}${key}" '
+        /\(average\)/ { print "R " k "_rtt " $8 " us"; print "R " k "_rate " $2 " /sec"; print "R " k "_txcall " $7 " us" }'
+}
+
+ours_suite() {
+    ours_stress 1 ours_64_d1 4000
+    ours_stress 16 ours_64_d16 4100 -o
+    ours_bw 1024 "$TOTAL_1K" 4201
+    ours_bw 8192 "$TOTAL_8K" 4202
+    ours_bw 65536 "$TOTAL_64K" 4203
+}
