@@ -59,6 +59,20 @@ impl CmChannel {
         Ok(CmChannel(ch))
     }
 
+    /// A new RDMA CM id on this channel (TCP port space, as the kernel's
+    /// RDS uses), destroyed when the guard drops; a connection that takes
+    /// the id over forgets the guard. Declare the guard after the channel so
+    /// that it drops first.
+    pub(super) fn create_id(&self) -> io::Result<IdGuard> {
+        let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
+        check(
+            // SAFETY: the channel is live; id is an out pointer.
+            unsafe { sys::rdma_create_id(self.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) },
+            "rdma_create_id",
+        )?;
+        Ok(IdGuard(id))
+    }
+
     /// The next event, waiting until `deadline`; `None` on timeout.
     pub(super) fn next(&self, deadline: Instant) -> io::Result<Option<CmEvent>> {
         loop {
@@ -208,13 +222,8 @@ impl StalledRequest {
     /// until `deadline` for the peer's answer.
     pub fn send(local: IpAddr, peer: IpAddr, deadline: Instant) -> io::Result<StalledRequest> {
         let ch = CmChannel::new()?;
-        let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
-        check(
-            // SAFETY: ch is live; id is an out pointer.
-            unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) },
-            "rdma_create_id",
-        )?;
-        let guard = IdGuard(id);
+        let guard = ch.create_id()?;
+        let id = guard.0;
         let mut src = sockaddr_ip(local, 0);
         let mut dst = sockaddr_ip(peer, cm_port(&peer));
         check(
@@ -281,12 +290,8 @@ impl IbConnection {
         deadline: Instant,
     ) -> io::Result<Result<IbConnection, RejectAction>> {
         let ch = CmChannel::new()?;
-        let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
-        check(
-            // SAFETY: ch is live; id is an out pointer.
-            unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) },
-            "rdma_create_id",
-        )?;
+        let guard = ch.create_id()?;
+        let id = guard.0;
         let mut src = sockaddr_ip(local, 0);
         let mut dst = sockaddr_ip(peer, cm_port(&peer));
         // SAFETY: id is live; both socket addresses are valid for the call.
@@ -298,7 +303,6 @@ impl IbConnection {
                 RESOLVE_TIMEOUT_MS,
             )
         };
-        let guard = IdGuard(id);
         check(r, "rdma_resolve_addr")?;
         ch.expect(sys::rdma_cm_event_type::RDMA_CM_EVENT_ADDR_RESOLVED, deadline)?;
         // SAFETY: id is live with a resolved address.

@@ -7,13 +7,12 @@ use std::ffi::CStr;
 use std::io;
 use std::net::IpAddr;
 use std::os::raw::c_int;
-use std::ptr;
 use std::sync::{Arc, Mutex};
 
 use rdma_sys as sys;
 
-use super::cm::{CmChannel, IdGuard};
-use super::{check, errno, sockaddr_ip};
+use super::cm::CmChannel;
+use super::{errno, sockaddr_ip};
 
 /// Names of the RDMA devices (`ibv_get_device_list`).
 pub fn device_names() -> io::Result<Vec<String>> {
@@ -40,13 +39,8 @@ pub fn device_names() -> io::Result<Vec<String>> {
 /// (`rds_ib_laddr_check`: an RDMA CM id bound to it lands on a device).
 pub fn addr_has_device(addr: IpAddr) -> io::Result<bool> {
     let ch = CmChannel::new()?;
-    let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
-    check(
-        // SAFETY: ch is live; id is an out pointer.
-        unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) },
-        "rdma_create_id",
-    )?;
-    let _guard = IdGuard(id);
+    let guard = ch.create_id()?;
+    let id = guard.0;
     let mut sa = sockaddr_ip(addr, 0);
     // SAFETY: id is live; sa is valid for the call.
     if unsafe { sys::rdma_bind_addr(id, &mut sa as *mut _ as *mut libc::sockaddr) } != 0 {

@@ -4,13 +4,12 @@
 use std::io;
 use std::net::{IpAddr, Ipv4Addr};
 use std::os::raw::{c_int, c_void};
-use std::ptr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdma_sys as sys;
 
-use super::cm::{CmChannel, CmEvent, IdGuard, REJ_RETRY, cm_port, conn_param, event_name, family, id_addrs};
+use super::cm::{CmChannel, CmEvent, REJ_RETRY, cm_port, conn_param, event_name, family, id_addrs};
 use super::qp::{IbConnection, Link};
 use super::{SideEvent, Verbs, check, err, sockaddr_ip};
 use crate::proto::private::{ConnectPrivate, PrivAddrs, passive_negotiate, reject_data, version_usable};
@@ -96,13 +95,8 @@ impl<T> Listener<T> {
     /// Listens on `local` at the kernel's port for its family ([`cm_port`]).
     pub fn bind(verbs: &Arc<Verbs>, local: IpAddr) -> io::Result<Listener<T>> {
         let ch = CmChannel::new()?;
-        let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
-        check(
-            // SAFETY: ch is live; id is an out pointer.
-            unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) },
-            "rdma_create_id",
-        )?;
-        let guard = IdGuard(id);
+        let guard = ch.create_id()?;
+        let id = guard.0;
         let mut sa = sockaddr_ip(local, cm_port(&local));
         // SAFETY: id is live; sa is valid for the call.
         check(unsafe { sys::rdma_bind_addr(id, &mut sa as *mut _ as *mut libc::sockaddr) }, "rdma_bind_addr")?;

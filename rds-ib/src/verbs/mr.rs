@@ -30,14 +30,13 @@ use std::collections::HashMap;
 use std::io;
 use std::net::Ipv4Addr;
 use std::os::raw::{c_int, c_void};
-use std::ptr;
 use std::sync::{Arc, Mutex};
 
 use rdma_sys as sys;
 use rds_core::RdmaSeg;
 
-use super::cm::{CmChannel, IdGuard};
-use super::{Verbs, check, errno, sockaddr_v4};
+use super::cm::CmChannel;
+use super::{Verbs, errno, sockaddr_v4};
 
 /// Most MRs registered at a time, over all sockets.
 pub const MAX_MRS: usize = 4096;
@@ -262,13 +261,8 @@ impl MrTable {
     /// context, the one connections use).
     fn pd_for_addr(&self, local: Ipv4Addr) -> io::Result<*mut sys::ibv_pd> {
         let ch = CmChannel::new()?;
-        let mut id: *mut sys::rdma_cm_id = ptr::null_mut();
-        check(
-            // SAFETY: ch is live; id is an out pointer.
-            unsafe { sys::rdma_create_id(ch.0, &mut id, ptr::null_mut(), sys::rdma_port_space::RDMA_PS_TCP) },
-            "rdma_create_id",
-        )?;
-        let _guard = IdGuard(id);
+        let guard = ch.create_id()?;
+        let id = guard.0;
         let mut sa = sockaddr_v4(local, 0);
         // SAFETY: id is live; sa is valid for the call.
         if unsafe { sys::rdma_bind_addr(id, &mut sa as *mut _ as *mut libc::sockaddr) } != 0 {
