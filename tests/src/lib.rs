@@ -6,7 +6,7 @@ pub mod sim;
 use std::net::{IpAddr, SocketAddr};
 
 use rds_core::wire::Header;
-use rds_sock::Engine;
+use rds_sock::{Engine, RdsSocket};
 use socket2::{Domain, SockAddr, Socket, Type};
 
 /// Socket fixtures (from the test kit): address blocks, engines, a pair of
@@ -150,5 +150,45 @@ pub fn size(s: &mut Rng, max: usize) -> usize {
             let bits = s.below(17) as u32; // 2^0 .. 2^16
             s.below((1u64 << bits) + 1) as usize
         }
+    }
+}
+
+/// The all-to-all plan of `socks` sockets: the `k`-th datagram of socket
+/// `src` goes round robin to the other sockets; returns its destination and
+/// its index in the flow `src -> dst`.
+pub fn all_to_all_plan(socks: usize, src: usize, k: usize) -> (usize, u64) {
+    let dst = (src + 1 + k % (socks - 1)) % socks;
+    (dst, (k / (socks - 1)) as u64)
+}
+
+/// How many datagrams each socket gets from each other socket when every
+/// one sends `per_sock` by [`all_to_all_plan`]: `[dst][src]`.
+pub fn all_to_all_counts(socks: usize, per_sock: usize) -> Vec<Vec<u64>> {
+    let mut expect = vec![vec![0u64; socks]; socks];
+    for src in 0..socks {
+        for k in 0..per_sock {
+            expect[all_to_all_plan(socks, src, k).0][src] += 1;
+        }
+    }
+    expect
+}
+
+/// What the all-to-all tests set on every socket: 1 MiB datagrams need a
+/// send buffer above 2 MiB (half of it counts), and 60 s timeouts.
+pub fn set_up_for_1mib(s: &RdsSocket) {
+    s.set_send_buffer_size_force(4 << 20).unwrap();
+    s.set_recv_buffer_size_force(4 << 20).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
+    s.set_write_timeout(Some(std::time::Duration::from_secs(60))).unwrap();
+}
+
+/// Asserts that no socket has unacked messages left after `within` and that
+/// nothing arrives late (a non-blocking receive finds EAGAIN).
+pub fn assert_drained(socks: &[std::sync::Arc<RdsSocket>], within: std::time::Duration) {
+    for s in socks {
+        assert!(s.flush(within), "unacked messages left");
+        s.set_nonblocking(true).unwrap();
+        let mut b = [0u8; 16];
+        assert_eq!(s.recv_from(&mut b).unwrap_err().raw_os_error(), Some(libc::EAGAIN));
     }
 }

@@ -19,28 +19,14 @@ const MAX: usize = 1 << 20;
 fn three_nodes_all_to_all_100k() {
     let ip = addr_block(41);
     let engines: Vec<_> = (0..NODES).map(|_| engine()).collect();
-    let (socks, addrs) = mesh(&engines, ip, PER_NODE, 4001, |s| {
-        // 1 MiB messages need a send buffer above 2 MiB (half of it counts).
-        s.set_send_buffer_size_force(4 << 20).unwrap();
-        s.set_recv_buffer_size_force(4 << 20).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        s.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
-    });
+    let (socks, addrs) = mesh(&engines, ip, PER_NODE, 4001, set_up_for_1mib);
     let index_of: HashMap<SocketAddr, usize> = addrs.iter().enumerate().map(|(i, a)| (*a, i)).collect();
 
     // The plan: socket i sends its messages round-robin to every other
     // socket, so every socket knows how many it gets from each source.
     let per_sock = TOTAL.div_ceil(SOCKS);
-    let plan = |src: usize, k: usize| {
-        let dst = (src + 1 + k % (SOCKS - 1)) % SOCKS;
-        (dst, (k / (SOCKS - 1)) as u64)
-    };
-    let mut expect = vec![vec![0u64; SOCKS]; SOCKS]; // [dst][src]
-    for src in 0..SOCKS {
-        for k in 0..per_sock {
-            expect[plan(src, k).0][src] += 1;
-        }
-    }
+    let plan = |src: usize, k: usize| all_to_all_plan(SOCKS, src, k);
+    let expect = all_to_all_counts(SOCKS, per_sock); // [dst][src]
 
     let start = Instant::now();
     let mut threads = Vec::new();
@@ -128,15 +114,9 @@ fn three_nodes_all_to_all_100k() {
         got_bytes as f64 / 1e6 / secs
     );
     // Nothing is left anywhere, and nothing arrives late.
-    for s in &socks {
-        assert!(s.flush(Duration::from_secs(10)), "unacked messages left");
-        s.set_nonblocking(true).unwrap();
-        let mut b = [0u8; 16];
-        assert_eq!(s.recv_from(&mut b).unwrap_err().raw_os_error(), Some(libc::EAGAIN));
-    }
+    assert_drained(&socks, Duration::from_secs(10));
     // Each node counted every datagram addressed to it as delivered.
-    let delivered: u64 =
-        engines.iter().map(|e| e.counters().iter().find(|(k, _)| k == "recv_delivered").unwrap().1).sum();
+    let delivered: u64 = engines.iter().map(|e| counter(e, "recv_delivered")).sum();
     assert_eq!(delivered, got);
     for e in &engines {
         let r = e.shutdown(Duration::from_secs(1));

@@ -93,24 +93,11 @@ fn run(ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + 'static, whole_cuts: 
         })
         .collect();
     // Ports 4000-4002: lanes 0, 1 and 2 of the 8 paths.
-    let (socks, addrs) = mesh(&engines, ip, PER_NODE, 4000, |s| {
-        s.set_send_buffer_size_force(4 << 20).unwrap();
-        s.set_recv_buffer_size_force(4 << 20).unwrap();
-        s.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
-        s.set_write_timeout(Some(Duration::from_secs(60))).unwrap();
-    });
+    let (socks, addrs) = mesh(&engines, ip, PER_NODE, 4000, set_up_for_1mib);
     let index_of: HashMap<SocketAddr, usize> = addrs.iter().enumerate().map(|(i, a)| (*a, i)).collect();
     let per_sock = TOTAL.div_ceil(SOCKS);
-    let plan = |src: usize, k: usize| {
-        let dst = (src + 1 + k % (SOCKS - 1)) % SOCKS;
-        (dst, (k / (SOCKS - 1)) as u64)
-    };
-    let mut expect = vec![vec![0u64; SOCKS]; SOCKS]; // [dst][src]
-    for src in 0..SOCKS {
-        for k in 0..per_sock {
-            expect[plan(src, k).0][src] += 1;
-        }
-    }
+    let plan = |src: usize, k: usize| all_to_all_plan(SOCKS, src, k);
+    let expect = all_to_all_counts(SOCKS, per_sock); // [dst][src]
 
     // Senders: a running digest per destination.
     let mut senders = Vec::new();
@@ -241,12 +228,7 @@ fn run(ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + 'static, whole_cuts: 
     }
     assert_eq!(datagrams as usize, per_sock * SOCKS);
     // Nothing left unacked, nothing arrives late.
-    for s in &socks {
-        assert!(s.flush(Duration::from_secs(30)), "unacked messages left");
-        s.set_nonblocking(true).unwrap();
-        let mut b = [0u8; 16];
-        assert_eq!(s.recv_from(&mut b).unwrap_err().raw_os_error(), Some(libc::EAGAIN));
-    }
+    assert_drained(&socks, Duration::from_secs(30));
     let sum = |name: &str| engines.iter().map(|e| counter(e, name)).sum::<u64>();
     let (resets, rx_partial, tx_partial) = (sum("conn_reset"), sum("tcp_rx_partial_discarded"), sum("tcp_tx_partial"));
     let (dups, flushed) = (sum("recv_drop_old_seq"), sum("send_drop_flushed"));
