@@ -192,3 +192,19 @@ pub fn assert_drained(socks: &[std::sync::Arc<RdsSocket>], within: std::time::Du
         assert_eq!(s.recv_from(&mut b).unwrap_err().raw_os_error(), Some(libc::EAGAIN));
     }
 }
+
+/// How a test peer in the VM ends (the scenarios and the tests read it):
+/// `RESULT ok` or `RESULT FAIL <why>` on stdout, and the exit status (0
+/// only for ok).
+pub fn report_result(res: Result<(), String>) -> std::process::ExitCode {
+    match res {
+        Ok(()) => {
+            println!("RESULT ok");
+            std::process::ExitCode::SUCCESS
+        }
+        Err(e) => {
+            println!("RESULT FAIL {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -41,16 +41,7 @@ fn main() -> ExitCode {
         Some("passive") if args.len() >= 3 => passive(&args[1..]),
         _ => return usage(),
     };
-    match res {
-        Ok(()) => {
-            println!("RESULT ok");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            println!("RESULT FAIL {e}");
-            ExitCode::FAILURE
-        }
-    }
+    rds_tests::report_result(res)
 }
 
 fn parse<T: std::str::FromStr>(s: &str, what: &str) -> Result<T, String> {

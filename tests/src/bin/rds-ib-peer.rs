@@ -118,16 +118,7 @@ fn main() -> ExitCode {
         "tcp-probe" => tcp_probe(&args),
         _ => run(&args),
     };
-    match res {
-        Ok(()) => {
-            println!("RESULT ok");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            println!("RESULT FAIL {e}");
-            ExitCode::FAILURE
-        }
-    }
+    rds_tests::report_result(res)
 }
 
 fn run(a: &[String]) -> Result<(), String> {

@@ -556,14 +556,5 @@ fn main() -> ExitCode {
         println!("BOUND {local} {}", if kernel { "kernel" } else { "ours" });
         if args[0] == "target" { target(&*ep, kernel, peer, n) } else { initiator(&*ep, peer, n) }
     })();
-    match res {
-        Ok(()) => {
-            println!("RESULT ok");
-            ExitCode::SUCCESS
-        }
-        Err(e) => {
-            println!("RESULT FAIL {e}");
-            ExitCode::FAILURE
-        }
-    }
+    rds_tests::report_result(res)
 }
