@@ -70,6 +70,19 @@ const KILLS: usize = 3;
 /// is dropped.
 const NC: usize = 600;
 const CUT_S: u64 = 4;
+/// The counters whose deltas show that a connection really went down and
+/// came back (printed per node and phase).
+const DOWN_AND_BACK: [&str; 9] = [
+    "conn_reset",
+    "recv_drop_old_seq",
+    "ib_connect",
+    "ib_connect_failed",
+    "ib_accepted",
+    "ib_accept_refused",
+    "ib_conn_down",
+    "ib_tx_flushed",
+    "ib_rx_flushed",
+];
 
 /// Runs the scenario with `env`; `None` (after printing `SKIP: ...`) when
 /// the rig cannot start.
@@ -144,18 +157,7 @@ fn ib_side_channel_killed_mid_stream_nothing_lost_or_duplicated() {
 
     // The path really went down and came back.
     for node in [1, 2] {
-        let names = [
-            "conn_reset",
-            "recv_drop_old_seq",
-            "ib_connect",
-            "ib_connect_failed",
-            "ib_accepted",
-            "ib_accept_refused",
-            "ib_conn_down",
-            "ib_tx_flushed",
-            "ib_rx_flushed",
-        ];
-        let d: Vec<String> = names.iter().map(|n| format!("{n} {}", delta(&stdout, node, n))).collect();
+        let d: Vec<String> = DOWN_AND_BACK.iter().map(|n| format!("{n} {}", delta(&stdout, node, n))).collect();
         println!("node{node} deltas: {}", d.join(", "));
         assert_eq!(delta(&stdout, node, "ib_side_auth_failed"), 0, "node{node}");
     }
@@ -229,22 +231,12 @@ fn ib_cm_roce_cut_mid_stream_nothing_lost_or_duplicated() {
     }
 
     // The connections really went down and came back.
-    let names = [
-        "conn_reset",
-        "recv_drop_old_seq",
-        "ib_connect",
-        "ib_connect_failed",
-        "ib_accepted",
-        "ib_accept_refused",
-        "ib_conn_down",
-        "ib_tx_flushed",
-        "ib_rx_flushed",
-    ];
     let mut summary = Vec::new();
     for (ph, nodes) in [("A", &[1u8, 2][..]), ("B", &[2][..]), ("C", &[2][..])] {
         for &node in nodes {
             let p = format!("{ph} ");
-            let d: Vec<String> = names.iter().map(|n| format!("{n} {}", delta_in(&stdout, node, &p, n))).collect();
+            let d: Vec<String> =
+                DOWN_AND_BACK.iter().map(|n| format!("{n} {}", delta_in(&stdout, node, &p, n))).collect();
             println!("phase {ph} node{node} deltas: {}", d.join(", "));
             let resets = delta_in(&stdout, node, &p, "conn_reset");
             assert!(resets >= 1, "phase {ph} node{node}: no reconnect (conn_reset 0)");
