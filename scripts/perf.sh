@@ -103,7 +103,7 @@ touch "$work/vm.txt"
     echo "cmd B: rds-stress -r B -p 4100 &"
     echo "cmd A: rds-stress -r A -s B -p 4100 -t 1 -d 16 -q 64 -a 64 -T $st -z -o"
     echo "cmd B: rds-sink -s B:PORT -l TOTAL/SIZE -t 20 &"
-    echo "cmd A: time rds-gen -s A:PORT -d B:PORT -m SIZE -l TOTAL   # SIZE = 1024, 8192, 65536"
+    echo "cmd A: time rds-gen -s A:PORT -d B:PORT -m SIZE -l TOTAL --no-digest   # SIZE = 1024, 8192, 65536"
     echo "cmd # TOTAL in the VM: ${PERF_VM_TOTAL_1K:-8388608}, ${PERF_VM_TOTAL_8K:-25165824}, ${PERF_VM_TOTAL_64K:-50331648} bytes; on the host: ${PERF_HOST_TOTAL_1K:-268435456}, ${PERF_HOST_TOTAL_8K:-536870912}, ${PERF_HOST_TOTAL_64K:-1073741824} bytes"
 } >"$work/meta.txt"
 

@@ -140,7 +140,7 @@ def main():
     w("")
     w("Raw TCP: qperf `tcp_bw` / `tcp_lat`. Kernel: qperf `rds_bw` / `rds_lat` on the "
       "kernel's RDS-TCP (`modprobe rds_tcp`). Ours (not yet through qperf: the LD_PRELOAD "
-      "shim comes with issue 15): bandwidth = `rds-gen` -> `rds-sink`, the whole transfer "
+      "shim comes with issue 15): bandwidth = `rds-gen --no-digest` -> `rds-sink`, the whole transfer "
       "timed (connection set-up included, until everything is acknowledged); latency = "
       "`rds-stress -t 1 -d 1 -q 64 -a 64` round trip / 2; message rate = requests per "
       "second of `rds-stress -t 1 -d 16 -q 64 -a 64 -o` (16 in flight, one way, each "

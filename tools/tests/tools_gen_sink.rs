@@ -1,7 +1,7 @@
 //! rds-gen -> rds-sink: the sink's line for the generator's source equals
 //! the generator's line (messages, bytes, SHA-256), for the generated
 //! pattern and for files, at several message sizes up to 1 MiB; the sink
-//! leaves after -l messages.
+//! leaves after -l messages; without digests both print `-`.
 
 mod common;
 
@@ -115,6 +115,24 @@ fn sink_leaves_after_count_messages_of_a_longer_stream() {
     let f: Vec<&str> = out[0].split(' ').collect();
     assert_eq!((f[0], f[1], f[2]), (gen_at.as_str(), "3", "30"), "{}", sink.dump());
     generator.kill();
+}
+
+/// `--no-digest`: the generator hashes nothing and prints `-` for the
+/// digest, as a sink without `--digest` does; counts and bytes as always.
+#[test]
+fn no_digest_prints_a_dash() {
+    let t = 24;
+    let sink_at = format!("{}:4000", ip(t, 1));
+    let gen_at = format!("{}:4000", ip(t, 101));
+    let mut sink = Proc::spawn("rds-sink", &["-s", &sink_at, "-l", "5"]);
+    sink.wait_line(true, LONG, |l| l.starts_with("rds-sink: receiving on"));
+    let mut generator =
+        Proc::spawn("rds-gen", &["-s", &gen_at, "-d", &sink_at, "-m", "1K", "-l", "5000", "--no-digest"]);
+    assert_eq!(generator.code(LONG), 0, "{}", generator.dump());
+    let want = format!("{gen_at} 5 5000 -");
+    assert_eq!(generator.stdout(), vec![want.clone()], "{}", generator.dump());
+    assert_eq!(sink.code(LONG), 0, "{}", sink.dump());
+    assert_eq!(sink.stdout(), vec![want], "{}", sink.dump());
 }
 
 /// `--transport tcp` forces TCP (the same line at the sink); a value other

@@ -50,7 +50,7 @@ fn rds_ping() {
 
 #[test]
 fn rds_gen() {
-    check("rds-gen", &["-s", "-d", "-m", "-l", "-f", "-i", "-b", "-h", "--help"]);
+    check("rds-gen", &["-s", "-d", "-m", "-l", "-f", "-i", "-b", "--no-digest", "-h", "--help"]);
 }
 
 #[test]

@@ -9,7 +9,7 @@ use rds_sock::RdsSocket;
 use rds_tools::{FlowDigest, STOP, bind_error, catch_signals, parse, parse_interval, parse_size};
 
 const HELP: &str = "\
-usage: rds-gen -s addr:port -d addr:port [-m size] [-l total] [-f file] [-i interval] [--transport tcp|ib]
+usage: rds-gen -s addr:port -d addr:port [-m size] [-l total] [-f file] [-i interval] [--no-digest] [--transport tcp|ib]
 
 Sends datagrams from an RDS socket bound to -s to the RDS socket -d: the
 contents of a file cut into -m sized messages, or a generated pattern.
@@ -27,6 +27,8 @@ for what it sent (the line rds-sink --digest prints for this source).
   -f file        send this file ('-' for standard input)
   -i interval    pause between messages (seconds, or msec/usec suffix)
   -b size        SO_SNDBUF (forced; default 4M)
+  --no-digest    no SHA-256 of what is sent (the digest column is '-'): a
+                 benchmark then times the sending alone
   --transport tcp|ib  force a transport (SO_RDS_TRANSPORT); ib needs a build
                  with --features ib
   -h, --help     this text
@@ -43,7 +45,7 @@ fn main() {
         print!("{HELP}");
         return;
     }
-    if let Err(e) = args.check(&["s", "d", "m", "l", "f", "i", "b", "transport", "h", "help"]) {
+    if let Err(e) = args.check(&["s", "d", "m", "l", "f", "i", "b", "transport", "no-digest", "h", "help"]) {
         usage(&e);
     }
     let addr = |o: &str| -> SocketAddr {
@@ -76,7 +78,7 @@ fn main() {
     rds_tools::apply_transport(&sock, args.get("transport")).unwrap_or_else(|e| fail(&e));
     sock.bind(src).unwrap_or_else(|e| fail(&bind_error(src, &e)));
     let src = sock.local_addr().unwrap();
-    let mut sent = FlowDigest::new(true);
+    let mut sent = FlowDigest::new(!args.has("no-digest"));
     let mut buf = vec![0u8; size];
     loop {
         if STOP.load(std::sync::atomic::Ordering::SeqCst) {
