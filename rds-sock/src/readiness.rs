@@ -14,8 +14,10 @@
 //! when the RDS socket would report POLLIN, POLLOUT exactly when it would
 //! report POLLOUT. Every change is an edge for edge-triggered epoll.
 //!
-//! Keeping the pair in sync costs syscalls, so it is only done once somebody
-//! asked for the descriptor (`as_fd` / `as_raw_fd`).
+//! Keeping the pair in sync costs syscalls (one `send` when the socket
+//! becomes readable, one `recv` when it stops being readable; the writable
+//! side changes only when the send buffer fills), so it is only done once
+//! somebody asked for the descriptor (`as_fd` / `as_raw_fd`).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -86,7 +88,10 @@ impl ReadyFd {
             if readable {
                 let _ = write_some(self.peer.as_raw_fd(), &[1u8]);
             } else {
-                drain(self.user.as_raw_fd());
+                // Readable and not readable alternate under the state lock,
+                // so `user` holds at most the one byte written above: one
+                // read takes it (no second read to see EAGAIN).
+                read_once(self.user.as_raw_fd());
             }
             st.readable = readable;
         }
@@ -104,6 +109,13 @@ impl ReadyFd {
 fn write_some(fd: RawFd, buf: &[u8]) -> io::Result<usize> {
     // SAFETY: writes from a valid buffer of the given length.
     cvt(unsafe { libc::send(fd, buf.as_ptr().cast(), buf.len(), libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) })
+}
+
+/// Reads what is queued on `fd` with one call (up to 4 KiB).
+fn read_once(fd: RawFd) {
+    let mut buf = [0u8; 4096];
+    // SAFETY: reads into a valid buffer of the given length.
+    unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
 }
 
 /// Reads everything queued on `fd`.
