@@ -12,7 +12,9 @@
 #      rds-gen/rds-sink and rds-stress, scripts/perf/guest.sh;
 #   4. writes docs/perf.md (scripts/perf/report.py): absolutes, ratios,
 #      the targets of issue 14, the commit, the date, the machine and the
-#      exact commands.
+#      exact commands; and docs/perf.json, the figures perf-chart (crate
+#      perf-chart) draws docs/perf.svg from: bandwidth by message size,
+#      latency bars.
 # Exits 1 with a message when the VM rig cannot run (the host part is
 # measured and written anyway). Not part of scripts/test.sh: a benchmark,
 # never a test. Environment: VMRIG_DIR (where the rig is), PERF_OUT (the
@@ -33,6 +35,8 @@ echo "== setup and release build"
 "$here/scripts/setup.sh"
 export PATH="$HOME/.cargo/bin:$PATH"
 cargo build --release -q -p rds-tools --bin rds-gen --bin rds-sink --bin rds-stress
+chart_status=drawn
+cargo build --release -q -p perf-chart || chart_status="not drawn: perf-chart did not build"
 bin="$(cargo metadata --format-version 1 --no-deps \
     | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release"
 
@@ -108,8 +112,19 @@ touch "$work/vm.txt"
 } >"$work/meta.txt"
 
 mkdir -p "$(dirname "$out")"
-python3 "$here/scripts/perf/report.py" "$out" "$work/meta.txt" "$work/vm.txt" "$work/host.txt"
-echo "== wrote $out ($(( $(date +%s) - start )) s)"
+report() {
+    { cat "$work/meta.txt"; echo "chart $chart_status"; } >"$work/meta-chart.txt"
+    python3 "$here/scripts/perf/report.py" "$out" "$work/meta-chart.txt" "$work/vm.txt" "$work/host.txt"
+}
+report
+svg="${out%.md}.svg"
+if [ "$chart_status" = drawn ]; then
+    if ! "$bin/perf-chart" "${out%.md}.json" "$svg"; then
+        chart_status="not drawn: perf-chart failed"
+        report
+    fi
+fi
+echo "== wrote $out, ${out%.md}.json and ($chart_status) $svg ($(( $(date +%s) - start )) s)"
 if [ "$vm_status" != ran ]; then
     echo "perf: ERROR: the VM rig part did not complete: $vm_status; $out has the host part only" >&2
     exit 1

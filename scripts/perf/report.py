@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
 """Writes docs/perf.md from the "R key value [unit]" lines of
-scripts/perf/guest.sh (VM rig) and scripts/perf/host.sh (host loopback).
+scripts/perf/guest.sh (VM rig) and scripts/perf/host.sh (host loopback),
+and OUT.json beside it (the figures perf-chart draws docs/perf.svg from).
 
 Usage: report.py OUT.md META.txt VM.txt HOST.txt
 META.txt holds "key value" lines: commit, date, nproc, kernel, cpu,
-duration, vm_status, and cmd_* lines (the exact commands)."""
+duration, vm_status, chart (the chart's status), and cmd lines (the exact
+commands)."""
+import json
+import os
 import sys
 
 
@@ -134,7 +138,14 @@ def main():
           "CPUs, from other work): the VM guest runs under emulation (TCG) and its "
           "latencies grow several times under load; compare only ratios of one run, "
           "and figures between runs only at a similar load")
-    w("- `docs/perf.svg` (the chart) is missing: not drawn yet (issue 14 item 2, second part).")
+    svg = os.path.splitext(os.path.basename(out))[0] + ".svg"
+    chart = meta.get("chart", "drawn")
+    if chart == "drawn":
+        w(f"- the chart: [`{svg}`]({svg}) (bandwidth by message size in the VM rig, "
+          "one-way latency of 64 B in the VM rig and on the host loopback), drawn by "
+          "`perf-chart` from the figures of this page")
+    else:
+        w(f"- the chart `{svg}` is missing: {chart}")
     w("")
     w("## VM rig: one guest, two network namespaces joined by veth, one boot")
     w("")
@@ -217,6 +228,42 @@ def main():
     w("")
     with open(out, "w") as f:
         f.write("\n".join(L))
+    with open(os.path.splitext(out)[0] + ".json", "w") as f:
+        json.dump(chart_figures(meta, vrows, vm_rows("host_", host, False)), f, indent=1)
+        f.write("\n")
+
+
+def chart_figures(meta, vrows, hrows):
+    """What perf-chart draws (see perf-chart/src/main.rs): bandwidth in MB/s
+    by size (VM rig: raw TCP, kernel, ours), one-way latency of 64 B in us
+    (VM rig: raw TCP, kernel, ours; host loopback: raw TCP, ours); None
+    where not measured."""
+    bw = [r for r in vrows if r[0].startswith("bandwidth ")]
+    lat_vm = next(r for r in vrows if r[0].startswith("one-way latency"))
+    lat_host = next(r for r in hrows if r[0].startswith("one-way latency"))
+    return {
+        "caption": f"rds-rs scripts/perf.sh at {meta.get('commit', '?')}, {meta.get('date', '?')} "
+                   f"(VM rig: one guest, two netns, accel {meta.get('vm_accel', '?')})",
+        "bandwidth": {
+            "title": "Bandwidth by message size, VM rig (MB/s, higher is better)",
+            "sizes": [r[0][len("bandwidth "):] for r in bw],
+            "series": [
+                {"name": "raw TCP (qperf)", "values": [r[2] for r in bw]},
+                {"name": "kernel RDS-TCP (qperf)", "values": [r[3] for r in bw]},
+                {"name": "ours (rds-gen)", "values": [r[4] for r in bw]},
+            ],
+        },
+        "latency": {
+            "title": "One-way latency, 64 B (us, lower is better)",
+            "bars": [
+                {"group": "VM rig", "name": "raw TCP", "value": lat_vm[2]},
+                {"group": "VM rig", "name": "kernel", "value": lat_vm[3]},
+                {"group": "VM rig", "name": "ours", "value": lat_vm[4]},
+                {"group": "host loopback", "name": "raw TCP", "value": lat_host[2]},
+                {"group": "host loopback", "name": "ours", "value": lat_host[4]},
+            ],
+        },
+    }
 
 
 if __name__ == "__main__":
