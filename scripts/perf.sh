@@ -25,8 +25,9 @@
 # never a test. Environment: VMRIG_DIR (where the rig is), PERF_OUT (the
 # report, default docs/perf.md), PERF_QPERF_T / PERF_STRESS_T (seconds per
 # qperf test / rds-stress run and multipath run, default 3 / 4),
-# PERF_SCALE_PEERS (peer nodes of the scale part, default 256), PERF_ROUNDS (each part runs
-# this many times, default 2; the report keeps the best figure).
+# PERF_SCALE_PEERS / PERF_SCALE_ROUNDS (peer nodes and throughput rounds of
+# the scale part, default 256 / 3), PERF_ROUNDS (each other part runs this
+# many times, default 2; the report keeps the best figure).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$here"

@@ -226,7 +226,7 @@ def main():
     w("")
     w("```")
     w("rds-scale serve -s 127.0.0.1:4000 --sockets 8 --threads 2 -t 300 &")
-    w(f"rds-scale peers -d 127.0.0.1:4000 --peers {first(scale, 'scale_peers')} --rounds {meta.get('rounds', '2')}"
+    w(f"rds-scale peers -d 127.0.0.1:4000 --peers {first(scale, 'scale_peers')} --rounds {first(scale, 'scale_rounds')}"
       "      # -m 8K -l 1G by default")
     w(f"rds-scale paths -d 127.0.0.1:4000 -s 127.0.0.18:6000 --npaths 8 -T {meta.get('stress_t', '4')}")
     w(f"rds-scale paths -d 127.0.0.1:4000 -s 127.0.0.11:6000 --npaths 1 -T {meta.get('stress_t', '4')}")
@@ -333,7 +333,8 @@ def scale_section(w, sc, meta):
     total = first(sc, "scale_total")
     b1, bn = num(sc, "scale_bw_1", "bw"), num(sc, "scale_bw_n", "bw")
     w(f"| aggregate throughput, 1 active peer ({size} B messages, {total} bytes) | {fmt(b1, 'bw')} |")
-    w(f"| **aggregate throughput, {peers} active peers** (the same bytes shared) | "
+    w(f"| **aggregate throughput, {peers} active peers** (the same bytes shared; one thread "
+      f"sends for all, up to {first(sc, 'scale_burst')} messages to a peer before the next) | "
       f"**{fmt(bn, 'bw')}** ({fr(ratio(bn, b1))}x one) |")
 
     def cpus(k):
@@ -342,9 +343,17 @@ def scale_section(w, sc, meta):
       f"{cpus('scale_bw_1_server_cpu')} / {cpus('scale_bw_1_peers_cpu')} |")
     w(f"| CPU per round, {peers} peers: serving node / peers' process | "
       f"{cpus('scale_bw_n_server_cpu')} / {cpus('scale_bw_n_peers_cpu')} |")
+    w(f"| rounds (each figure the best; measured throughput of every round, 1 / {peers}) | "
+      f"{len(sc.get('scale_bw_1', []))}: "
+      f"{', '.join(fmt(one(v, u, 'bw'), 'bw') for v, u in sc.get('scale_bw_1', []))} / "
+      f"{', '.join(fmt(one(v, u, 'bw'), 'bw') for v, u in sc.get('scale_bw_n', []))} |")
     w(f"| messages sent / received once in order / duplicates / gaps | "
       f"{first(sc, 'scale_msgs_sent')} / {first(sc, 'scale_msgs_received')} / "
       f"{first(sc, 'scale_dups')} / {first(sc, 'scale_gaps')} |")
+    w("")
+    w("The throughput ratio moves between runs on this shared 2-CPU machine (the serving "
+      "node, the peers and other work share the cores; see the load average above): "
+      "compare it with the rounds' figures before reading much into a small margin.")
     w("")
     w("Multipath: one node (`rds-scale paths`, 2 reactor threads) sends for "
       f"{meta.get('stress_t', '4')} s from 8 sockets (ports 6000..6007: one path each, "
@@ -354,7 +363,8 @@ def scale_section(w, sc, meta):
     w("| | 8 paths | 1 path |")
     w("|---|---|---|")
     for label, key, kind in (("paths negotiated / TCP connections of the serving node", None, None),
-                             ("messages per path (serving node's counters)", "path_msgs", "raw"),
+                             ("per path: how far its receive sequence number moved (serving node's next_rx_seq)",
+                              "path_msgs", "raw"),
                              ("throughput", "bw", "bw"),
                              ("cores used (both processes)", "cores", "raw"),
                              ("serving node's CPU", "server_cpu", "raw"),

@@ -34,7 +34,7 @@ mod serve;
 const HELP: &str = "\
 usage: rds-scale serve -s addr:port [--sockets N] [--threads N] [--npaths N] [-t secs]
        rds-scale peers -d addr:port [--peers N] [--from addr] [--control addr] [-p port]
-                       [--npaths N] [-m size] [-l total] [--rounds N] [--settle secs] [--quit]
+                       [--npaths N] [-m size] [-l total] [--rounds N] [--burst N] [--settle secs] [--quit]
        rds-scale paths -d addr:port -s addr:port [--sockets N] [--threads N] [--npaths N]
                        [-m size] [-T secs] [--quit]
 
@@ -48,8 +48,9 @@ peers: --peers peer nodes (default 256), an engine each (one reactor
   --control (default 127.0.0.3). Each peer sends one message and the
   serving node's memory is read after --settle seconds (default 2); then
   --rounds times (default 2) one peer, and then all, send -l bytes
-  (default 1G) in -m sized messages (default 8K), from one thread
-  (after a warm-up of each with a quarter of -l).
+  (default 1G) in -m sized messages (default 8K), from one thread, up
+  to --burst messages (default 64) to a peer before the next (after a
+  warm-up of each with a quarter of -l).
 paths: one node at -s with --npaths paths (default 8) and --threads
   reactor threads (default 2) sends for -T seconds (default 4) from
   --sockets sockets (default 8; ports port, port+1, ...: a path each) to
@@ -116,7 +117,7 @@ fn main() {
     }
     let with_value = [
         "s", "d", "p", "m", "l", "t", "T", "sockets", "threads", "npaths", "peers", "from", "control", "rounds",
-        "settle",
+        "burst", "settle",
     ];
     let args = rds_tools::parse(argv, &with_value).unwrap_or_else(|e| usage(&e));
     let mut known: Vec<&str> = with_value.to_vec();

@@ -105,7 +105,8 @@ pub fn run(args: &rds_tools::Args) -> bool {
         before.get("peer_path_rx").map_or("", String::as_str),
         after.get("peer_path_rx").map_or("", String::as_str),
     );
-    let used = per_path.iter().filter(|&&m| m > sent / (4 * per_path.len().max(1) as u64).max(1)).count();
+    // A path is used when it carried at least 1% of the messages.
+    let used = per_path.iter().filter(|&&m| m > 0 && m * 100 >= sent).count();
     let (srv_words, _) = proc::cpu_between(
         &proc::parse_tasks(before.get("tasks").map_or("", String::as_str)),
         &proc::parse_tasks(after.get("tasks").map_or("", String::as_str)),

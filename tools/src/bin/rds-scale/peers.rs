@@ -64,6 +64,10 @@ pub fn run(args: &rds_tools::Args) -> bool {
     let size = num_of(args, "m", 8 << 10).clamp(9, 1 << 20) as usize;
     let total = num_of(args, "l", 1 << 30);
     let rounds = num_of(args, "rounds", 2).clamp(1, 20);
+    // Messages to one peer before turning to the next: the peers share one
+    // sending thread here, and switching engines every few messages would
+    // charge that thread's switching to the serving node's figure.
+    let burst = num_of(args, "burst", 64).max(1);
     let settle = secs_of(args, "settle", 2.0);
 
     // The control node: connected before the baseline, so that what the
@@ -119,13 +123,13 @@ pub fn run(args: &rds_tools::Args) -> bool {
     // bulk transfer on a connection is slower).
     let mut sent = n as u64;
     for active in [1, n] {
-        sent += blast(&mut peers[..active], server, size, total / 4, &mut buf).1;
+        sent += blast(&mut peers[..active], server, size, total / 4, burst, &mut buf).1;
     }
     for r in 0..rounds {
         for active in [1, n] {
             let k = if active == 1 { "1" } else { "n" };
             let (srv0, me0) = (stat_u64(&get("round"), "cpu_ms"), crate::proc::process_cpu_ms());
-            let (mbps, msgs, wall_ms) = blast(&mut peers[..active], server, size, total, &mut buf);
+            let (mbps, msgs, wall_ms) = blast(&mut peers[..active], server, size, total, burst, &mut buf);
             let (srv1, me1) = (stat_u64(&get("round"), "cpu_ms"), crate::proc::process_cpu_ms());
             sent += msgs;
             let pct = |a: u64, b: u64| b.saturating_sub(a) as f64 * 100.0 / wall_ms.max(1) as f64;
@@ -138,6 +142,7 @@ pub fn run(args: &rds_tools::Args) -> bool {
         }
     }
     println!("R scale_msg_size {size}");
+    println!("R scale_burst {burst}");
     println!("R scale_total {total}");
     // Every message arrived once, in order: the serving node's count.
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -162,10 +167,18 @@ pub fn run(args: &rds_tools::Args) -> bool {
 }
 
 /// Every peer of `peers` sends its share of `total` bytes in `size`
-/// messages to `server`, from this thread, round robin without blocking
-/// (poll when every socket is full); returns MB/s from the first send
+/// messages to `server`, from this thread, round robin without blocking,
+/// up to `burst_max` messages to one peer before the next (poll when every
+/// socket is full); returns MB/s from the first send
 /// until everything is acknowledged, the messages sent and the time, ms.
-fn blast(peers: &mut [Peer], server: SocketAddr, size: usize, total: u64, buf: &mut [u8]) -> (f64, u64, u64) {
+fn blast(
+    peers: &mut [Peer],
+    server: SocketAddr,
+    size: usize,
+    total: u64,
+    burst_max: u64,
+    buf: &mut [u8],
+) -> (f64, u64, u64) {
     let per = (total / peers.len() as u64).div_ceil(size as u64).max(1);
     let mut left: Vec<u64> = vec![per; peers.len()];
     for p in peers.iter() {
@@ -180,9 +193,8 @@ fn blast(peers: &mut [Peer], server: SocketAddr, size: usize, total: u64, buf: &
         }
         let mut progressed = false;
         for (p, l) in peers.iter_mut().zip(left.iter_mut()) {
-            // A burst per socket, then the next.
             let mut burst = 0;
-            while *l > 0 && burst < 16 {
+            while *l > 0 && burst < burst_max {
                 data(buf, p.seq);
                 match p.sock.send_to(&buf[..size], server) {
                     Ok(_) => {
