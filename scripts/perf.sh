@@ -2,23 +2,32 @@
 # The benchmark, side by side with the kernel's RDS-TCP (issue 14): one
 # command, one run, about 5 minutes (under 10), every load bounded by a size
 # or a time. It
-#   1. runs scripts/setup.sh and builds rds-gen, rds-sink and rds-stress in
-#      release;
+#   1. runs scripts/setup.sh and builds rds-gen, rds-sink, rds-stress,
+#      rds-scale and perf-chart in release;
 #   2. on the host loopback (in a private network namespace when run as
 #      root): ours against raw TCP (qperf tcp_bw/tcp_lat on 127.0.0.1;
 #      qperf is apt-installed if missing), scripts/perf/host.sh;
-#   3. in the VM rig (one guest, two network namespaces joined by veth, one
+#   3. scale, on the host loopback (in a private network namespace when
+#      run as root): one serving node with a fixed number of threads and
+#      256 peer nodes (idle memory per peer, 256 active peers against 1),
+#      and a multipath run (8 paths, CPU per thread), scripts/perf/scale.sh
+#      with rds-scale;
+#   4. in the VM rig (one guest, two network namespaces joined by veth, one
 #      boot): raw TCP and the kernel's RDS-TCP with qperf, ours with
 #      rds-gen/rds-sink and rds-stress, scripts/perf/guest.sh;
-#   4. writes docs/perf.md (scripts/perf/report.py): absolutes, ratios,
+#   5. writes docs/perf.md (scripts/perf/report.py): absolutes, ratios,
 #      the targets of issue 14, the commit, the date, the machine and the
-#      exact commands.
+#      exact commands; and docs/perf.json, the figures perf-chart (crate
+#      perf-chart) draws docs/perf.svg from: bandwidth by message size,
+#      latency bars.
 # Exits 1 with a message when the VM rig cannot run (the host part is
 # measured and written anyway). Not part of scripts/test.sh: a benchmark,
 # never a test. Environment: VMRIG_DIR (where the rig is), PERF_OUT (the
 # report, default docs/perf.md), PERF_QPERF_T / PERF_STRESS_T (seconds per
-# qperf test / rds-stress run, default 3 / 4), PERF_ROUNDS (each part runs
-# this many times, default 2; the report keeps the best figure).
+# qperf test / rds-stress run and multipath run, default 3 / 4),
+# PERF_SCALE_PEERS / PERF_SCALE_ROUNDS (peer nodes and throughput rounds of
+# the scale part, default 256 / 3), PERF_ROUNDS (each other part runs this
+# many times, default 2; the report keeps the best figure).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 cd "$here"
@@ -32,7 +41,9 @@ trap cleanup EXIT
 echo "== setup and release build"
 "$here/scripts/setup.sh"
 export PATH="$HOME/.cargo/bin:$PATH"
-cargo build --release -q -p rds-tools --bin rds-gen --bin rds-sink --bin rds-stress
+cargo build --release -q -p rds-tools --bin rds-gen --bin rds-sink --bin rds-stress --bin rds-scale
+chart_status=drawn
+cargo build --release -q -p perf-chart || chart_status="not drawn: perf-chart did not build"
 bin="$(cargo metadata --format-version 1 --no-deps \
     | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release"
 
@@ -50,6 +61,17 @@ else
     host_cmd=(bash "$here/scripts/perf/host.sh" "$bin")
 fi
 timeout 400 "${host_cmd[@]}" | tee "$work/host.txt" || echo "perf: WARNING: the host part failed (status $?)" >&2
+
+echo "== scale on the host loopback: 256 peers, 8 paths"
+if [ "$(id -u)" = 0 ] && unshare -n true 2>/dev/null; then
+    scale_cmd=(unshare -n bash "$here/scripts/perf/scale.sh" "$bin")
+else
+    echo "perf: not root: the scale part uses the machine's own loopback" >&2
+    scale_cmd=(bash "$here/scripts/perf/scale.sh" "$bin")
+fi
+scale_status=ran
+timeout 400 "${scale_cmd[@]}" | tee "$work/scale.txt" || scale_status="failed (status $?)"
+grep -q '^R scale_done' "$work/scale.txt" || scale_status="did not finish (${scale_status})"
 
 echo "== VM rig: raw TCP, the kernel's RDS-TCP, ours"
 vmrig_dir="${VMRIG_DIR:-}"
@@ -90,6 +112,8 @@ touch "$work/vm.txt"
     echo "vm_accel $vm_accel"
     echo "duration $(( $(date +%s) - start ))"
     echo "rounds ${PERF_ROUNDS:-2}"
+    echo "stress_t ${PERF_STRESS_T:-4}"
+    echo "scale_status $scale_status"
     echo "load_start $load_start"
     echo "load_end $(cut -d' ' -f1-3 /proc/loadavg)"
     qt="${PERF_QPERF_T:-3}"; st="${PERF_STRESS_T:-4}"
@@ -108,8 +132,19 @@ touch "$work/vm.txt"
 } >"$work/meta.txt"
 
 mkdir -p "$(dirname "$out")"
-python3 "$here/scripts/perf/report.py" "$out" "$work/meta.txt" "$work/vm.txt" "$work/host.txt"
-echo "== wrote $out ($(( $(date +%s) - start )) s)"
+report() {
+    { cat "$work/meta.txt"; echo "chart $chart_status"; } >"$work/meta-chart.txt"
+    python3 "$here/scripts/perf/report.py" "$out" "$work/meta-chart.txt" "$work/vm.txt" "$work/host.txt" "$work/scale.txt"
+}
+report
+svg="${out%.md}.svg"
+if [ "$chart_status" = drawn ]; then
+    if ! "$bin/perf-chart" "${out%.md}.json" "$svg"; then
+        chart_status="not drawn: perf-chart failed"
+        report
+    fi
+fi
+echo "== wrote $out, ${out%.md}.json and ($chart_status) $svg ($(( $(date +%s) - start )) s)"
 if [ "$vm_status" != ran ]; then
     echo "perf: ERROR: the VM rig part did not complete: $vm_status; $out has the host part only" >&2
     exit 1

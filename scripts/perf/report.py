@@ -1,10 +1,15 @@
 #!/usr/bin/env python3
 """Writes docs/perf.md from the "R key value [unit]" lines of
-scripts/perf/guest.sh (VM rig) and scripts/perf/host.sh (host loopback).
+scripts/perf/guest.sh (VM rig), scripts/perf/host.sh (host loopback) and
+scripts/perf/scale.sh (scale, host loopback), and OUT.json beside it (the
+figures perf-chart draws docs/perf.svg from).
 
-Usage: report.py OUT.md META.txt VM.txt HOST.txt
+Usage: report.py OUT.md META.txt VM.txt HOST.txt SCALE.txt
 META.txt holds "key value" lines: commit, date, nproc, kernel, cpu,
-duration, vm_status, and cmd_* lines (the exact commands)."""
+duration, vm_status, chart (the chart's status), and cmd lines (the exact
+commands)."""
+import json
+import os
 import sys
 
 
@@ -77,7 +82,7 @@ def fr(r):
 
 
 def main():
-    out, meta_path, vm_path, host_path = sys.argv[1:5]
+    out, meta_path, vm_path, host_path, scale_path = sys.argv[1:6]
     meta = {}
     cmds = []
     with open(meta_path) as f:
@@ -89,6 +94,7 @@ def main():
                 meta[k] = v
     vm = load(vm_path)
     host = load(host_path)
+    scale = load(scale_path)
 
     def vm_rows(p, vals, with_kernel):
         rows = []
@@ -134,7 +140,14 @@ def main():
           "CPUs, from other work): the VM guest runs under emulation (TCG) and its "
           "latencies grow several times under load; compare only ratios of one run, "
           "and figures between runs only at a similar load")
-    w("- `docs/perf.svg` (the chart) is missing: not drawn yet (issue 14 item 2, second part).")
+    svg = os.path.splitext(os.path.basename(out))[0] + ".svg"
+    chart = meta.get("chart", "drawn")
+    if chart == "drawn":
+        w(f"- the chart: [`{svg}`]({svg}) (bandwidth by message size in the VM rig, "
+          "one-way latency of 64 B in the VM rig and on the host loopback), drawn by "
+          "`perf-chart` from the figures of this page")
+    else:
+        w(f"- the chart `{svg}` is missing: {chart}")
     w("")
     w("## VM rig: one guest, two network namespaces joined by veth, one boot")
     w("")
@@ -176,7 +189,7 @@ def main():
       f"{fmt(num(host, 'host_ours_64_d1_txcall', 'lat'), 'lat')} per send call; with 16 "
       f"in flight: round trip {fmt(num(host, 'host_ours_64_d16_rtt', 'lat'), 'lat')}.")
     w("")
-    w("## Issue 14's targets (VM rig, ratios from this run)")
+    w("## Issue 14's targets (ratios from this run: VM rig; scale on the host loopback)")
     w("")
     by = {r[0]: r for r in vrows}
 
@@ -197,16 +210,29 @@ def main():
     target("one-way latency 64 B <= 1.3x raw TCP's", "one-way latency 64 B", "raw", "<=", 1.3)
     target("message rate 64 B (16 in flight) >= 2x the kernel's", "message rate 64 B",
            "kernel", ">=", 2.0)
-    w("- [ ] scale (256 peers, idle memory per peer, 256 active peers vs one, "
-      "8 paths on both cores): not measured (not in perf.sh yet)")
+    checks = scale_checks(scale)
+    for text, state, detail in checks:
+        w(f"- [{'x' if state == 'met' else ' '}] {text}: {detail} ({state})")
     w("")
+    scale_section(w, scale, meta)
     w("## Commands")
     w("")
     w("```")
     w("scripts/perf.sh")
     w("```")
     w("")
-    w("runs, in the VM rig (`vmrig run -- scripts/perf/guest.sh`; A = `ip netns exec ns1`, "
+    w("runs, on the host in a private network namespace (`unshare -n "
+      "scripts/perf/scale.sh`), the scale part:")
+    w("")
+    w("```")
+    w("rds-scale serve -s 127.0.0.1:4000 --sockets 8 --threads 2 -t 300 &")
+    w(f"rds-scale peers -d 127.0.0.1:4000 --peers {first(scale, 'scale_peers')} --rounds {first(scale, 'scale_rounds')}"
+      "      # -m 8K -l 1G by default")
+    w(f"rds-scale paths -d 127.0.0.1:4000 -s 127.0.0.18:6000 --npaths 8 -T {meta.get('stress_t', '4')}")
+    w(f"rds-scale paths -d 127.0.0.1:4000 -s 127.0.0.11:6000 --npaths 1 -T {meta.get('stress_t', '4')}")
+    w("```")
+    w("")
+    w("and, in the VM rig (`vmrig run -- scripts/perf/guest.sh`; A = `ip netns exec ns1`, "
       "10.99.0.1; B = `ip netns exec ns2`, 10.99.0.2) and on the host "
       "(`unshare -n scripts/perf/host.sh`; A = 127.0.0.1, B = 127.0.0.2):")
     w("")
@@ -217,6 +243,215 @@ def main():
     w("")
     with open(out, "w") as f:
         f.write("\n".join(L))
+    with open(os.path.splitext(out)[0] + ".json", "w") as f:
+        json.dump(chart_figures(meta, vrows, vm_rows("host_", host, False)), f, indent=1)
+        f.write("\n")
+
+
+def pct(v):
+    """'44%' -> 44.0."""
+    try:
+        return float(v.rstrip("%"))
+    except ValueError:
+        return None
+
+
+def tasks(vals, key):
+    """'rds-tcp-0:44%,scale-rx-0:4%' -> [('rds-tcp-0', 44.0), ...]."""
+    w = first(vals, key)
+    return [(n, pct(p)) for n, _, p in (t.rpartition(":") for t in w.split(",")) if n and pct(p) is not None]
+
+
+def scale_checks(sc):
+    """Issue 14's scale targets: (text, 'met' | 'not met' | 'not measured', detail)."""
+    out = []
+    per = num(sc, "scale_rss_per_peer", "")
+    peers = first(sc, "scale_peers")
+    if per is None:
+        out.append(("idle memory per peer <= 64 KiB", "not measured", "-"))
+    else:
+        out.append((f"idle memory per peer <= 64 KiB ({peers} peers)",
+                    "met" if per <= 64 else "not met", f"{per:.1f} KiB RSS"))
+    b1, bn = num(sc, "scale_bw_1", "bw"), num(sc, "scale_bw_n", "bw")
+    r = ratio(bn, b1)
+    if r is None:
+        out.append(("aggregate throughput, 256 active peers >= 0.8x one", "not measured", "-"))
+    else:
+        out.append((f"aggregate throughput, {peers} active peers >= 0.8x one",
+                    "met" if r >= 0.8 else "not met", f"{r:.2f} ({fmt(bn, 'bw')} / {fmt(b1, 'bw')})"))
+    used = num(sc, "scale_mp8_paths_used", "")
+    cores = num(sc, "scale_mp8_cores", "")
+    reactors = [p for n, p in tasks(sc, "scale_mp8_server_tasks") if n.startswith("rds-tcp-")]
+    if used is None or cores is None:
+        out.append(("a multipath run: 8 paths using both cores", "not measured", "-"))
+    else:
+        # Both cores used by the paths: 8 paths carried messages, the two
+        # nodes together used more than one core, and the receiving node's
+        # reactor threads (which read the paths) both worked, the less busy
+        # at least a quarter of the busier.
+        spread = len(reactors) >= 2 and sorted(reactors)[-2] >= 0.25 * max(reactors)
+        met = used >= 8 and cores > 1.0 and spread
+        out.append(("a multipath run: 8 paths using both cores", "met" if met else "not met",
+                    f"{used:.0f} paths carried messages, the two nodes used {cores:.2f} cores; "
+                    f"the serving node's reactor threads: "
+                    + (", ".join(f"{p:.0f}%" for p in reactors) or "none busy")))
+    return out
+
+
+def scale_section(w, sc, meta):
+    w("## Scale (host loopback)")
+    w("")
+    if "scale_done" not in sc:
+        w(f"Not complete ({meta.get('scale_status', 'scripts/perf/scale.sh did not finish')}); "
+          f"failed steps: {', '.join(v for v, _ in sc.get('scale_failed', [])) or 'none reported'}.")
+        w("")
+    peers = first(sc, "scale_peers")
+    w(f"One serving node, its own process (`rds-scale serve`: an rds-sock Engine with "
+      f"`TcpConfig::threads` = 2 reactor threads, 8 receiving sockets with a thread each, "
+      f"the default 8 paths per peer), and {peers} peer nodes in another process "
+      f"(`rds-scale peers`: an Engine per peer, one reactor thread each, at 127.0.1.1, "
+      f"127.0.1.2, ... in a private network namespace; each peer connects all "
+      f"{first(sc, 'scale_npaths')} paths, as the kernel does).")
+    w("")
+    w("| | measured |")
+    w("|---|---|")
+    w(f"| serving node's threads (`/proc/PID/status`) | {first(sc, 'scale_server_threads_before')} with "
+      f"one peer, {first(sc, 'scale_server_threads')} with {peers} "
+      f"(`/proc/{first(sc, 'scale_server_pid')}/status` after the run: "
+      f"{first(sc, 'scale_server_threads_proc')}) |")
+    w(f"| its TCP connections / RDS connections / paths up, {peers} peers idle | "
+      f"{first(sc, 'scale_server_tcp_conns')} / {first(sc, 'scale_server_conns')} / "
+      f"{first(sc, 'scale_server_paths_up')} |")
+    w(f"| its RSS before (one control peer) / with {peers} peers idle | "
+      f"{first(sc, 'scale_rss_before')} kB / {first(sc, 'scale_rss_idle')} kB |")
+    w(f"| its PSS before / idle | {first(sc, 'scale_pss_before')} kB / {first(sc, 'scale_pss_idle')} kB |")
+    w(f"| **idle memory per peer** (RSS, PSS; idle minus before, / {peers}) | "
+      f"**{first(sc, 'scale_rss_per_peer')} KiB**, {first(sc, 'scale_pss_per_peer')} KiB |")
+    w(f"| connecting {peers} peers (each sends one message, all acknowledged) | "
+      f"{first(sc, 'scale_setup')} s |")
+    size = first(sc, "scale_msg_size")
+    total = first(sc, "scale_total")
+    b1, bn = num(sc, "scale_bw_1", "bw"), num(sc, "scale_bw_n", "bw")
+    w(f"| aggregate throughput, 1 active peer ({size} B messages, {total} bytes) | {fmt(b1, 'bw')} |")
+    w(f"| **aggregate throughput, {peers} active peers** (the same bytes shared; one thread "
+      f"sends for all, up to {first(sc, 'scale_burst')} messages to a peer before the next) | "
+      f"**{fmt(bn, 'bw')}** ({fr(ratio(bn, b1))}x one) |")
+
+    def cpus(k):
+        return ", ".join(f"{v}%" for v, _ in sc.get(k, [])) or "-"
+    w(f"| CPU per round, 1 peer: serving node / peers' process (% of a core) | "
+      f"{cpus('scale_bw_1_server_cpu')} / {cpus('scale_bw_1_peers_cpu')} |")
+    w(f"| CPU per round, {peers} peers: serving node / peers' process | "
+      f"{cpus('scale_bw_n_server_cpu')} / {cpus('scale_bw_n_peers_cpu')} |")
+    w(f"| rounds (each figure the best; measured throughput of every round, 1 / {peers}) | "
+      f"{len(sc.get('scale_bw_1', []))}: "
+      f"{', '.join(fmt(one(v, u, 'bw'), 'bw') for v, u in sc.get('scale_bw_1', []))} / "
+      f"{', '.join(fmt(one(v, u, 'bw'), 'bw') for v, u in sc.get('scale_bw_n', []))} |")
+    w(f"| messages sent / received once in order / duplicates / gaps | "
+      f"{first(sc, 'scale_msgs_sent')} / {first(sc, 'scale_msgs_received')} / "
+      f"{first(sc, 'scale_dups')} / {first(sc, 'scale_gaps')} |")
+    w("")
+    w("The throughput ratio moves between runs on this shared 2-CPU machine (the serving "
+      "node, the peers and other work share the cores; see the load average above): "
+      "compare it with the rounds' figures before reading much into a small margin.")
+    w("")
+    w("Multipath: one node (`rds-scale paths`, 2 reactor threads) sends for "
+      f"{meta.get('stress_t', '4')} s from 8 sockets (ports 6000..6007: one path each, "
+      "`port % npaths`), a blocking sending thread each, to the serving node's 8 sockets; "
+      "then the same over one path. CPU in % of one core over the run.")
+    w("")
+    w("| | 8 paths | 1 path |")
+    w("|---|---|---|")
+    for label, key, kind in (("paths negotiated / TCP connections of the serving node", None, None),
+                             ("per path: how far its receive sequence number moved (serving node's next_rx_seq)",
+                              "path_msgs", "raw"),
+                             ("throughput", "bw", "bw"),
+                             ("cores used (both processes)", "cores", "raw"),
+                             ("serving node's CPU", "server_cpu", "raw"),
+                             ("serving node's busiest threads", "server_tasks", "raw"),
+                             ("sending node's CPU", "client_cpu", "raw"),
+                             ("its 8 sending threads (%)", "client_senders", "raw"),
+                             ("its reactor threads", "client_tasks", "raw"),
+                             ("messages sent / received / dups / gaps", "msgs", None)):
+        cells = []
+        for np in (8, 1):
+            k = f"scale_mp{np}_"
+            if key is None and label.startswith("paths"):
+                cells.append(f"{first(sc, k + 'npaths')} / {first(sc, k + 'tcp_conns')}")
+            elif key == "msgs":
+                cells.append(" / ".join(first(sc, k + x) for x in
+                                        ("msgs_sent", "msgs_received", "dups", "gaps")))
+            elif kind == "bw":
+                cells.append(fmt(num(sc, k + key, "bw"), "bw"))
+            else:
+                v = " ".join(f"{a} {u}".strip() for a, u in sc.get(k + key, [])[:1]) or "?"
+                if key.endswith("tasks"):
+                    v = ", ".join(v.split(",")[:4])
+                cells.append(v)
+        w(f"| {label} | {cells[0]} | {cells[1]} |")
+    w("")
+    w("Targets (issue 14, item 4; also in the list above):")
+    w("")
+    for text, state, detail in scale_checks(sc):
+        w(f"- [{'x' if state == 'met' else ' '}] {text}: {detail} ({state})")
+    w("")
+    checks = {t.split(":")[0].split(" (")[0]: st for t, st, _ in scale_checks(sc)}
+    notes = []
+    if any(st == "not met" and t.startswith("aggregate") for t, st in checks.items()):
+        def best_cpu(k):
+            xs = [x for x in (pct(v) for v, _ in sc.get(k, [])) if x is not None]
+            return f"{max(xs):.0f}%" if xs else "?"
+        notes.append(
+            f"Throughput with {peers} peers: the serving node used up to "
+            f"{best_cpu('scale_bw_n_server_cpu')} of a core (with one peer "
+            f"{best_cpu('scale_bw_1_server_cpu')}), the peers' process up to "
+            f"{best_cpu('scale_bw_n_peers_cpu')} (with one peer {best_cpu('scale_bw_1_peers_cpu')}): "
+            f"the {peers} peer engines, a reactor thread and a timer thread each, share the "
+            "machine's 2 cores with the serving node, so this measures both sides; the serving "
+            "node alone is not shown to be the limit.")
+    if any(st == "not met" and t.startswith("a multipath") for t, st in checks.items()):
+        notes.append(
+            "Multipath: rds-tcp keeps all paths of one address pair on one reactor thread "
+            "(`reactor_of` hashes the address pair; its crate docs: the order of a socket's "
+            "messages across the multipath fan-out), so the receiving node reads the 8 paths "
+            "from one thread, and the rest of the CPU time is the sending node's (its 8 sending "
+            "threads transmit inline; compare the 1-path column).")
+    for n in notes:
+        w(n)
+        w("")
+
+
+def chart_figures(meta, vrows, hrows):
+    """What perf-chart draws (see perf-chart/src/main.rs): bandwidth in MB/s
+    by size (VM rig: raw TCP, kernel, ours), one-way latency of 64 B in us
+    (VM rig: raw TCP, kernel, ours; host loopback: raw TCP, ours); None
+    where not measured."""
+    bw = [r for r in vrows if r[0].startswith("bandwidth ")]
+    lat_vm = next(r for r in vrows if r[0].startswith("one-way latency"))
+    lat_host = next(r for r in hrows if r[0].startswith("one-way latency"))
+    return {
+        "caption": f"rds-rs scripts/perf.sh at {meta.get('commit', '?')}, {meta.get('date', '?')} "
+                   f"(VM rig: one guest, two netns, accel {meta.get('vm_accel', '?')})",
+        "bandwidth": {
+            "title": "Bandwidth by message size, VM rig (MB/s, higher is better)",
+            "sizes": [r[0][len("bandwidth "):] for r in bw],
+            "series": [
+                {"name": "raw TCP (qperf)", "values": [r[2] for r in bw]},
+                {"name": "kernel RDS-TCP (qperf)", "values": [r[3] for r in bw]},
+                {"name": "ours (rds-gen)", "values": [r[4] for r in bw]},
+            ],
+        },
+        "latency": {
+            "title": "One-way latency, 64 B (us, lower is better)",
+            "bars": [
+                {"group": "VM rig", "name": "raw TCP", "value": lat_vm[2]},
+                {"group": "VM rig", "name": "kernel", "value": lat_vm[3]},
+                {"group": "VM rig", "name": "ours", "value": lat_vm[4]},
+                {"group": "host loopback", "name": "raw TCP", "value": lat_host[2]},
+                {"group": "host loopback", "name": "ours", "value": lat_host[4]},
+            ],
+        },
+    }
 
 
 if __name__ == "__main__":

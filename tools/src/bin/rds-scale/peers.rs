@@ -1,0 +1,255 @@
+//! `rds-scale peers`: N peer nodes of the serving node in one process (see
+//! main.rs): its idle memory per peer, and its aggregate throughput with
+//! one active peer against N.
+
+use std::io;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::AsRawFd;
+use std::time::{Duration, Instant};
+
+use rds_sock::{Engine, EngineConfig, RdsSocket};
+
+use crate::{QUIT, Stat, addr_of, ask, data, fail, num_of, request, secs_of, stat_u64, usage};
+
+/// The `i`th address from `base` on, skipping those ending in .0 or .255.
+pub fn nth_addr(base: Ipv4Addr, i: usize) -> Ipv4Addr {
+    let mut a = u32::from(base);
+    let mut left = i;
+    loop {
+        let last = a & 0xff;
+        if last != 0 && last != 255 {
+            if left == 0 {
+                return Ipv4Addr::from(a);
+            }
+            left -= 1;
+        }
+        a += 1;
+    }
+}
+
+/// A peer node: its engine and its one socket, and the next sequence
+/// number of its flow to the serving node.
+struct Peer {
+    engine: Engine,
+    sock: RdsSocket,
+    seq: u64,
+}
+
+fn engine(npaths: u8) -> Engine {
+    let mut cfg = EngineConfig::default();
+    cfg.tcp.threads = 1;
+    cfg.node.npaths = npaths;
+    // No rds-info socket (and thread) per peer.
+    cfg.info_dir = None;
+    Engine::new(cfg).unwrap_or_else(|e| fail(&format!("engine: {e}")))
+}
+
+fn peer(npaths: u8, at: SocketAddr) -> Peer {
+    let engine = engine(npaths);
+    let sock = engine.socket().unwrap_or_else(|e| fail(&format!("socket: {e}")));
+    sock.set_send_buffer_size_force(4 << 20).unwrap_or_else(|e| fail(&format!("SO_SNDBUF: {e}")));
+    sock.bind(at).unwrap_or_else(|e| fail(&rds_tools::bind_error(at, &e)));
+    Peer { engine, sock, seq: 0 }
+}
+
+pub fn run(args: &rds_tools::Args) -> bool {
+    let server = addr_of(args, "d");
+    let n = num_of(args, "peers", 256).clamp(1, 4096) as usize;
+    let ip = |o: &str, d: &str| -> Ipv4Addr {
+        args.get(o).unwrap_or(d).parse().unwrap_or_else(|_| usage(&format!("bad --{o} address")))
+    };
+    let (from, control) = (ip("from", "127.0.1.1"), ip("control", "127.0.0.3"));
+    let port = num_of(args, "p", 5000) as u16;
+    let npaths = num_of(args, "npaths", 8).clamp(1, 8) as u8;
+    let size = num_of(args, "m", 8 << 10).clamp(9, 1 << 20) as usize;
+    let total = num_of(args, "l", 1 << 30);
+    let rounds = num_of(args, "rounds", 2).clamp(1, 20);
+    // Messages to one peer before turning to the next: the peers share one
+    // sending thread here, and switching engines every few messages would
+    // charge that thread's switching to the serving node's figure.
+    let burst = num_of(args, "burst", 64).max(1);
+    let settle = secs_of(args, "settle", 2.0);
+
+    // The control node: connected before the baseline, so that what the
+    // serving node allocates once (its first connection) is not charged
+    // to the peers.
+    let ctl_engine = engine(npaths);
+    let ctl = ctl_engine.socket().unwrap_or_else(|e| fail(&format!("socket: {e}")));
+    let ctl_at = SocketAddr::new(IpAddr::V4(control), port);
+    ctl.bind(ctl_at).unwrap_or_else(|e| fail(&rds_tools::bind_error(ctl_at, &e)));
+    let get = |what: &str| -> Stat { ask(&ctl, server).unwrap_or_else(|e| fail(&format!("stat ({what}): {e}"))) };
+    get("warm-up");
+    std::thread::sleep(settle);
+    let before = get("before");
+
+    // N peers, each sends one message; all acknowledged; then idle.
+    let t0 = Instant::now();
+    let mut peers: Vec<Peer> =
+        (0..n).map(|i| peer(npaths, SocketAddr::new(IpAddr::V4(nth_addr(from, i)), port))).collect();
+    let mut buf = vec![0u8; size];
+    for p in &mut peers {
+        data(&mut buf, p.seq);
+        p.sock.send_to(&buf[..9], server).unwrap_or_else(|e| fail(&format!("send: {e}")));
+        p.seq += 1;
+    }
+    for p in &peers {
+        if !p.sock.flush(Duration::from_secs(60)) {
+            fail("a peer's first message was not acknowledged within 60 s");
+        }
+    }
+    let setup = t0.elapsed();
+    std::thread::sleep(settle);
+    let idle = get("idle");
+    let kb = |s: &Stat, k: &str| stat_u64(s, k) as f64;
+    let per_peer = |k: &str| (kb(&idle, k) - kb(&before, k)) / n as f64;
+    println!("R scale_peers {n}");
+    println!("R scale_npaths {npaths}");
+    println!("R scale_setup {:.2} s", setup.as_secs_f64());
+    println!("R scale_flows {}", stat_u64(&idle, "flows"));
+    println!("R scale_server_threads_before {}", stat_u64(&before, "threads"));
+    println!("R scale_server_threads {}", stat_u64(&idle, "threads"));
+    println!("R scale_server_tcp_conns {}", stat_u64(&idle, "tcp_conns"));
+    println!("R scale_server_conns {}", stat_u64(&idle, "conns"));
+    println!("R scale_server_paths_up {}", stat_u64(&idle, "paths_up"));
+    println!("R scale_rss_before {} kB", stat_u64(&before, "rss_kb"));
+    println!("R scale_rss_idle {} kB", stat_u64(&idle, "rss_kb"));
+    println!("R scale_pss_before {} kB", stat_u64(&before, "pss_kb"));
+    println!("R scale_pss_idle {} kB", stat_u64(&idle, "pss_kb"));
+    println!("R scale_rss_per_peer {:.1} KiB", per_peer("rss_kb"));
+    println!("R scale_pss_per_peer {:.1} KiB", per_peer("pss_kb"));
+
+    // Throughput: one active peer, then all, `rounds` times, after a
+    // warm-up of each (a quarter of the volume, not reported: the first
+    // bulk transfer on a connection is slower).
+    let mut sent = n as u64;
+    for active in [1, n] {
+        sent += blast(&mut peers[..active], server, size, total / 4, burst, &mut buf).1;
+    }
+    for r in 0..rounds {
+        for active in [1, n] {
+            let k = if active == 1 { "1" } else { "n" };
+            let (srv0, me0) = (stat_u64(&get("round"), "cpu_ms"), crate::proc::process_cpu_ms());
+            let (mbps, msgs, wall_ms) = blast(&mut peers[..active], server, size, total, burst, &mut buf);
+            let (srv1, me1) = (stat_u64(&get("round"), "cpu_ms"), crate::proc::process_cpu_ms());
+            sent += msgs;
+            let pct = |a: u64, b: u64| b.saturating_sub(a) as f64 * 100.0 / wall_ms.max(1) as f64;
+            println!("R scale_bw_{k} {mbps:.1} MB/sec");
+            // CPU of the serving node and of the peers' process over the
+            // round, in percent of one core.
+            println!("R scale_bw_{k}_server_cpu {:.0} %", pct(srv0, srv1));
+            println!("R scale_bw_{k}_peers_cpu {:.0} %", pct(me0, me1));
+            eprintln!("rds-scale: round {}: {active} active peer(s): {mbps:.1} MB/s", r + 1);
+        }
+    }
+    println!("R scale_msg_size {size}");
+    println!("R scale_burst {burst}");
+    println!("R scale_total {total}");
+    // Every message arrived once, in order: the serving node's count.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let mut last = get("after");
+    while stat_u64(&last, "msgs") < sent && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(100));
+        last = get("after");
+    }
+    let (got, dups, gaps) = (stat_u64(&last, "msgs"), stat_u64(&last, "dups"), stat_u64(&last, "gaps"));
+    println!("R scale_msgs_sent {sent}");
+    println!("R scale_msgs_received {got}");
+    println!("R scale_dups {dups}");
+    println!("R scale_gaps {gaps}");
+    if args.has("quit") {
+        let _ = request(&ctl, server, QUIT);
+    }
+    for p in &peers {
+        p.engine.shutdown(Duration::from_millis(100));
+    }
+    ctl_engine.shutdown(Duration::from_millis(100));
+    got == sent && dups == 0 && gaps == 0
+}
+
+/// Every peer of `peers` sends its share of `total` bytes in `size`
+/// messages to `server`, from this thread, round robin without blocking,
+/// up to `burst_max` messages to one peer before the next (poll when every
+/// socket is full); returns MB/s from the first send
+/// until everything is acknowledged, the messages sent and the time, ms.
+fn blast(
+    peers: &mut [Peer],
+    server: SocketAddr,
+    size: usize,
+    total: u64,
+    burst_max: u64,
+    buf: &mut [u8],
+) -> (f64, u64, u64) {
+    let per = (total / peers.len() as u64).div_ceil(size as u64).max(1);
+    let mut left: Vec<u64> = vec![per; peers.len()];
+    for p in peers.iter() {
+        p.sock.set_nonblocking(true).unwrap();
+    }
+    let t0 = Instant::now();
+    let deadline = t0 + Duration::from_secs(120);
+    let mut remaining = per * peers.len() as u64;
+    while remaining > 0 {
+        if Instant::now() > deadline {
+            fail("a throughput round took over 120 s");
+        }
+        let mut progressed = false;
+        for (p, l) in peers.iter_mut().zip(left.iter_mut()) {
+            let mut burst = 0;
+            while *l > 0 && burst < burst_max {
+                data(buf, p.seq);
+                match p.sock.send_to(&buf[..size], server) {
+                    Ok(_) => {
+                        p.seq += 1;
+                        *l -= 1;
+                        remaining -= 1;
+                        burst += 1;
+                        progressed = true;
+                    }
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock || e.raw_os_error() == Some(libc::ENOBUFS) => break,
+                    Err(e) => fail(&format!("send: {e}")),
+                }
+            }
+        }
+        if !progressed {
+            wait_writable(peers, &left);
+        }
+    }
+    for p in peers.iter() {
+        if !p.sock.flush(Duration::from_secs(60)) {
+            fail("not everything was acknowledged within 60 s");
+        }
+        p.sock.set_nonblocking(false).unwrap();
+    }
+    let secs = t0.elapsed().as_secs_f64();
+    let msgs = per * peers.len() as u64;
+    (msgs as f64 * size as f64 / secs / 1e6, msgs, (secs * 1e3) as u64)
+}
+
+/// Waits (at most 10 ms) until a socket with messages left is writable.
+fn wait_writable(peers: &[Peer], left: &[u64]) {
+    let mut fds: Vec<libc::pollfd> = peers
+        .iter()
+        .zip(left)
+        .filter(|(_, l)| **l > 0)
+        .map(|(p, _)| libc::pollfd { fd: p.sock.as_raw_fd(), events: libc::POLLOUT, revents: 0 })
+        .collect();
+    // SAFETY: fds is a valid array of fds.len() pollfd structs that poll
+    // may write revents into; it outlives the call.
+    unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 10) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_skip_network_and_broadcast_octets() {
+        let b = Ipv4Addr::new(127, 0, 1, 1);
+        assert_eq!(nth_addr(b, 0), Ipv4Addr::new(127, 0, 1, 1));
+        assert_eq!(nth_addr(b, 253), Ipv4Addr::new(127, 0, 1, 254));
+        assert_eq!(nth_addr(b, 254), Ipv4Addr::new(127, 0, 2, 1));
+        assert_eq!(nth_addr(b, 255), Ipv4Addr::new(127, 0, 2, 2));
+        let all: std::collections::HashSet<_> = (0..600).map(|i| nth_addr(b, i)).collect();
+        assert_eq!(all.len(), 600);
+        assert!(all.iter().all(|a| a.octets()[3] != 0 && a.octets()[3] != 255));
+    }
+}
