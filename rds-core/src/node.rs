@@ -204,6 +204,9 @@ pub(crate) struct Endpoint {
     pub rx_paused: HashMap<PathId, crate::recv::RxPause>,
     /// Sequence of `Output::RxFlow`.
     pub rx_flow_seq: u64,
+    /// The messages one ack releases (`Node::acked`), kept empty between
+    /// calls so that its capacity is reused.
+    pub acked: Vec<crate::message::QueuedMsg>,
 }
 
 impl Endpoint {
@@ -246,6 +249,7 @@ impl Node {
                 rx_held: 0,
                 rx_paused: HashMap::new(),
                 rx_flow_seq: 0,
+                acked: Vec::new(),
             },
             conns: ConnTable::default(),
             conn_index: HashMap::new(),

@@ -3,8 +3,6 @@
 use std::cmp::Ordering;
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr};
-use std::ops::Deref;
-use std::sync::Arc;
 
 /// A socket of a [`crate::Node`]. Carries a generation so that an id of a
 /// closed socket never names a later one.
@@ -83,76 +81,7 @@ pub const RDS_TRANS_NONE: u32 = !0;
 /// `RDS_TRANS_COUNT`: values at or above are invalid.
 pub const RDS_TRANS_COUNT: i32 = 3;
 
-/// A message payload, shared without copying between the send queue, the
-/// retransmit queue, a transport writing it, and (for loopback) the receiver.
-#[derive(Clone)]
-pub struct Payload(Repr);
-
-#[derive(Clone)]
-enum Repr {
-    /// One allocation: what a send copies the caller's bytes into.
-    Slice(Arc<[u8]>),
-    /// A buffer that was filled in place (a received message): kept as is.
-    Vec(Arc<Vec<u8>>),
-}
-
-impl Payload {
-    /// Takes ownership of a filled buffer (no copy).
-    pub fn new(v: Vec<u8>) -> Payload {
-        Payload(Repr::Vec(Arc::new(v)))
-    }
-
-    /// Copies `s` into a new payload (one allocation).
-    pub fn copy_from(s: &[u8]) -> Payload {
-        Payload(Repr::Slice(Arc::from(s)))
-    }
-
-    pub fn empty() -> Payload {
-        Payload::copy_from(&[])
-    }
-}
-
-impl Default for Payload {
-    fn default() -> Self {
-        Payload::empty()
-    }
-}
-
-impl Deref for Payload {
-    type Target = [u8];
-    fn deref(&self) -> &[u8] {
-        match &self.0 {
-            Repr::Slice(s) => s,
-            Repr::Vec(v) => v,
-        }
-    }
-}
-
-impl PartialEq for Payload {
-    fn eq(&self, other: &Payload) -> bool {
-        **self == **other
-    }
-}
-
-impl Eq for Payload {}
-
-impl AsRef<[u8]> for Payload {
-    fn as_ref(&self) -> &[u8] {
-        self
-    }
-}
-
-impl From<Vec<u8>> for Payload {
-    fn from(v: Vec<u8>) -> Payload {
-        Payload::new(v)
-    }
-}
-
-impl fmt::Debug for Payload {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Payload({} bytes)", self.len())
-    }
-}
+pub use crate::payload::Payload;
 
 /// A Linux errno value, as the kernel's RDS returns it.
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]

@@ -1,0 +1,601 @@
+//! Message payloads and the pool their buffers come back to.
+//!
+//! A [`Payload`] is shared without copying between a send queue, the
+//! retransmit queue, a transport writing it and (for loopback) the
+//! receiver. [`Payload::copy_from`] (what a `sendmsg` does with the
+//! caller's bytes) takes its buffer from a [`PayloadPool`]: when the last
+//! reference to the payload drops (the message was acked and the transport
+//! is done with it), the buffer, with the shared handle around it, goes
+//! back to the pool, and the next send reuses it. In the steady state of a
+//! stream a message costs no allocation at all.
+//!
+//! Buffers are kept by size class (powers of two from 64 bytes up to
+//! [`MAX_MSG_SIZE`]); a pooled payload's buffer is the class size, as the
+//! kernel gives a message whole pages. The pool is bounded in buffers and
+//! bytes: a buffer that would exceed either goes back to the allocator, so
+//! memory held idle stays below [`PayloadPool::max_bytes`]. The pool never
+//! decides anything the protocol does: the node stays deterministic.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::ops::Deref;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+
+use crate::wire::MAX_MSG_SIZE;
+
+/// The smallest class: payloads up to 64 bytes share it.
+const MIN_CLASS_SHIFT: u32 = 6;
+/// The largest class holds the largest message.
+const MAX_CLASS_SHIFT: u32 = MAX_MSG_SIZE.trailing_zeros();
+const CLASSES: usize = (MAX_CLASS_SHIFT - MIN_CLASS_SHIFT + 1) as usize;
+
+/// The global pool's bounds (see [`PayloadPool::global`]).
+pub const GLOBAL_POOL_BYTES: usize = 8 << 20;
+pub const GLOBAL_POOL_BUFFERS: usize = 4096;
+
+/// A message payload: immutable bytes behind a shared handle; cloning it
+/// copies no byte.
+#[derive(Clone, Default)]
+pub struct Payload(Option<Arc<Buf>>);
+
+/// A payload's bytes, and the pool they go back to.
+struct Buf {
+    data: Vec<u8>,
+    home: Option<Arc<Shared>>,
+}
+
+impl Payload {
+    /// Takes ownership of a filled buffer (no copy; it does not go to a
+    /// pool when dropped).
+    pub fn new(v: Vec<u8>) -> Payload {
+        if v.is_empty() {
+            return Payload(None);
+        }
+        Payload(Some(Arc::new(Buf { data: v, home: None })))
+    }
+
+    /// Copies `s` into a payload whose buffer comes from the global pool
+    /// ([`PayloadPool::global`]): no allocation once the pool holds a
+    /// buffer of the size class.
+    pub fn copy_from(s: &[u8]) -> Payload {
+        PayloadPool::global().copy_from(s)
+    }
+
+    /// The empty payload (no allocation).
+    pub fn empty() -> Payload {
+        Payload(None)
+    }
+
+    /// Whether two payloads share one buffer (a clone, not a copy).
+    pub fn same_buffer(&self, other: &Payload) -> bool {
+        match (&self.0, &other.0) {
+            (Some(a), Some(b)) => Arc::ptr_eq(a, b),
+            _ => false,
+        }
+    }
+}
+
+impl Drop for Payload {
+    fn drop(&mut self) {
+        let Some(buf) = self.0.take() else { return };
+        // Only the last reference gives the buffer back: no other clone
+        // exists (and none can appear, as this is the last handle; no weak
+        // handle is ever made). Two clones dropped at once on two threads
+        // may both see the other: the buffer is then freed, never shared.
+        if buf.home.is_some() && Arc::strong_count(&buf) == 1 {
+            give_back(buf);
+        }
+    }
+}
+
+impl Deref for Payload {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match &self.0 {
+            Some(b) => &b.data,
+            None => &[],
+        }
+    }
+}
+
+impl PartialEq for Payload {
+    fn eq(&self, other: &Payload) -> bool {
+        **self == **other
+    }
+}
+
+impl Eq for Payload {}
+
+impl AsRef<[u8]> for Payload {
+    fn as_ref(&self) -> &[u8] {
+        self
+    }
+}
+
+impl From<Vec<u8>> for Payload {
+    fn from(v: Vec<u8>) -> Payload {
+        Payload::new(v)
+    }
+}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Payload({} bytes)", self.len())
+    }
+}
+
+/// Buffers for [`Payload`]s, reused when the last reference to a payload
+/// drops. Cloning the pool shares it.
+#[derive(Clone)]
+pub struct PayloadPool(Arc<Shared>);
+
+/// Free buffers a thread keeps of one pool in front of its shared lists
+/// (the global pool only, see [`PayloadPool::with_thread_cache`]), at most
+/// this many and this many bytes; they move to and from the shared lists
+/// [`BATCH`] at a time.
+pub const THREAD_CACHE_BUFFERS: usize = 64;
+pub const THREAD_CACHE_BYTES: usize = 1 << 20;
+const BATCH: usize = 16;
+
+struct Shared {
+    max_bytes: usize,
+    max_buffers: usize,
+    /// Whether threads keep a cache of this pool's buffers.
+    thread_cache: bool,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    lists: Lists,
+    stats: PoolStats,
+}
+
+/// Free buffers by class (each with capacity `64 << class`), each the only
+/// handle to its `Buf`, with their count and bytes.
+#[derive(Default)]
+struct Lists {
+    free: [Vec<Arc<Buf>>; CLASSES],
+    buffers: usize,
+    bytes: usize,
+}
+
+impl Lists {
+    fn pop(&mut self, class: usize) -> Option<Arc<Buf>> {
+        let b = self.free[class].pop()?;
+        self.buffers -= 1;
+        self.bytes -= class_size(class);
+        Some(b)
+    }
+
+    /// Keeps `buf` (of `class`) if that stays within `max` buffers and
+    /// bytes; else hands it back.
+    fn push(&mut self, buf: Arc<Buf>, class: usize, max: (usize, usize)) -> Result<(), Arc<Buf>> {
+        let size = class_size(class);
+        if self.buffers >= max.0 || self.bytes + size > max.1 {
+            return Err(buf);
+        }
+        self.buffers += 1;
+        self.bytes += size;
+        self.free[class].push(buf);
+        Ok(())
+    }
+}
+
+/// A thread's cache of one pool's buffers (the first pool with a thread
+/// cache that the thread used).
+#[derive(Default)]
+struct ThreadCache {
+    pool: Option<Arc<Shared>>,
+    lists: Lists,
+}
+
+impl ThreadCache {
+    fn serves(&self, pool: &Arc<Shared>) -> bool {
+        self.pool.as_ref().is_some_and(|p| Arc::ptr_eq(p, pool))
+    }
+}
+
+impl Drop for ThreadCache {
+    /// A thread that ends gives its buffers to the shared lists.
+    fn drop(&mut self) {
+        let Some(pool) = self.pool.take() else { return };
+        let mut st = pool.lock();
+        for class in 0..CLASSES {
+            while let Some(b) = self.lists.pop(class) {
+                pool.keep(&mut st, b, class);
+            }
+        }
+    }
+}
+
+thread_local! {
+    static CACHE: RefCell<ThreadCache> = RefCell::new(ThreadCache::default());
+}
+
+/// What a pool's shared lists did (a thread's cache counts nothing), for
+/// tests and introspection.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PoolStats {
+    /// Free buffers the shared lists hold now, and their bytes (capacity).
+    pub buffers: usize,
+    pub bytes: usize,
+    /// Payloads made from a free buffer, and from a new allocation.
+    pub reused: u64,
+    pub allocated: u64,
+    /// Buffers that came back and were kept, or freed (the pool was full).
+    pub returned: u64,
+    pub discarded: u64,
+}
+
+/// The class of a payload of `len` bytes (1..=MAX_MSG_SIZE).
+fn class_of(len: usize) -> usize {
+    let shift = len.next_power_of_two().trailing_zeros().max(MIN_CLASS_SHIFT);
+    (shift - MIN_CLASS_SHIFT) as usize
+}
+
+fn class_size(class: usize) -> usize {
+    1 << (class as u32 + MIN_CLASS_SHIFT)
+}
+
+impl PayloadPool {
+    /// A pool keeping at most `max_buffers` free buffers of at most
+    /// `max_bytes` in all, without thread caches: every payload made and
+    /// every buffer given back takes its lock.
+    pub fn new(max_bytes: usize, max_buffers: usize) -> PayloadPool {
+        PayloadPool::build(max_bytes, max_buffers, false)
+    }
+
+    /// A pool as [`PayloadPool::new`] in front of which each thread keeps
+    /// up to [`THREAD_CACHE_BUFFERS`] free buffers ([`THREAD_CACHE_BYTES`]),
+    /// taken and given back without a lock, so that a thread that both
+    /// sends and drops payloads never takes it. Only the first such pool a
+    /// thread uses is cached on that thread. Memory held idle is then at
+    /// most the pool's bounds plus a cache per thread.
+    pub fn with_thread_cache(max_bytes: usize, max_buffers: usize) -> PayloadPool {
+        PayloadPool::build(max_bytes, max_buffers, true)
+    }
+
+    fn build(max_bytes: usize, max_buffers: usize, thread_cache: bool) -> PayloadPool {
+        let state = Mutex::new(State::default());
+        PayloadPool(Arc::new(Shared { max_bytes, max_buffers, thread_cache, state }))
+    }
+
+    /// The process's pool, which [`Payload::copy_from`] uses: at most
+    /// [`GLOBAL_POOL_BUFFERS`] free buffers, [`GLOBAL_POOL_BYTES`] bytes,
+    /// with thread caches.
+    pub fn global() -> &'static PayloadPool {
+        static GLOBAL: OnceLock<PayloadPool> = OnceLock::new();
+        GLOBAL.get_or_init(|| PayloadPool::with_thread_cache(GLOBAL_POOL_BYTES, GLOBAL_POOL_BUFFERS))
+    }
+
+    pub fn max_bytes(&self) -> usize {
+        self.0.max_bytes
+    }
+
+    pub fn max_buffers(&self) -> usize {
+        self.0.max_buffers
+    }
+
+    /// Copies `s` into a payload with a buffer of this pool (a free one of
+    /// its class if there is one). Payloads larger than the largest message
+    /// get a buffer of their own that does not come back.
+    pub fn copy_from(&self, s: &[u8]) -> Payload {
+        if s.is_empty() {
+            return Payload(None);
+        }
+        if s.len() > MAX_MSG_SIZE {
+            return Payload::new(s.to_vec());
+        }
+        let class = class_of(s.len());
+        if let Some(mut buf) = self.take(class) {
+            // The pool held the only handle: `get_mut` also orders this
+            // write after the last reader's drop.
+            if let Some(b) = Arc::get_mut(&mut buf) {
+                b.data.clear();
+                b.data.extend_from_slice(s);
+                return Payload(Some(buf));
+            }
+        }
+        let mut data = Vec::with_capacity(class_size(class));
+        data.extend_from_slice(s);
+        Payload(Some(Arc::new(Buf { data, home: Some(self.0.clone()) })))
+    }
+
+    /// A free buffer of `class`: from this thread's cache, else from the
+    /// shared lists (which refill the cache with up to a batch).
+    fn take(&self, class: usize) -> Option<Arc<Buf>> {
+        let pool = &self.0;
+        if pool.thread_cache {
+            let got = CACHE.try_with(|c| {
+                let mut c = c.borrow_mut();
+                if c.pool.is_none() {
+                    c.pool = Some(pool.clone());
+                }
+                if !c.serves(pool) {
+                    return None;
+                }
+                if let Some(b) = c.lists.pop(class) {
+                    return Some(Some(b));
+                }
+                let mut st = pool.lock();
+                let b = st.lists.pop(class);
+                st.count_take(b.is_some());
+                for _ in 1..BATCH {
+                    let Some(more) = st.lists.pop(class) else { break };
+                    if let Err(more) = c.lists.push(more, class, (THREAD_CACHE_BUFFERS, THREAD_CACHE_BYTES)) {
+                        pool.keep(&mut st, more, class);
+                        break;
+                    }
+                }
+                Some(b)
+            });
+            if let Ok(Some(b)) = got {
+                return b;
+            }
+        }
+        let mut st = pool.lock();
+        let b = st.lists.pop(class);
+        st.count_take(b.is_some());
+        b
+    }
+
+    /// What the pool's shared lists did so far, and what they hold.
+    pub fn stats(&self) -> PoolStats {
+        let st = self.0.lock();
+        PoolStats { buffers: st.lists.buffers, bytes: st.lists.bytes, ..st.stats }
+    }
+}
+
+impl fmt::Debug for PayloadPool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "PayloadPool({:?})", self.stats())
+    }
+}
+
+impl State {
+    fn count_take(&mut self, reused: bool) {
+        if reused {
+            self.stats.reused += 1;
+        } else {
+            self.stats.allocated += 1;
+        }
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic while the lock was held left the lists consistent (every
+        // change under it is a push or a pop with its counts).
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Keeps `buf` in the shared lists unless they are full (then it is
+    /// freed).
+    fn keep(&self, st: &mut State, buf: Arc<Buf>, class: usize) {
+        match st.lists.push(buf, class, (self.max_buffers, self.max_bytes)) {
+            Ok(()) => st.stats.returned += 1,
+            Err(_) => st.stats.discarded += 1,
+        }
+    }
+}
+
+/// Takes back the buffer of a payload whose last reference dropped (`buf`
+/// is its only handle): to this thread's cache, or when it is full (with a
+/// batch of the cache's buffers of that class) to the shared lists, unless
+/// they are full too.
+fn give_back(buf: Arc<Buf>) {
+    let Some(thread_cache) = buf.home.as_ref().map(|h| h.thread_cache) else { return };
+    let cap = buf.data.capacity();
+    // Only buffers of exactly a class size came from a pool.
+    let class = class_of(cap);
+    if class_size(class) != cap {
+        return;
+    }
+    let buf = if thread_cache {
+        let r = CACHE.try_with(|c| {
+            let mut c = c.borrow_mut();
+            let home = buf.home.as_ref().expect("checked above");
+            if c.pool.is_none() {
+                c.pool = Some(home.clone());
+            }
+            if !c.serves(home) {
+                return Some(buf);
+            }
+            let Err(buf) = c.lists.push(buf, class, (THREAD_CACHE_BUFFERS, THREAD_CACHE_BYTES)) else {
+                return None;
+            };
+            let home = buf.home.clone().expect("checked above");
+            let mut st = home.lock();
+            home.keep(&mut st, buf, class);
+            for _ in 1..BATCH {
+                let Some(b) = c.lists.pop(class) else { break };
+                home.keep(&mut st, b, class);
+            }
+            None
+        });
+        match r {
+            Ok(None) => return,
+            Ok(Some(buf)) => buf,
+            // The thread is ending and its cache is gone.
+            Err(_) => return,
+        }
+    } else {
+        buf
+    };
+    let home = buf.home.clone().expect("checked above");
+    let mut st = home.lock();
+    home.keep(&mut st, buf, class);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_dropped_payload_buffer_is_reused_with_the_new_bytes() {
+        let pool = PayloadPool::new(1 << 20, 16);
+        let a = pool.copy_from(&[1u8; 100]);
+        let ptr = a.as_ptr();
+        drop(a);
+        assert_eq!(pool.stats().buffers, 1);
+        assert_eq!(pool.stats().bytes, 128);
+        // A shorter payload of the same class gets the same buffer, with
+        // exactly its bytes (nothing of the previous one).
+        let b = pool.copy_from(&[2u8; 70]);
+        assert_eq!(b.as_ptr(), ptr);
+        assert_eq!(&*b, &[2u8; 70][..]);
+        let s = pool.stats();
+        assert_eq!((s.reused, s.allocated, s.returned, s.buffers, s.bytes), (1, 1, 1, 0, 0));
+    }
+
+    #[test]
+    fn a_buffer_comes_back_only_when_the_last_clone_drops() {
+        let pool = PayloadPool::new(1 << 20, 16);
+        let a = pool.copy_from(b"hello");
+        let b = a.clone();
+        assert!(a.same_buffer(&b));
+        drop(a);
+        assert_eq!(pool.stats().buffers, 0, "a clone still reads it");
+        // A new payload must not get the buffer the clone still reads.
+        let c = pool.copy_from(b"world");
+        assert!(!c.same_buffer(&b));
+        assert_eq!(&*b, b"hello");
+        assert_eq!(&*c, b"world");
+        drop(b);
+        assert_eq!(pool.stats().buffers, 1);
+        drop(c);
+        assert_eq!(pool.stats().buffers, 2);
+        assert_eq!(pool.stats().returned, 2);
+    }
+
+    #[test]
+    fn classes_are_kept_apart() {
+        let pool = PayloadPool::new(1 << 20, 16);
+        drop(pool.copy_from(&[0u8; 64]));
+        drop(pool.copy_from(&[0u8; 65]));
+        drop(pool.copy_from(&[0u8; 4096]));
+        let s = pool.stats();
+        assert_eq!((s.buffers, s.bytes), (3, 64 + 128 + 4096));
+        // 1..=64 bytes take the 64-byte buffer, 4000 the 4 KiB one.
+        let small = pool.copy_from(&[1u8; 1]);
+        let big = pool.copy_from(&[2u8; 4000]);
+        assert_eq!((small.len(), big.len()), (1, 4000));
+        let s = pool.stats();
+        assert_eq!((s.buffers, s.bytes, s.reused, s.allocated), (1, 128, 2, 3));
+    }
+
+    #[test]
+    fn the_pool_is_bounded_in_buffers_and_bytes() {
+        let pool = PayloadPool::new(1 << 20, 4);
+        let many: Vec<Payload> = (0..10u8).map(|i| pool.copy_from(&[i; 10])).collect();
+        drop(many);
+        let s = pool.stats();
+        assert_eq!((s.buffers, s.returned, s.discarded), (4, 4, 6));
+
+        let pool = PayloadPool::new(3 * 4096, 100);
+        let many: Vec<Payload> = (0..5u8).map(|i| pool.copy_from(&[i; 4096])).collect();
+        drop(many);
+        let s = pool.stats();
+        assert_eq!((s.buffers, s.bytes, s.discarded), (3, 3 * 4096, 2));
+    }
+
+    #[test]
+    fn empty_and_oversized_payloads_never_touch_the_pool() {
+        let pool = PayloadPool::new(8 << 20, 16);
+        let e = pool.copy_from(&[]);
+        assert!(e.is_empty());
+        assert_eq!(e, Payload::empty());
+        let huge = pool.copy_from(&vec![7u8; MAX_MSG_SIZE + 1]);
+        assert_eq!(huge.len(), MAX_MSG_SIZE + 1);
+        drop((e, huge));
+        let s = pool.stats();
+        assert_eq!((s.buffers, s.reused, s.allocated), (0, 0, 0));
+        // The largest message is pooled.
+        drop(pool.copy_from(&vec![1u8; MAX_MSG_SIZE]));
+        assert_eq!(pool.stats().bytes, MAX_MSG_SIZE);
+    }
+
+    #[test]
+    fn owned_buffers_are_not_pooled() {
+        let pool = PayloadPool::new(1 << 20, 16);
+        let p = Payload::new(vec![3u8; 64]);
+        assert_eq!(&*p, &[3u8; 64][..]);
+        drop(p);
+        assert_eq!(pool.stats(), PoolStats::default());
+        assert_eq!(Payload::new(Vec::new()), Payload::empty());
+    }
+
+    #[test]
+    fn payloads_dropped_on_other_threads_come_back_intact() {
+        let pool = PayloadPool::new(1 << 20, 64);
+        for round in 0..50u8 {
+            let ps: Vec<Payload> = (0..8u8).map(|i| pool.copy_from(&[round ^ i; 200])).collect();
+            let clones = ps.clone();
+            let t = std::thread::spawn(move || {
+                for (i, p) in clones.iter().enumerate() {
+                    assert!(p.iter().all(|b| *b == round ^ i as u8), "a reused buffer changed under a reader");
+                }
+                drop(clones);
+            });
+            drop(ps);
+            t.join().unwrap();
+        }
+        let s = pool.stats();
+        // Every buffer came back or was freed, none twice: what the pool
+        // holds is what came back minus what was reused.
+        assert_eq!(s.reused + s.allocated, 400);
+        assert!(s.returned + s.discarded <= 400, "{s:?}");
+        assert_eq!(s.buffers as u64, s.returned - s.reused);
+        assert!(s.buffers <= 8, "at most one round's buffers are free: {s:?}");
+    }
+
+    #[test]
+    fn a_thread_reuses_its_own_buffers_without_the_shared_lists() {
+        let pool = PayloadPool::with_thread_cache(1 << 20, 16);
+        // Each test runs on a thread of its own: this pool is the first
+        // with a thread cache that the thread uses.
+        let a = pool.copy_from(&[1u8; 64]);
+        let ptr = a.as_ptr();
+        drop(a);
+        let b = pool.copy_from(&[2u8; 10]);
+        assert_eq!(b.as_ptr(), ptr, "the thread's cache gave the buffer back");
+        assert_eq!(&*b, &[2u8; 10][..]);
+        let s = pool.stats();
+        assert_eq!((s.allocated, s.reused, s.returned, s.buffers), (1, 0, 0, 0), "{s:?}");
+        // A second pool with a cache is not cached on this thread.
+        let other = PayloadPool::with_thread_cache(1 << 20, 16);
+        drop(other.copy_from(b"x"));
+        assert_eq!(other.stats().buffers, 1);
+    }
+
+    #[test]
+    fn a_full_thread_cache_spills_to_the_shared_lists_and_an_ending_thread_gives_all_back() {
+        let pool = PayloadPool::with_thread_cache(8 << 20, 1000);
+        let p = pool.clone();
+        let n = THREAD_CACHE_BUFFERS + 10;
+        std::thread::spawn(move || {
+            let many: Vec<Payload> = (0..n).map(|i| p.copy_from(&[i as u8; 100])).collect();
+            drop(many);
+            let s = p.stats();
+            // The cache held THREAD_CACHE_BUFFERS; the rest spilled in
+            // batches (the overflowing buffer and up to BATCH - 1 more).
+            assert!(s.buffers >= n - THREAD_CACHE_BUFFERS && s.buffers < n, "{s:?}");
+        })
+        .join()
+        .unwrap();
+        let s = pool.stats();
+        assert_eq!((s.buffers, s.returned, s.discarded, s.allocated), (n, n as u64, 0, n as u64), "{s:?}");
+        // Another thread takes them from the shared lists, a batch at a time.
+        let p = pool.clone();
+        std::thread::spawn(move || {
+            let again: Vec<Payload> = (0..n).map(|i| p.copy_from(&[i as u8; 128])).collect();
+            assert!(again.iter().enumerate().all(|(i, m)| m.len() == 128 && m.iter().all(|b| *b == i as u8)));
+            let s = p.stats();
+            assert_eq!((s.allocated, s.buffers), (n as u64, 0), "{s:?}");
+            assert!(s.reused < n as u64, "batches, not a lock per payload: {s:?}");
+        })
+        .join()
+        .unwrap();
+    }
+}
