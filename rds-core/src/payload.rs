@@ -134,7 +134,7 @@ pub struct PayloadPool(Arc<Shared>);
 /// this many and this many bytes; they move to and from the shared lists
 /// [`BATCH`] at a time.
 pub const THREAD_CACHE_BUFFERS: usize = 64;
-pub const THREAD_CACHE_BYTES: usize = 1 << 20;
+pub const THREAD_CACHE_BYTES: usize = 256 << 10;
 const BATCH: usize = 16;
 
 struct Shared {
