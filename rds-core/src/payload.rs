@@ -45,13 +45,12 @@ struct Buf {
 }
 
 impl Payload {
-    /// Takes ownership of a filled buffer (no copy; it does not go to a
-    /// pool when dropped).
+    /// Takes ownership of a filled buffer (no copy), as
+    /// [`PayloadPool::adopt`] of the global pool: a buffer from
+    /// [`PayloadPool::take_vec`] goes back to the pool when the payload's
+    /// last reference drops.
     pub fn new(v: Vec<u8>) -> Payload {
-        if v.is_empty() {
-            return Payload(None);
-        }
-        Payload(Some(Arc::new(Buf { data: v, home: None })))
+        PayloadPool::global().adopt(v)
     }
 
     /// Copies `s` into a payload whose buffer comes from the global pool
@@ -152,15 +151,25 @@ struct State {
 }
 
 /// Free buffers by class (each with capacity `64 << class`), each the only
-/// handle to its `Buf`, with their count and bytes.
+/// handle to its `Buf`, with their count and bytes; and shells: `Buf`s
+/// whose buffer [`PayloadPool::take_vec`] lent out, each the only handle
+/// too, for [`PayloadPool::adopt`] to wrap a buffer in without allocating.
 #[derive(Default)]
 struct Lists {
     free: [Vec<Arc<Buf>>; CLASSES],
     buffers: usize,
     bytes: usize,
+    shells: Vec<Arc<Buf>>,
 }
 
 impl Lists {
+    /// Keeps an empty shell if fewer than `max` are kept (else drops it).
+    fn keep_shell(&mut self, shell: Arc<Buf>, max: usize) {
+        if self.shells.len() < max {
+            self.shells.push(shell);
+        }
+    }
+
     fn pop(&mut self, class: usize) -> Option<Arc<Buf>> {
         let b = self.free[class].pop()?;
         self.buffers -= 1;
@@ -226,6 +235,8 @@ pub struct PoolStats {
     /// Buffers that came back and were kept, or freed (the pool was full).
     pub returned: u64,
     pub discarded: u64,
+    /// Shells (see [`PayloadPool::adopt`]) the shared lists hold now.
+    pub shells: usize,
 }
 
 /// The class of a payload of `len` bytes (1..=MAX_MSG_SIZE).
@@ -302,6 +313,80 @@ impl PayloadPool {
         Payload(Some(Arc::new(Buf { data, home: Some(self.0.clone()) })))
     }
 
+    /// An empty buffer with room for `len` bytes, from the pool: for a
+    /// transport that fills a message in place (the TCP framing does) and
+    /// then hands it to [`PayloadPool::adopt`] (or [`Payload::new`]). Its
+    /// capacity is the class size (`len` rounded up to a power of two, at
+    /// least 64), so it comes back to the pool with the payload.
+    pub fn take_vec(&self, len: usize) -> Vec<u8> {
+        if len == 0 || len > MAX_MSG_SIZE {
+            return Vec::with_capacity(len);
+        }
+        let class = class_of(len);
+        if let Some(mut buf) = self.take(class) {
+            if let Some(b) = Arc::get_mut(&mut buf) {
+                let mut data = std::mem::take(&mut b.data);
+                data.clear();
+                self.keep_shell(buf);
+                return data;
+            }
+        }
+        Vec::with_capacity(class_size(class))
+    }
+
+    /// Wraps a filled buffer in a payload (no copy), in a shell that
+    /// [`PayloadPool::take_vec`] left if there is one (no allocation). If
+    /// the buffer's capacity is a class size it comes back to this pool
+    /// when the payload's last reference drops.
+    pub fn adopt(&self, v: Vec<u8>) -> Payload {
+        if v.is_empty() {
+            return Payload(None);
+        }
+        if let Some(mut shell) = self.take_shell() {
+            if let Some(b) = Arc::get_mut(&mut shell) {
+                b.data = v;
+                return Payload(Some(shell));
+            }
+        }
+        Payload(Some(Arc::new(Buf { data: v, home: Some(self.0.clone()) })))
+    }
+
+    /// Keeps a shell: in this thread's cache, else in the shared lists.
+    fn keep_shell(&self, shell: Arc<Buf>) {
+        let pool = &self.0;
+        let shell = if pool.thread_cache {
+            let r = CACHE.try_with(|c| {
+                let mut c = c.borrow_mut();
+                if !c.serves(pool) {
+                    return Some(shell);
+                }
+                c.lists.keep_shell(shell, THREAD_CACHE_BUFFERS);
+                None
+            });
+            match r {
+                Ok(Some(shell)) => shell,
+                _ => return,
+            }
+        } else {
+            shell
+        };
+        pool.lock().lists.keep_shell(shell, pool.max_buffers);
+    }
+
+    fn take_shell(&self) -> Option<Arc<Buf>> {
+        let pool = &self.0;
+        if pool.thread_cache {
+            let got = CACHE.try_with(|c| {
+                let mut c = c.borrow_mut();
+                c.serves(pool).then(|| c.lists.shells.pop())
+            });
+            if let Ok(Some(shell)) = got {
+                return shell;
+            }
+        }
+        pool.lock().lists.shells.pop()
+    }
+
     /// A free buffer of `class`: from this thread's cache, else from the
     /// shared lists (which refill the cache with up to a batch).
     fn take(&self, class: usize) -> Option<Arc<Buf>> {
@@ -343,7 +428,7 @@ impl PayloadPool {
     /// What the pool's shared lists did so far, and what they hold.
     pub fn stats(&self) -> PoolStats {
         let st = self.0.lock();
-        PoolStats { buffers: st.lists.buffers, bytes: st.lists.bytes, ..st.stats }
+        PoolStats { buffers: st.lists.buffers, bytes: st.lists.bytes, shells: st.lists.shells.len(), ..st.stats }
     }
 }
 
@@ -517,13 +602,54 @@ mod tests {
     }
 
     #[test]
-    fn owned_buffers_are_not_pooled() {
+    fn adopted_buffers_come_back_only_with_a_class_size() {
         let pool = PayloadPool::new(1 << 20, 16);
-        let p = Payload::new(vec![3u8; 64]);
-        assert_eq!(&*p, &[3u8; 64][..]);
+        let mut odd = vec![3u8; 65];
+        odd.shrink_to_fit();
+        assert_eq!(odd.capacity(), 65);
+        let p = pool.adopt(odd);
+        assert_eq!(&*p, &[3u8; 65][..]);
         drop(p);
-        assert_eq!(pool.stats(), PoolStats::default());
-        assert_eq!(Payload::new(Vec::new()), Payload::empty());
+        assert_eq!(pool.stats().buffers, 0, "65 bytes of capacity is no class: freed");
+        let mut exact = Vec::with_capacity(256);
+        exact.extend_from_slice(&[5u8; 200]);
+        let p = pool.adopt(exact);
+        assert_eq!(&*p, &[5u8; 200][..]);
+        drop(p);
+        let s = pool.stats();
+        assert_eq!((s.buffers, s.bytes), (1, 256));
+        assert_eq!(pool.adopt(Vec::new()), Payload::empty());
+    }
+
+    #[test]
+    fn a_buffer_filled_in_place_goes_round_without_allocating() {
+        let pool = PayloadPool::new(1 << 20, 16);
+        // The first round allocates the buffer and its shell.
+        let mut v = pool.take_vec(100);
+        assert_eq!((v.len(), v.capacity()), (0, 128));
+        let ptr = v.as_ptr();
+        v.extend_from_slice(&[1u8; 100]);
+        let p = pool.adopt(v);
+        assert_eq!(&*p, &[1u8; 100][..]);
+        drop(p);
+        let s = pool.stats();
+        assert_eq!((s.buffers, s.shells, s.allocated), (1, 0, 1));
+        // The next takes that buffer (its shell waits) and adopting the
+        // filled buffer takes the shell: nothing allocated.
+        let mut v = pool.take_vec(128);
+        assert_eq!(v.as_ptr(), ptr);
+        assert!(v.is_empty(), "a lent buffer is empty");
+        assert_eq!(pool.stats().shells, 1);
+        v.extend_from_slice(&[2u8; 128]);
+        let p = pool.adopt(v);
+        assert_eq!(pool.stats().shells, 0);
+        assert_eq!(&*p, &[2u8; 128][..]);
+        drop(p);
+        let s = pool.stats();
+        assert_eq!((s.buffers, s.shells, s.allocated, s.reused), (1, 0, 1, 1));
+        // Sizes beyond a message are plain vectors.
+        assert_eq!(pool.take_vec(MAX_MSG_SIZE + 1).capacity(), MAX_MSG_SIZE + 1);
+        assert_eq!(pool.take_vec(0).capacity(), 0);
     }
 
     #[test]
@@ -552,9 +678,13 @@ mod tests {
 
     #[test]
     fn a_thread_reuses_its_own_buffers_without_the_shared_lists() {
+        // A thread of its own: this pool is the first with a thread cache
+        // that the thread uses.
+        std::thread::spawn(thread_reuses_its_own_buffers).join().unwrap();
+    }
+
+    fn thread_reuses_its_own_buffers() {
         let pool = PayloadPool::with_thread_cache(1 << 20, 16);
-        // Each test runs on a thread of its own: this pool is the first
-        // with a thread cache that the thread uses.
         let a = pool.copy_from(&[1u8; 64]);
         let ptr = a.as_ptr();
         drop(a);
