@@ -30,7 +30,8 @@
 //!   a handle until the device is done with it);
 //! * [`payload`]: [`Payload`], a message's bytes shared without copying,
 //!   and [`PayloadPool`], which takes a payload's buffer back when its last
-//!   reference drops, so that a send in the steady state allocates nothing;
+//!   reference drops, so that neither a send (`Payload::copy_from`) nor a
+//!   message read by the TCP framing allocates in the steady state;
 //! * [`info`]: snapshots of connections, paths, sockets, queues and
 //!   counters (what the kernel's `RDS_INFO_*` options report).
 //!

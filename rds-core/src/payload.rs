@@ -6,8 +6,17 @@
 //! caller's bytes) takes its buffer from a [`PayloadPool`]: when the last
 //! reference to the payload drops (the message was acked and the transport
 //! is done with it), the buffer, with the shared handle around it, goes
-//! back to the pool, and the next send reuses it. In the steady state of a
-//! stream a message costs no allocation at all.
+//! back to the pool, and the next send reuses it. On the receive side the
+//! TCP framing (`wire::FrameDecoder`) reads a payload into a buffer the
+//! pool lends ([`PayloadPool::take_vec`]) and [`Payload::new`] wraps it in
+//! a handle the lending left behind ([`PayloadPool::adopt`]). In the
+//! steady state of a stream a message costs no allocation at all.
+//!
+//! Each thread keeps a small cache of free buffers in front of the pool's
+//! shared lists ([`PayloadPool::with_thread_cache`]; the global pool
+//! does), so a thread that sends and drops payloads takes no lock; a
+//! thread that only drops them (a reactor, a receiving application) hands
+//! them on in batches.
 //!
 //! Buffers are kept by size class (powers of two from 64 bytes up to
 //! [`MAX_MSG_SIZE`]); a pooled payload's buffer is the class size, as the
@@ -131,7 +140,7 @@ pub struct PayloadPool(Arc<Shared>);
 /// Free buffers a thread keeps of one pool in front of its shared lists
 /// (the global pool only, see [`PayloadPool::with_thread_cache`]), at most
 /// this many and this many bytes; they move to and from the shared lists
-/// [`BATCH`] at a time.
+/// 16 at a time (`BATCH`).
 pub const THREAD_CACHE_BUFFERS: usize = 64;
 pub const THREAD_CACHE_BYTES: usize = 256 << 10;
 const BATCH: usize = 16;
