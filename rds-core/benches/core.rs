@@ -20,7 +20,11 @@
 //! allocations can be named.
 //!
 //! `cargo bench -p rds-core` (under a minute); `-- --save-baseline NAME`
-//! and `-- --baseline NAME` compare against an earlier run.
+//! and `-- --baseline NAME` compare against an earlier run. On a loaded
+//! machine, count instructions instead (see [`fixed_steps`]):
+//! `RDS_CORE_BENCH_STEPS=20000 RDS_CORE_BENCH_CASE=stream/64 valgrind
+//! --tool=cachegrind --cache-sim=no target/release/deps/core-*`, less the
+//! same with 0 steps, over 20000 messages.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::HashMap;
@@ -29,7 +33,7 @@ use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
 use rds_core::driver;
 use rds_core::{
     Node, NodeConfig, Output, PathId, Payload, Received, RxMessage, SendOptions, SockId, SockOpt, TransportKind,
@@ -262,5 +266,37 @@ fn bench(c: &mut Criterion) {
     }
 }
 
+/// `RDS_CORE_BENCH_STEPS=N [RDS_CORE_BENCH_CASE=stream/64]`: no
+/// criterion, `N` steps of each case (or of the one named) after the
+/// warm-up, for a count of instructions that the machine's load does not
+/// change: `valgrind --tool=cachegrind --cache-sim=no` of two runs, with N
+/// and with 0 steps; the difference over the messages sent is the
+/// instructions per message.
+fn fixed_steps(steps: usize, case: Option<&str>) {
+    for (name, n) in [("stream", 1), ("batch16", BATCH)] {
+        for size in SIZES {
+            if case.is_some_and(|c| c != format!("{name}/{size}")) {
+                continue;
+            }
+            let mut pair = Pair::new(size);
+            for _ in 0..1000 {
+                pair.step(n);
+            }
+            for _ in 0..steps {
+                pair.step(n);
+            }
+            println!("{name}/{size}: {} messages after the warm-up", steps * n);
+        }
+    }
+}
+
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    if let Some(steps) = std::env::var("RDS_CORE_BENCH_STEPS").ok().and_then(|s| s.parse().ok()) {
+        fixed_steps(steps, std::env::var("RDS_CORE_BENCH_CASE").ok().as_deref());
+        return;
+    }
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+}

@@ -6,14 +6,13 @@
 //! congested and is sent to peers; a peer's map (received in a
 //! congestion-map message) says which of its ports we must not send to.
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 
 use crate::message::RxMessage;
 use crate::node::{HandshakeExts, Node};
 use crate::recv::RecvOutcome;
 use crate::sock::Sock;
-use crate::types::{ConnId, PathId, SockId, TransportKind};
+use crate::types::{ConnId, FastMap, PathId, SockId, TransportKind};
 use crate::wire::{CONG_MAP_BYTES, Ext, Header, PROBE_PORT, WireError};
 
 /// The node's congestion state (`net/rds/cong.c`): one map per address,
@@ -25,11 +24,11 @@ use crate::wire::{CONG_MAP_BYTES, Ext, Header, PROBE_PORT, WireError};
 pub(crate) struct Congestion {
     /// Congestion maps by address: ours (maintained by our sockets) and
     /// peers' (from their updates).
-    pub maps: HashMap<IpAddr, CongMap>,
+    pub maps: FastMap<IpAddr, CongMap>,
     /// `HandshakeExts::Full` map versions: for our addresses (our
     /// generation, last version sent), for peers' (their generation, last
     /// version applied). See `Node::map_header`.
-    pub versions: HashMap<IpAddr, (u32, u64)>,
+    pub versions: FastMap<IpAddr, (u32, u64)>,
 }
 
 impl Congestion {

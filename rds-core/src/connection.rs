@@ -120,24 +120,33 @@ impl Connection {
 /// The node's connections by id. Ids grow and are never reused, so a
 /// stale id (a socket's cached connection, a transport event, a timer) of
 /// a collected connection finds nothing instead of another peer's; ids
-/// iterate in creation order.
+/// iterate in creation order. Two vectors sorted by id (the ids apart, so
+/// that a lookup's binary search reads one small array): a lookup is a few
+/// comparisons, several per message, where the `BTreeMap` this was walked
+/// its nodes; an insert appends (ids grow; past a wrap of the counter it
+/// inserts in order) and a removal, rare, shifts the rest.
 #[derive(Debug, Default)]
 pub(crate) struct ConnTable {
-    map: std::collections::BTreeMap<ConnId, Connection>,
+    ids: Vec<ConnId>,
+    conns: Vec<Connection>,
     next: u32,
 }
 
 impl ConnTable {
+    fn pos(&self, id: ConnId) -> Option<usize> {
+        self.ids.binary_search(&id).ok()
+    }
+
     pub fn get(&self, id: ConnId) -> Option<&Connection> {
-        self.map.get(&id)
+        self.pos(id).map(|i| &self.conns[i])
     }
 
     pub fn get_mut(&mut self, id: ConnId) -> Option<&mut Connection> {
-        self.map.get_mut(&id)
+        self.pos(id).map(|i| &mut self.conns[i])
     }
 
     pub fn contains(&self, id: ConnId) -> bool {
-        self.map.contains_key(&id)
+        self.pos(id).is_some()
     }
 
     /// The id the next inserted connection gets.
@@ -148,44 +157,52 @@ impl ConnTable {
     pub fn insert(&mut self, c: Connection) {
         debug_assert_eq!(c.id, self.next_id());
         self.next = self.next.wrapping_add(1);
-        self.map.insert(c.id, c);
+        match self.ids.binary_search(&c.id) {
+            Ok(i) => self.conns[i] = c,
+            Err(i) => {
+                self.ids.insert(i, c.id);
+                self.conns.insert(i, c);
+            }
+        }
     }
 
     pub fn remove(&mut self, id: ConnId) -> Option<Connection> {
-        self.map.remove(&id)
+        let i = self.pos(id)?;
+        self.ids.remove(i);
+        Some(self.conns.remove(i))
     }
 
     pub fn len(&self) -> usize {
-        self.map.len()
+        self.conns.len()
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Connection> {
-        self.map.values()
+        self.conns.iter()
     }
 
     pub fn iter_mut(&mut self) -> impl Iterator<Item = &mut Connection> {
-        self.map.values_mut()
+        self.conns.iter_mut()
     }
 }
 
 impl std::ops::Index<ConnId> for ConnTable {
     type Output = Connection;
     fn index(&self, id: ConnId) -> &Connection {
-        &self.map[&id]
+        self.get(id).expect("connection exists")
     }
 }
 
 impl std::ops::IndexMut<ConnId> for ConnTable {
     fn index_mut(&mut self, id: ConnId) -> &mut Connection {
-        self.map.get_mut(&id).expect("connection exists")
+        self.get_mut(id).expect("connection exists")
     }
 }
 
 impl<'a> IntoIterator for &'a ConnTable {
     type Item = &'a Connection;
-    type IntoIter = std::collections::btree_map::Values<'a, ConnId, Connection>;
+    type IntoIter = std::slice::Iter<'a, Connection>;
     fn into_iter(self) -> Self::IntoIter {
-        self.map.values()
+        self.conns.iter()
     }
 }
 
@@ -388,5 +405,84 @@ impl Node {
             self.memos.insert(key, memo);
             self.memo_order.push_back(key);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::net::Ipv4Addr;
+
+    fn conn(id: u32) -> Connection {
+        Connection {
+            id: ConnId(id),
+            laddr: Ipv4Addr::new(10, 0, 0, 1).into(),
+            faddr: Ipv4Addr::new(10, 0, 1, (id % 250) as u8).into(),
+            kind: TransportKind::Tcp,
+            tos: 0,
+            paths: Vec::new(),
+            npaths: 1,
+            ping_triggered: false,
+            peer_gen: 0,
+            with_sport_idx: false,
+            map_queued: false,
+            peer_gen_maps: false,
+            heard: false,
+            ups: 0,
+            gen_up_seq: 0,
+            maps_rx: 0,
+            gc_at: None,
+            evicted: false,
+        }
+    }
+
+    fn ids(t: &ConnTable) -> Vec<u32> {
+        t.iter().map(|c| c.id.0).collect()
+    }
+
+    #[test]
+    fn the_table_finds_live_ids_only_and_iterates_in_id_order() {
+        let mut t = ConnTable::default();
+        for _ in 0..300 {
+            let id = t.next_id();
+            t.insert(conn(id.0));
+        }
+        assert_eq!(t.len(), 300);
+        // Collect every third connection.
+        for id in (0..300).step_by(3) {
+            assert_eq!(t.remove(ConnId(id)).map(|c| c.id), Some(ConnId(id)));
+        }
+        assert!(t.remove(ConnId(0)).is_none(), "a removed id is gone");
+        assert_eq!(t.len(), 200);
+        for id in 0..300 {
+            assert_eq!(t.contains(ConnId(id)), id % 3 != 0, "id {id}");
+            assert_eq!(t.get(ConnId(id)).map(|c| c.id.0), (id % 3 != 0).then_some(id));
+        }
+        // Ids are never reused: the next one is 300, and a stale id finds nothing.
+        let next = t.next_id();
+        assert_eq!(next, ConnId(300));
+        t.insert(conn(next.0));
+        assert!(t.get(ConnId(3)).is_none());
+        t[ConnId(301 - 1)].tos = 7;
+        assert_eq!(t.get(ConnId(300)).unwrap().tos, 7);
+        t.get_mut(ConnId(1)).unwrap().tos = 9;
+        assert_eq!(t[ConnId(1)].tos, 9);
+        let want: Vec<u32> = (0..=300).filter(|i| i % 3 != 0 || *i == 300).collect();
+        assert_eq!(ids(&t), want);
+        assert_eq!((&t).into_iter().count(), want.len());
+        assert!(t.iter_mut().all(|c| c.id.0 % 3 != 0 || c.id.0 == 300));
+    }
+
+    #[test]
+    fn ids_past_the_counter_wrap_iterate_in_id_order() {
+        let mut t = ConnTable { next: u32::MAX - 1, ..ConnTable::default() };
+        for _ in 0..4 {
+            let id = t.next_id();
+            t.insert(conn(id.0));
+        }
+        // As the BTreeMap it replaces: the wrapped ids sort first.
+        assert_eq!(ids(&t), vec![0, 1, u32::MAX - 1, u32::MAX]);
+        assert_eq!(t.get(ConnId(u32::MAX)).map(|c| c.id), Some(ConnId(u32::MAX)));
+        assert_eq!(t.get(ConnId(1)).map(|c| c.id), Some(ConnId(1)));
     }
 }

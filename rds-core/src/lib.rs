@@ -28,6 +28,10 @@
 //!   crate, which keeps this one free of `unsafe`), the only memory an RDMA
 //!   operation or an MR can name from safe code (every registration holds
 //!   a handle until the device is done with it);
+//! * [`payload`]: [`Payload`], a message's bytes shared without copying,
+//!   and [`PayloadPool`], which takes a payload's buffer back when its last
+//!   reference drops, so that neither a send (`Payload::copy_from`) nor a
+//!   message read by the TCP framing allocates in the steady state;
 //! * [`info`]: snapshots of connections, paths, sockets, queues and
 //!   counters (what the kernel's `RDS_INFO_*` options report).
 //!
@@ -67,6 +71,7 @@
 //! | loopback (a path up from the start; what goes a -> b arrives on b -> a) | [`loopback`], [`node`] (`conn_for`), [`recv`] | `LoopTransport` |
 //! | wire format: header and checksum (`wire/mod.rs`), extension headers (`wire/ext.rs`), TCP framing (`wire/frame.rs`) | [`wire`] | (values) |
 //! | messages on queues, received, notifications | [`message`] | `QueuedMsg` |
+//! | payload buffers and their reuse (size classes, bounds, thread caches) | [`payload`] | `PayloadPool` |
 //! | the kernel's counters | [`stats`] | `Counters` |
 //! | info snapshots (`RDS_INFO_*`) | [`info`] | (read-only) |
 //! | credit-based flow control (grab keeping the last credit back, add, advertise, the 16-bit bounds), for transports whose `TransportCaps::credits` says so (IB) | [`credits`] | `Credits` |
@@ -85,6 +90,7 @@ pub mod message;
 pub mod mprds;
 pub mod node;
 pub mod path;
+pub mod payload;
 pub mod rdma_buf;
 pub mod recv;
 pub mod send;
@@ -99,6 +105,7 @@ pub use info::{ConnSnapshot, MsgSnapshot, PathSnapshot, Queue, SockSnapshot};
 pub use message::{Incoming, Notification, RdmaOp, Received, RxMessage, TxMessage};
 pub use node::{HandshakeExts, Node, NodeConfig, Output};
 pub use path::{DownReason, PathInfo, PathState};
+pub use payload::{PayloadPool, PoolStats};
 pub use rdma_buf::{RdmaBuf, RdmaSeg};
 pub use recv::RecvOutcome;
 pub use send::{SendOptions, Unsent};

@@ -22,7 +22,7 @@ use crate::path::{Path, PathInfo, PathState};
 use crate::sock::{SockSlot, bufs};
 use crate::stats::Counters;
 use crate::transport::TransportCaps;
-use crate::types::{ConnId, PathId, Rng, SockId, TransportKind, addr_cmp};
+use crate::types::{ConnId, FastMap, PathId, Rng, SockId, TransportKind, addr_cmp};
 
 /// Which extension headers the multipath probe and its pong carry.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -186,10 +186,10 @@ pub(crate) struct Endpoint {
     pub rng: Rng,
     pub caps: [Option<TransportCaps>; 3],
     /// Addresses this node serves, with the transports serving each.
-    pub locals: HashMap<IpAddr, Vec<TransportKind>>,
+    pub locals: FastMap<IpAddr, Vec<TransportKind>>,
     pub socks: Vec<SockSlot>,
     pub free_socks: Vec<u32>,
-    pub bound: HashMap<SocketAddr, SockId>,
+    pub bound: FastMap<SocketAddr, SockId>,
     /// Congestion maps and their versions (`cong.rs`).
     pub cong: Congestion,
     pub counters: Counters,
@@ -201,9 +201,12 @@ pub(crate) struct Endpoint {
     /// `RCV_MSG_OVERHEAD` per message), against `NodeConfig::rcv_budget`.
     pub rx_held: u64,
     /// Paths whose reading is paused, and why (`recv.rs`).
-    pub rx_paused: HashMap<PathId, crate::recv::RxPause>,
+    pub rx_paused: FastMap<PathId, crate::recv::RxPause>,
     /// Sequence of `Output::RxFlow`.
     pub rx_flow_seq: u64,
+    /// The messages one ack releases (`Node::acked`), kept empty between
+    /// calls so that its capacity is reused.
+    pub acked: Vec<crate::message::QueuedMsg>,
 }
 
 impl Endpoint {
@@ -234,18 +237,19 @@ impl Node {
                 cfg,
                 rng,
                 caps: [None, None, None],
-                locals: HashMap::new(),
+                locals: FastMap::default(),
                 socks: Vec::new(),
                 free_socks: Vec::new(),
-                bound: HashMap::new(),
+                bound: FastMap::default(),
                 cong: Congestion::default(),
                 counters: Counters::default(),
                 outputs: VecDeque::new(),
                 timers: BinaryHeap::new(),
                 write_waiters: Vec::new(),
                 rx_held: 0,
-                rx_paused: HashMap::new(),
+                rx_paused: FastMap::default(),
                 rx_flow_seq: 0,
+                acked: Vec::new(),
             },
             conns: ConnTable::default(),
             conn_index: HashMap::new(),

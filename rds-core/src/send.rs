@@ -223,15 +223,21 @@ impl Node {
     /// The transport confirms delivery of every message up to `seq` on the
     /// path (TCP: the peer's TCP acked its last byte; IB: the peer's h_ack).
     pub fn acked(&mut self, pid: PathId, inst: u64, seq: u64) {
-        let Some(path) = self.path_mut(pid) else { return };
+        let Some(path) = self.conns.get_mut(pid.conn).and_then(|c| c.paths.get_mut(usize::from(pid.index))) else {
+            return;
+        };
         if path.inst != inst {
             return;
         }
-        let (done, released) = path.take_acked(seq);
-        for m in done {
+        // The acked messages go through the endpoint's reused list: an ack
+        // allocates nothing.
+        let mut done = std::mem::take(&mut self.ep.acked);
+        let released = path.take_acked(seq, &mut done);
+        for m in done.drain(..) {
             self.ep.counters.send_drop_acked += 1;
             self.remove_from_sock(pid.conn, &m, rdma_status::SUCCESS);
         }
+        self.ep.acked = done;
         for s in released {
             self.release_lane0(pid.conn, s);
         }
@@ -507,10 +513,10 @@ impl Path {
         Some((m.sock?, m.rdma.clone()?))
     }
 
-    /// Messages acked up to `seq` leave the retransmit queue, and lane-0
-    /// holds of cancelled messages that `seq` passed end: returns both.
-    pub(crate) fn take_acked(&mut self, seq: u64) -> (Vec<QueuedMsg>, Vec<SockId>) {
-        let mut done = Vec::new();
+    /// Messages acked up to `seq` leave the retransmit queue (appended to
+    /// `done`), and lane-0 holds of cancelled messages that `seq` passed
+    /// end: returns their sockets.
+    pub(crate) fn take_acked(&mut self, seq: u64, done: &mut Vec<QueuedMsg>) -> Vec<SockId> {
         while self.retrans.front().is_some_and(|m| m.hdr.sequence <= seq) {
             done.push(self.retrans.pop_front().unwrap());
         }
@@ -521,7 +527,7 @@ impl Path {
             self.lane0_wire = wait;
             released = passed.into_iter().map(|(_, s)| s).collect();
         }
-        (done, released)
+        released
     }
 
     /// `rds_send_path_reset`: unacked messages go back to the front of the

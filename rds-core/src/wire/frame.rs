@@ -125,8 +125,18 @@ impl FrameDecoder {
                 if header.len == 0 {
                     on_frame(Frame { header, payload: Vec::new() });
                 } else {
-                    let cap = (header.len as usize).min(PAYLOAD_WINDOW_MIN);
-                    self.cur = Some(Partial { header, buf: Vec::with_capacity(cap), have: 0 });
+                    // A payload up to the minimal window gets a buffer of
+                    // the payload pool (its size class, at most the window),
+                    // which comes back when the message is consumed:
+                    // `RxMessage::from` adopts it. A larger one grows with
+                    // what arrives, from the window up.
+                    let len = header.len as usize;
+                    let buf = if len <= PAYLOAD_WINDOW_MIN {
+                        crate::payload::PayloadPool::global().take_vec(len)
+                    } else {
+                        Vec::with_capacity(PAYLOAD_WINDOW_MIN)
+                    };
+                    self.cur = Some(Partial { header, buf, have: 0 });
                 }
             }
         }
@@ -326,5 +336,35 @@ mod tests {
             assert!(d.payload_capacity() <= 2 * d.payload_received() + PAYLOAD_WINDOW_MIN);
         }
         assert_eq!(d.payload_received(), 100_000);
+    }
+
+    /// A small payload's buffer comes from the payload pool and goes back
+    /// when the received message is consumed: the next message of its size
+    /// class is read into the same buffer, with its own bytes.
+    #[test]
+    fn small_payload_buffers_go_round_through_the_pool() {
+        std::thread::spawn(|| {
+            let mut d = FrameDecoder::default();
+            let mut stream = Vec::new();
+            for i in 0..3u8 {
+                stream.extend_from_slice(&Header::data(1, 2, 100).to_bytes());
+                stream.extend_from_slice(&[i; 100]);
+            }
+            let mut ptrs = Vec::new();
+            for chunk in stream.chunks(148) {
+                let mut got = Vec::new();
+                d.feed(chunk, &mut |f| got.push(f)).unwrap();
+                assert_eq!(got.len(), 1);
+                let f = got.pop().unwrap();
+                assert_eq!(f.payload.capacity(), 128, "the size class of 100 bytes");
+                let m = crate::RxMessage::from(f);
+                assert_eq!(&*m.payload, &[chunk[HEADER_LEN]; 100][..]);
+                ptrs.push(m.payload.as_ptr());
+                // The application consumes it: the buffer goes back.
+            }
+            assert!(ptrs.windows(2).all(|w| w[0] == w[1]), "one buffer for all three: {ptrs:?}");
+        })
+        .join()
+        .unwrap();
     }
 }
