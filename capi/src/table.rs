@@ -255,7 +255,8 @@ pub fn dup3(old: RawFd, new: RawFd, flags: libc::c_int, is_dup2: bool) -> Result
 
 /// After fork, in the child: the engine's threads do not exist here, so
 /// forget the parent's engine and sockets without running their drops
-/// (they would wait for those threads). Inherited numbers stay open and
+/// (they would wait for those threads; `Engine::forget_after_fork` also
+/// clears the dead threads out of parking_lot's wait queue). Inherited numbers stay open and
 /// mapped as dead: every call on them fails with EBADF but close, which
 /// frees the number. New sockets start a new engine. Idempotent (the
 /// atfork handler and the shim may both call it).
@@ -268,7 +269,7 @@ pub fn fork_child() {
     }
     let mut t = TABLE.write();
     if let Some(e) = t.engine.take() {
-        std::mem::forget(e);
+        e.forget_after_fork();
     }
     for s in t.slots.iter_mut() {
         if let Some(Slot::Live(e)) = s.take() {
