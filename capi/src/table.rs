@@ -96,11 +96,10 @@ pub fn is_ours(fd: RawFd) -> bool {
 /// open descriptor (what the kernel says for a file).
 pub fn get(fd: RawFd) -> Result<Arc<Entry>, Errno> {
     if fd >= 0 {
-        if let Some(Some(Slot::Live(e))) = TABLE.read().slots.get(fd as usize) {
-            return Ok(e.clone());
-        }
-        if let Some(Some(Slot::Dead)) = TABLE.read().slots.get(fd as usize) {
-            return Err(libc::EBADF);
+        match TABLE.read().slots.get(fd as usize) {
+            Some(Some(Slot::Live(e))) => return Ok(e.clone()),
+            Some(Some(Slot::Dead)) => return Err(libc::EBADF),
+            _ => {}
         }
     }
     // SAFETY: F_GETFD only reads the descriptor's flags.

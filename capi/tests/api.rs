@@ -527,3 +527,29 @@ fn ipv6_addresses() {
     assert_eq!(u16::from_be(from.sin6_port), 4201);
     rds_close(fd);
 }
+
+#[test]
+fn cancel_sent_to_drops_what_is_queued() {
+    let unbound = sock();
+    let (to, _) = sa("127.0.0.3:4211");
+    let p = (&to as *const libc::sockaddr_storage).cast::<c_void>();
+    assert_eq!(rds_setsockopt(unbound, 276, 1, p, 16), -1);
+    assert_eq!(errno(), libc::ENOTCONN, "unbound");
+    let fd = bound("127.0.0.1:4212");
+    assert_eq!(rds_setsockopt(fd, 276, 1, p, 15), -1);
+    assert_eq!(errno(), libc::EINVAL, "shorter than a sockaddr_in");
+    // Nobody serves 127.0.0.3: the datagrams wait in the send queue.
+    assert_eq!(rds_fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_long), 0);
+    let mut sent = 0;
+    while send(fd, &[7u8; 1000], "127.0.0.3:4211") == 1000 {
+        sent += 1;
+        assert!(sent < 10_000);
+    }
+    assert!(sent > 0);
+    assert_eq!(poll1(fd, libc::POLLOUT, 0) & libc::POLLOUT, 0, "full");
+    assert_eq!(rds_setsockopt(fd, 276, 1, p, 16), 0);
+    assert_ne!(poll1(fd, libc::POLLOUT, 5000) & libc::POLLOUT, 0, "room again once they are dropped");
+    assert_eq!(send(fd, &[7u8; 1000], "127.0.0.3:4211"), 1000);
+    rds_close(fd);
+    rds_close(unbound);
+}
