@@ -553,3 +553,42 @@ fn cancel_sent_to_drops_what_is_queued() {
     rds_close(fd);
     rds_close(unbound);
 }
+
+#[test]
+fn connect_sets_the_default_destination_and_tos() {
+    let a = bound("127.0.0.1:4221");
+    let b = bound("127.0.0.2:4222");
+    let mut tos: u8 = 3;
+    assert_eq!(rds_ioctl(a, 0x89E0, (&mut tos as *mut u8).cast()), 0, "SIOCRDSSETTOS before any connection");
+    let mut got: u8 = 9;
+    assert_eq!(rds_ioctl(a, 0x89E1, (&mut got as *mut u8).cast()), 0);
+    assert_eq!(got, 0, "TCP maps every TOS to 0, as rds_tcp_get_tos_map");
+    let unbound = sock();
+    assert_eq!(rds_ioctl(unbound, 0x89E0, (&mut tos as *mut u8).cast()), -1);
+    assert_eq!(errno(), libc::ENOTTY, "no transport yet: no TOS map");
+    rds_close(unbound);
+    let (any, l) = sa("0.0.0.0:4222");
+    assert_eq!(rds_connect(a, (&any as *const libc::sockaddr_storage).cast(), l), -1);
+    assert_eq!(errno(), libc::EDESTADDRREQ);
+    let mut unix = any;
+    unix.ss_family = libc::AF_UNIX as u16;
+    assert_eq!(rds_connect(a, (&unix as *const libc::sockaddr_storage).cast(), l), -1);
+    assert_eq!(errno(), libc::EAFNOSUPPORT);
+    let (to, l) = sa("127.0.0.2:4222");
+    assert_eq!(rds_connect(a, (&to as *const libc::sockaddr_storage).cast(), l), 0);
+    // SAFETY: zeroed plain data.
+    let mut peer: libc::sockaddr_in = unsafe { zeroed() };
+    let mut plen: socklen_t = 16;
+    assert_eq!(rds_getpeername(a, (&mut peer as *mut libc::sockaddr_in).cast(), &mut plen), 0);
+    assert_eq!((plen, u16::from_be(peer.sin_port)), (16, 4222));
+    for i in 0..3u8 {
+        assert_eq!(rds_sendto(a, [i].as_ptr().cast(), 1, 0, null(), 0), 1, "no address: the connected one");
+    }
+    let mut buf = [9u8; 4];
+    for i in 0..3u8 {
+        let (n, from) = recv(b, &mut buf, 0);
+        assert_eq!((n, buf[0], from), (1, i, Some("127.0.0.1:4221".parse().unwrap())));
+    }
+    rds_close(a);
+    rds_close(b);
+}
