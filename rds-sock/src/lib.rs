@@ -66,6 +66,8 @@ mod readiness;
 mod socket;
 
 pub use engine::{ENV_IB_PSK_TCP, Engine, EngineConfig, RESERVED_FDS, ShutdownReport, nofile_limit, peers_for_fds};
-pub use rds_core::{Errno, HandshakeExts, NodeConfig, Payload, RdmaBuf, RdmaOp, RdmaSeg, Readiness, TransportKind};
+pub use rds_core::{
+    Errno, HandshakeExts, NodeConfig, Payload, RdmaBuf, RdmaOp, RdmaSeg, Readiness, SockOpt, TransportKind,
+};
 pub use rds_tcp::TcpConfig;
 pub use socket::{RdsSocket, RecvFlags, RecvMeta, SendFlags};

@@ -346,6 +346,14 @@ impl RdsSocket {
         self.run(|n| n.getsockopt(self.id, o)).map_err(err)
     }
 
+    /// `getsockopt` of any option the core owns, as the kernel reports it
+    /// (the argument of `o` is ignored): buffers doubled, the transport as
+    /// its uapi number, booleans as 0 / 1, the TOS (SIOCRDSGETTOS). For the
+    /// C ABI, which answers getsockopt for every option.
+    pub fn option(&self, o: SockOpt) -> io::Result<u64> {
+        self.getopt(o)
+    }
+
     /// SO_SNDBUF: the kernel doubles the value and caps it at
     /// `net.core.wmem_max`; at most half of it may be queued (unacked).
     pub fn set_send_buffer_size(&self, n: usize) -> io::Result<()> {

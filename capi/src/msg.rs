@@ -1,0 +1,368 @@
+//! sendmsg / recvmsg over a `msghdr`: iovecs, addresses, control messages,
+//! flags, and blocking by waiting on the socket's real descriptor.
+//!
+//! Blocking: a receive with no timeout waits in a blocking
+//! `recv(MSG_PEEK)` of one byte on the readiness descriptor (readable
+//! exactly when the socket is), so a signal handler installed with
+//! SA_RESTART restarts the wait and one without makes it fail with EINTR,
+//! as the kernel's `rds_recvmsg`. A receive with SO_RCVTIMEO and every
+//! blocking send wait in `poll`, which a signal always interrupts (EINTR
+//! even with SA_RESTART: the kernel would restart those). A timed-out wait
+//! is ETIMEDOUT, as the kernel's RDS says (not EAGAIN).
+
+use std::mem::size_of;
+use std::net::SocketAddr;
+use std::os::fd::RawFd;
+use std::time::{Duration, Instant, SystemTime};
+
+use libc::{c_int, cmsghdr, msghdr};
+use rds_sock::{RecvFlags, RecvMeta, SendFlags};
+
+use crate::table::Entry;
+use crate::{Errno, addr, io_errno};
+
+/// `UIO_MAXIOV`: more iovecs is EMSGSIZE.
+const UIO_MAXIOV: usize = 1024;
+/// The largest RDS message (`RDS_MAX_MSG_SIZE`): a gather buffer never
+/// needs more.
+const MAX_MSG: usize = 1 << 20;
+
+const SOL_RDS: c_int = 276;
+const RDS_CMSG_RDMA_ARGS: c_int = 1;
+const RDS_CMSG_RDMA_DEST: c_int = 2;
+const RDS_CMSG_RDMA_MAP: c_int = 3;
+const RDS_CMSG_RDMA_STATUS: c_int = 4;
+const RDS_CMSG_CONG_UPDATE: c_int = 5;
+const RDS_CMSG_ATOMIC_FADD: c_int = 6;
+const RDS_CMSG_MASKED_ATOMIC_CSWP: c_int = 9;
+const SCM_TIMESTAMP_NEW: c_int = 63;
+
+/// The iovecs of a `msghdr`, checked as `import_iovec` does.
+///
+/// # Safety
+/// `iov` is NULL or points to `n` readable iovecs.
+unsafe fn iovecs<'a>(iov: *const libc::iovec, n: usize) -> Result<&'a [libc::iovec], Errno> {
+    if n > UIO_MAXIOV {
+        return Err(libc::EMSGSIZE);
+    }
+    if n == 0 {
+        return Ok(&[]);
+    }
+    if iov.is_null() {
+        return Err(libc::EFAULT);
+    }
+    // SAFETY: n readable iovecs (the caller's promise).
+    let v = unsafe { std::slice::from_raw_parts(iov, n) };
+    let mut total: usize = 0;
+    for i in v {
+        if i.iov_len > isize::MAX as usize {
+            return Err(libc::EINVAL);
+        }
+        if i.iov_base.is_null() && i.iov_len > 0 {
+            return Err(libc::EFAULT);
+        }
+        total = total.checked_add(i.iov_len).ok_or(libc::EINVAL)?;
+    }
+    Ok(v)
+}
+
+/// Waits until `fd` is readable (see the module docs).
+fn wait_readable(fd: RawFd, deadline: Option<Instant>) -> Result<(), Errno> {
+    let Some(d) = deadline else {
+        let mut b = 0u8;
+        // SAFETY: reads at most one byte into `b`; MSG_PEEK leaves it queued.
+        let r = unsafe { libc::recv(fd, (&mut b as *mut u8).cast(), 1, libc::MSG_PEEK) };
+        return match r {
+            r if r > 0 => Ok(()),
+            // The engine is gone: the next receive says so (ESHUTDOWN).
+            0 => Ok(()),
+            _ => Err(crate::last_errno()),
+        };
+    };
+    poll_until(fd, libc::POLLIN, Some(d))
+}
+
+/// poll() for `events` until `deadline`: ETIMEDOUT after it, EINTR on a
+/// signal. `events` 0 just sleeps until the deadline (interruptibly).
+fn poll_until(fd: RawFd, events: libc::c_short, deadline: Option<Instant>) -> Result<(), Errno> {
+    let ms = match deadline {
+        None => -1,
+        Some(d) => {
+            let left = d.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Err(libc::ETIMEDOUT);
+            }
+            left.as_millis().clamp(1, i32::MAX as u128) as c_int
+        }
+    };
+    let mut p = libc::pollfd { fd, events, revents: 0 };
+    // SAFETY: one valid pollfd.
+    match unsafe { libc::poll(&mut p, 1, ms) } {
+        r if r < 0 => Err(crate::last_errno()),
+        0 if events != 0 => match deadline {
+            Some(d) if Instant::now() >= d => Err(libc::ETIMEDOUT),
+            _ => Ok(()),
+        },
+        _ => Ok(()),
+    }
+}
+
+fn deadline(t: Option<Duration>) -> Option<Instant> {
+    t.and_then(|t| Instant::now().checked_add(t))
+}
+
+/// The control messages of an outgoing `msghdr` (CMSG_OK as the kernel).
+///
+/// # Safety
+/// `m.msg_control` is NULL or points to `m.msg_controllen` readable bytes.
+unsafe fn send_cmsgs(m: &msghdr) -> Result<SendFlags, Errno> {
+    let mut f = SendFlags::default();
+    if m.msg_control.is_null() || m.msg_controllen < size_of::<cmsghdr>() {
+        return Ok(f);
+    }
+    let base = m.msg_control.cast::<u8>();
+    let end = m.msg_controllen;
+    let mut off = 0usize;
+    while off + size_of::<cmsghdr>() <= end {
+        // SAFETY: a header's worth of bytes at base + off is within the buffer.
+        let h = unsafe { std::ptr::read_unaligned(base.add(off).cast::<cmsghdr>()) };
+        if h.cmsg_len < size_of::<cmsghdr>() || h.cmsg_len > end - off {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: cmsg_len bytes from off are within the buffer.
+        let data = unsafe {
+            std::slice::from_raw_parts(base.add(off + size_of::<cmsghdr>()), h.cmsg_len - size_of::<cmsghdr>())
+        };
+        if h.cmsg_level == SOL_RDS {
+            match h.cmsg_type {
+                RDS_CMSG_RDMA_DEST => {
+                    let c: [u8; 8] = data.get(..8).and_then(|d| d.try_into().ok()).ok_or(libc::EINVAL)?;
+                    f.rdma_dest = Some(u64::from_ne_bytes(c));
+                }
+                // RDMA and atomics need an IB socket's memory registration
+                // through raw addresses: not offered by the C ABI yet;
+                // over TCP the kernel says EOPNOTSUPP too.
+                RDS_CMSG_RDMA_ARGS | RDS_CMSG_RDMA_MAP | RDS_CMSG_ATOMIC_FADD..=RDS_CMSG_MASKED_ATOMIC_CSWP => {
+                    return Err(libc::EOPNOTSUPP);
+                }
+                _ => return Err(libc::EINVAL),
+            }
+        }
+        // CMSG_NXTHDR: the next header at the aligned end of this one.
+        let step = (h.cmsg_len + size_of::<usize>() - 1) & !(size_of::<usize>() - 1);
+        off += step;
+    }
+    Ok(f)
+}
+
+/// `rds_sendmsg`.
+///
+/// # Safety
+/// `m` is a valid msghdr whose pointers are NULL or valid for their lengths.
+pub unsafe fn sendmsg(e: &Entry, m: &msghdr, flags: c_int) -> Result<usize, Errno> {
+    if flags & !libc::MSG_DONTWAIT != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    let namelen = if m.msg_name.is_null() { 0 } else { m.msg_namelen };
+    let dst = if namelen != 0 {
+        // SAFETY: msg_name has msg_namelen bytes (the caller's promise).
+        Some(unsafe { addr::read(m.msg_name.cast(), namelen.min(128), addr::Use::Send) }?)
+    } else {
+        None
+    };
+    // SAFETY: the caller's promise about msg_iov.
+    let iov = unsafe { iovecs(m.msg_iov, m.msg_iovlen) }?;
+    // SAFETY: the caller's promise about msg_control.
+    let mut sf = unsafe { send_cmsgs(m) }?;
+    sf.dontwait = true;
+    let gathered;
+    let data: &[u8] = match iov {
+        [] => &[],
+        // SAFETY: a checked iovec: base non-NULL or len 0, len readable bytes.
+        [one] if !one.iov_base.is_null() => unsafe { std::slice::from_raw_parts(one.iov_base.cast(), one.iov_len) },
+        [_] => &[],
+        many => {
+            let mut v = Vec::with_capacity(many.iter().map(|i| i.iov_len).sum::<usize>().min(MAX_MSG + 1));
+            for i in many.iter().filter(|i| i.iov_len > 0) {
+                // SAFETY: as above.
+                v.extend_from_slice(unsafe { std::slice::from_raw_parts(i.iov_base.cast::<u8>(), i.iov_len) });
+            }
+            gathered = v;
+            &gathered
+        }
+    };
+    send(e, data, dst, &sf, flags & libc::MSG_DONTWAIT != 0)
+}
+
+/// Sends, waiting on the descriptor while a blocking socket has no room
+/// (EAGAIN) or the destination port is congested (ENOBUFS).
+pub fn send(e: &Entry, data: &[u8], dst: Option<SocketAddr>, sf: &SendFlags, dontwait: bool) -> Result<usize, Errno> {
+    let blocking = !dontwait && !e.nonblock.load(std::sync::atomic::Ordering::Relaxed);
+    let deadline = deadline(*e.sndtimeo.lock());
+    let mut retried = false;
+    loop {
+        match e.sock.send_msg(data, dst, sf).map_err(io_errno) {
+            Err(err @ (libc::EAGAIN | libc::ENOBUFS)) if blocking => {
+                // POLLOUT tells of room in the send buffer, not of a
+                // congested port; and the last message may overshoot the
+                // buffer with POLLOUT still up: then sleep a millisecond.
+                if err == libc::ENOBUFS || retried {
+                    let d = Instant::now() + Duration::from_millis(1);
+                    match poll_until(e.base, 0, Some(deadline.map_or(d, |x| x.min(d)))) {
+                        Err(libc::ETIMEDOUT) if deadline.is_some_and(|x| Instant::now() >= x) => {
+                            return Err(libc::ETIMEDOUT);
+                        }
+                        Err(libc::ETIMEDOUT) | Ok(()) => {}
+                        Err(e) => return Err(e),
+                    }
+                } else {
+                    poll_until(e.base, libc::POLLOUT, deadline)?;
+                }
+                retried = true;
+            }
+            r => return r,
+        }
+    }
+}
+
+/// Writes control messages into a `msghdr` as the kernel's `put_cmsg`.
+struct Ctl {
+    base: *mut u8,
+    cap: usize,
+    used: usize,
+    truncated: bool,
+}
+
+impl Ctl {
+    fn put(&mut self, level: c_int, ty: c_int, data: &[u8]) {
+        let left = self.cap - self.used;
+        if self.base.is_null() || left < size_of::<cmsghdr>() {
+            self.truncated = true;
+            return;
+        }
+        let mut len = size_of::<cmsghdr>() + data.len();
+        if left < len {
+            self.truncated = true;
+            len = left;
+        }
+        // SAFETY: a zeroed cmsghdr is valid plain data.
+        let mut h: cmsghdr = unsafe { std::mem::zeroed() };
+        h.cmsg_len = len as _;
+        h.cmsg_level = level;
+        h.cmsg_type = ty;
+        // SAFETY: `left` >= header + (len - header) bytes are writable at base + used.
+        unsafe {
+            let p = self.base.add(self.used);
+            p.cast::<cmsghdr>().write_unaligned(h);
+            std::ptr::copy_nonoverlapping(data.as_ptr(), p.add(size_of::<cmsghdr>()), len - size_of::<cmsghdr>());
+        }
+        let space = (len + size_of::<usize>() - 1) & !(size_of::<usize>() - 1);
+        self.used += space.min(left);
+    }
+}
+
+/// `rds_recvmsg` into `m`: data into the iovecs, the sender into
+/// `msg_name`, cmsgs into `msg_control`, MSG_TRUNC / MSG_CTRUNC into
+/// `msg_flags`.
+///
+/// # Safety
+/// `m` is a valid msghdr whose pointers are NULL or valid for their lengths.
+pub unsafe fn recvmsg(e: &Entry, m: &mut msghdr, flags: c_int) -> Result<usize, Errno> {
+    if flags & libc::MSG_OOB != 0 {
+        return Ok(0);
+    }
+    if flags & libc::MSG_ERRQUEUE != 0 {
+        // Nothing is ever queued on the error queue.
+        return Err(libc::EAGAIN);
+    }
+    // SAFETY: the caller's promise about msg_iov.
+    let iov = unsafe { iovecs(m.msg_iov, m.msg_iovlen) }?;
+    let mut gather = Vec::new();
+    let buf: &mut [u8] = match iov {
+        // SAFETY: a checked iovec: len writable bytes at a non-NULL base.
+        [one] if !one.iov_base.is_null() => unsafe { std::slice::from_raw_parts_mut(one.iov_base.cast(), one.iov_len) },
+        many => {
+            gather.resize(many.iter().map(|i| i.iov_len).sum::<usize>().min(MAX_MSG), 0);
+            &mut gather
+        }
+    };
+    let meta = recv(e, buf, flags)?;
+    if iov.len() > 1 {
+        let mut src = &gather[..meta.len.min(gather.len())];
+        for i in iov.iter().filter(|i| i.iov_len > 0) {
+            let n = src.len().min(i.iov_len);
+            // SAFETY: n <= iov_len writable bytes at iov_base.
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), i.iov_base.cast::<u8>(), n) };
+            src = &src[n..];
+        }
+    }
+    if !m.msg_name.is_null() {
+        let raw = addr::encode(meta.from);
+        let len = if meta.from.is_some() { raw.len } else { 0 };
+        let n = len.min(m.msg_namelen as usize);
+        // SAFETY: msg_name has msg_namelen >= n writable bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                (&raw.storage as *const libc::sockaddr_storage).cast::<u8>(),
+                m.msg_name.cast(),
+                n,
+            )
+        };
+        m.msg_namelen = len as libc::socklen_t;
+    }
+    let mut ctl = Ctl { base: m.msg_control.cast(), cap: m.msg_controllen, used: 0, truncated: false };
+    put_cmsgs(e, &meta, &mut ctl);
+    m.msg_controllen = ctl.used;
+    let mut out = flags & libc::MSG_CMSG_CLOEXEC;
+    if meta.truncated {
+        out |= libc::MSG_TRUNC;
+    }
+    if ctl.truncated {
+        out |= libc::MSG_CTRUNC;
+    }
+    m.msg_flags = out;
+    Ok(meta.len)
+}
+
+fn put_cmsgs(e: &Entry, meta: &RecvMeta, ctl: &mut Ctl) {
+    if let Some(mask) = meta.cong_update {
+        ctl.put(SOL_RDS, RDS_CMSG_CONG_UPDATE, &mask.to_ne_bytes());
+    }
+    if let Some((token, status)) = meta.rdma_status {
+        // struct rds_rdma_notify { __u64 user_token; __s32 status; } (16 bytes).
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&token.to_ne_bytes());
+        b[8..12].copy_from_slice(&status.to_ne_bytes());
+        ctl.put(SOL_RDS, RDS_CMSG_RDMA_STATUS, &b);
+    }
+    if let Some(cookie) = meta.rdma_dest {
+        ctl.put(SOL_RDS, RDS_CMSG_RDMA_DEST, &cookie.to_ne_bytes());
+    }
+    if let Some(t) = meta.timestamp {
+        let d = t.duration_since(SystemTime::UNIX_EPOCH).unwrap_or_default();
+        // struct timeval and struct __kernel_sock_timeval are both two
+        // 64-bit fields on the 64-bit targets we build for.
+        let mut b = [0u8; 16];
+        b[..8].copy_from_slice(&(d.as_secs() as i64).to_ne_bytes());
+        b[8..].copy_from_slice(&i64::from(d.subsec_micros()).to_ne_bytes());
+        let ty = if e.timestamp.load(std::sync::atomic::Ordering::Relaxed) == 2 {
+            SCM_TIMESTAMP_NEW
+        } else {
+            libc::SCM_TIMESTAMP
+        };
+        ctl.put(libc::SOL_SOCKET, ty, &b);
+    }
+}
+
+/// Receives into `buf`, waiting on the descriptor when the socket blocks.
+pub fn recv(e: &Entry, buf: &mut [u8], flags: c_int) -> Result<RecvMeta, Errno> {
+    let rf = RecvFlags { peek: flags & libc::MSG_PEEK != 0, trunc: flags & libc::MSG_TRUNC != 0, dontwait: true };
+    let blocking = flags & libc::MSG_DONTWAIT == 0 && !e.nonblock.load(std::sync::atomic::Ordering::Relaxed);
+    let deadline = deadline(*e.rcvtimeo.lock());
+    loop {
+        match e.sock.recv_msg(buf, rf).map_err(io_errno) {
+            Err(libc::EAGAIN) if blocking => wait_readable(e.base, deadline)?,
+            r => return r,
+        }
+    }
+}
