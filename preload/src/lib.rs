@@ -31,6 +31,10 @@
 //! The README's section "Run an existing program on it" has the table of
 //! what is intercepted and the environment variables.
 
+// Links rds-capi's rlib (library name `rds`) into the object; the shim calls
+// its functions through the declarations in `capi`.
+use rds as _;
+
 mod capi;
 mod guard;
 mod io;

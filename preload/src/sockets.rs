@@ -34,7 +34,11 @@ pub(crate) fn fail(e: c_int) -> c_int {
 pub unsafe extern "C" fn socket(domain: c_int, ty: c_int, protocol: c_int) -> c_int {
     if domain == AF_RDS && !guard::inside() {
         // SAFETY: plain integers.
-        guard::enter(-1, || unsafe { capi::rds_socket(domain, ty, protocol) })
+        let fd = guard::enter(-1, || unsafe { capi::rds_socket(domain, ty, protocol) });
+        if fd >= 0 {
+            crate::threads::register_fork_handler();
+        }
+        fd
     } else {
         // SAFETY: plain integers.
         unsafe { real::socket(domain, ty, protocol) }

@@ -3,9 +3,10 @@
 //! `pthread_create` is intercepted only to mark the threads the RDS stack
 //! starts (see [`crate::guard`]): a thread created while the creating thread
 //! is inside the stack runs marked; every other thread starts as the program
-//! made it. `fork`: a handler registered with `pthread_atfork` when the
-//! object is loaded calls `rds_fork_child` in the child, so that a child
-//! (qperf's server forks per test) opens RDS sockets of its own.
+//! made it. `fork`: a handler registered with `pthread_atfork` (after the
+//! first RDS socket, see [`register_fork_handler`]) calls `rds_fork_child`
+//! in the child, so that a child (qperf's server forks per test) opens RDS
+//! sockets of its own.
 
 use libc::c_void;
 
@@ -53,12 +54,16 @@ extern "C" fn fork_child() {
     guard::enter((), || unsafe { capi::rds_fork_child() });
 }
 
-extern "C" fn on_load() {
-    // SAFETY: registers a child handler with no prepare / parent handlers.
-    unsafe { libc::pthread_atfork(None, None, Some(fork_child)) };
+/// Registers the child handler, once, after the first RDS socket exists.
+///
+/// Not at load: glibc runs child handlers in the order they were
+/// registered, and rds-capi's own handler (registered by its constructor or
+/// by its first `rds_socket`) must run first: it releases the table lock its
+/// prepare handler took, which `rds_fork_child` needs.
+pub(crate) fn register_fork_handler() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: registers a child handler (a function that lives as long as the process).
+        unsafe { libc::pthread_atfork(None, None, Some(fork_child)) };
+    });
 }
-
-/// Runs `on_load` when the dynamic loader maps the object (before `main`).
-#[used]
-#[unsafe(link_section = ".init_array")]
-static ON_LOAD: extern "C" fn() = on_load;
