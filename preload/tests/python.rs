@@ -3,7 +3,10 @@
 //! select and epoll (level and edge), non-blocking EAGAIN, MSG_TRUNC, EINTR
 //! from a SIGALRM handler, errno as the kernel, dup, and a forked child that
 //! opens its own RDS socket and exchanges datagrams with its parent over
-//! RDS-TCP. Skips (SKIP line) only when python3 is missing.
+//! RDS-TCP; then, through os, fcntl and ctypes, the calls Python's socket
+//! methods do not make (readv, writev, sendmmsg, recvmmsg, __read_chk,
+//! F_DUPFD, dup2 onto an RDS socket, shutdown / accept / socketpair).
+//! Skips (SKIP line) only when python3 is missing.
 
 mod common;
 
@@ -46,6 +49,18 @@ const CHECKS: &[&str] = &[
     "eintr",
     "fork_child_exit",
     "fork_exchange",
+    "writev_eopnotsupp",
+    "shutdown_eopnotsupp",
+    "accept_eopnotsupp",
+    "socketpair_eopnotsupp",
+    "read_zero",
+    "readv",
+    "fcntl_f_dupfd",
+    "sendmmsg",
+    "recvmmsg",
+    "read_chk",
+    "dup2_onto_rds",
+    "dup2_rds_port_free",
     "passthrough_socketpair",
 ];
 

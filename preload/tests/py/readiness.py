@@ -4,7 +4,9 @@ preload/tests/python.rs. Python's socket, select, fcntl, os and signal
 modules, unmodified, on AF_RDS sockets. Prints `OK <check>` or
 `FAIL <check>: <why>` per check, then `DONE`; the test wants every check
 OK, in this order."""
+import ctypes
 import errno
+import fcntl
 import os
 import select
 import signal
@@ -58,6 +60,95 @@ def wait_readable(s, secs=3.0):
 
 def payload(i, n):
     return bytes((i * 7 + k) & 0xFF for k in range(n))
+
+
+class Iovec(ctypes.Structure):
+    _fields_ = [("iov_base", ctypes.c_void_p), ("iov_len", ctypes.c_size_t)]
+
+
+class Msghdr(ctypes.Structure):
+    _fields_ = [("msg_name", ctypes.c_void_p), ("msg_namelen", ctypes.c_uint32),
+                ("msg_iov", ctypes.POINTER(Iovec)), ("msg_iovlen", ctypes.c_size_t),
+                ("msg_control", ctypes.c_void_p), ("msg_controllen", ctypes.c_size_t),
+                ("msg_flags", ctypes.c_int)]
+
+
+class Mmsghdr(ctypes.Structure):
+    _fields_ = [("msg_hdr", Msghdr), ("msg_len", ctypes.c_uint)]
+
+
+def sockaddr_in(addr):
+    return struct.pack("<H", socket.AF_INET) + struct.pack(">H", addr[1]) + socket.inet_aton(addr[0]) + bytes(8)
+
+
+def calls():
+    """The calls Python's socket methods do not make, through os, fcntl and
+    ctypes (libc's symbols resolve to the shim's first)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    p, q = rds(("127.0.0.1", 4100)), rds(("127.0.0.1", 4101))
+    Q = ("127.0.0.1", 4101)
+    check("writev_eopnotsupp", errno_of(lambda: os.writev(p.fileno(), [b"x"])) == errno.EOPNOTSUPP)
+    check("shutdown_eopnotsupp", errno_of(lambda: p.shutdown(socket.SHUT_RDWR)) == errno.EOPNOTSUPP)
+    check("accept_eopnotsupp", errno_of(p._accept) == errno.EOPNOTSUPP)
+    check("socketpair_eopnotsupp",
+          errno_of(lambda: socket.socketpair(AF_RDS, socket.SOCK_SEQPACKET, 0)) == errno.EOPNOTSUPP)
+    t0 = time.time()
+    check("read_zero", os.read(q.fileno(), 0) == b"" and time.time() - t0 < 1.0)
+    p.sendto(b"datagram", Q)
+    bufs = [bytearray(3), bytearray(10)]
+    n = os.readv(q.fileno(), bufs) if wait_readable(q) else -1
+    check("readv", n == 8 and bytes(bufs[0]) + bytes(bufs[1][:5]) == b"datagram", repr((n, bufs)))
+    hi = fcntl.fcntl(q.fileno(), fcntl.F_DUPFD, 100)
+    p.sendto(b"dupfd", Q)
+    check("fcntl_f_dupfd", hi >= 100 and wait_readable(q) and os.read(hi, 100) == b"dupfd", repr(hi))
+    os.close(hi)
+
+    # sendmmsg: three datagrams in one call, each to Q; recvmmsg takes them
+    name = ctypes.create_string_buffer(sockaddr_in(Q), 16)
+    payloads = [b"m0", b"m11", b"m222"]
+    keep = []
+    msgs = (Mmsghdr * 3)()
+    for i, d in enumerate(payloads):
+        buf = ctypes.create_string_buffer(d, len(d))
+        iov = Iovec(ctypes.cast(buf, ctypes.c_void_p), len(d))
+        keep += [buf, iov]
+        msgs[i].msg_hdr.msg_name = ctypes.cast(name, ctypes.c_void_p)
+        msgs[i].msg_hdr.msg_namelen = 16
+        msgs[i].msg_hdr.msg_iov = ctypes.pointer(iov)
+        msgs[i].msg_hdr.msg_iovlen = 1
+    sent = libc.sendmmsg(p.fileno(), msgs, 3, 0)
+    check("sendmmsg", sent == 3 and [msgs[i].msg_len for i in range(3)] == [2, 3, 4],
+          f"{sent} errno {ctypes.get_errno()}")
+    time.sleep(0.2)
+    rmsgs = (Mmsghdr * 4)()
+    rbufs = [ctypes.create_string_buffer(16) for _ in range(4)]
+    riovs = [Iovec(ctypes.cast(b, ctypes.c_void_p), 16) for b in rbufs]
+    for i in range(4):
+        rmsgs[i].msg_hdr.msg_iov = ctypes.pointer(riovs[i])
+        rmsgs[i].msg_hdr.msg_iovlen = 1
+    got = libc.recvmmsg(q.fileno(), rmsgs, 4, 0x10000, None)  # MSG_WAITFORONE
+    check("recvmmsg", got == 3 and [rbufs[i].raw[:rmsgs[i].msg_len] for i in range(3)] == payloads,
+          f"{got} errno {ctypes.get_errno()}")
+
+    # glibc's fortified read
+    p.sendto(b"chk", Q)
+    cbuf = ctypes.create_string_buffer(8)
+    n = libc.__read_chk(q.fileno(), cbuf, 8, 8) if wait_readable(q) else -1
+    check("read_chk", n == 3 and cbuf.raw[:3] == b"chk", repr(n))
+
+    # dup2 onto an RDS socket's number: the number becomes the pipe's, the
+    # RDS socket is forgotten (closed with its last number)
+    r = rds(("127.0.0.1", 4102))
+    rfd = r.detach()
+    pr, pw = os.pipe()
+    os.dup2(pr, rfd)
+    os.write(pw, b"pipe")
+    check("dup2_onto_rds", os.read(rfd, 10) == b"pipe")
+    check("dup2_rds_port_free", rds(("127.0.0.1", 4102)).getsockname() == ("127.0.0.1", 4102))
+    for fd in (rfd, pr, pw):
+        os.close(fd)
+    p.close()
+    q.close()
 
 
 def main():
@@ -114,7 +205,6 @@ def main():
     except BlockingIOError:
         ok("nonblocking_blockingioerror")
     b.setblocking(True)
-    import fcntl
     fl = fcntl.fcntl(b.fileno(), fcntl.F_GETFL)
     fcntl.fcntl(b.fileno(), fcntl.F_SETFL, fl | os.O_NONBLOCK)
     check("fcntl_o_nonblock", errno_of(lambda: os.read(b.fileno(), 10)) == errno.EAGAIN)
@@ -207,6 +297,8 @@ def main():
     check("fork_exchange", end and got == want,
           f"end {end}, {len(got)} of {count}, first difference at "
           f"{next((i for i, (g, w) in enumerate(zip(got, want)) if g != w), None)}")
+
+    calls()
 
     # an ordinary socket next to them is untouched by the shim
     x, y = socket.socketpair()
