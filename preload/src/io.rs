@@ -59,17 +59,29 @@ pub unsafe extern "C" fn send(fd: c_int, buf: *const c_void, n: size_t, flags: c
 /// As libc's `write`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn write(fd: c_int, buf: *const c_void, n: size_t) -> ssize_t {
-    let iov = iovec { iov_base: buf.cast_mut(), iov_len: n };
-    let m = plain_msg(&iov, 1);
-    dispatch!(fd, capi::rds_sendmsg(fd, &m, libc::MSG_EOR), real::write(fd, buf, n))
+    if guard::is_rds(fd) {
+        let iov = iovec { iov_base: buf.cast_mut(), iov_len: n };
+        let m = plain_msg(&iov, 1);
+        // SAFETY: `m` describes the caller's buffer of `n` bytes.
+        guard::enter(-1, || unsafe { capi::rds_sendmsg(fd, &m, libc::MSG_EOR) })
+    } else {
+        // SAFETY: the caller's arguments, unchanged.
+        unsafe { real::write(fd, buf, n) }
+    }
 }
 
 /// # Safety
 /// As libc's `writev`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn writev(fd: c_int, iov: *const iovec, cnt: c_int) -> ssize_t {
-    let m = plain_msg(iov, cnt);
-    dispatch!(fd, capi::rds_sendmsg(fd, &m, libc::MSG_EOR), real::writev(fd, iov, cnt))
+    if guard::is_rds(fd) {
+        let m = plain_msg(iov, cnt);
+        // SAFETY: `m` points at the caller's iovecs.
+        guard::enter(-1, || unsafe { capi::rds_sendmsg(fd, &m, libc::MSG_EOR) })
+    } else {
+        // SAFETY: the caller's arguments, unchanged.
+        unsafe { real::writev(fd, iov, cnt) }
+    }
 }
 
 /// # Safety
