@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Installs what building and testing need on a Debian machine (as root):
 # the Rust toolchain if missing, the C libraries rds-ib builds against, the
-# network tools and programs the tests use (qperf for the LD_PRELOAD shim), and the VM rig (kernel RDS in qemu) when
-# it can be found. Idempotent; quiet when everything is present.
+# network tools and programs the tests use (qperf for the LD_PRELOAD shim),
+# and the VM rig (kernel RDS in qemu) when it can be found. Idempotent;
+# quiet when everything is present.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 
