@@ -11,6 +11,10 @@ need_pkgs=()
 for p in pkg-config libibverbs-dev librdmacm-dev libclang-dev iproute2 python3 binutils xz-utils qperf; do
     dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
+# rds-capi's tests build C programs against its header and <linux/rds.h>.
+for p in gcc libc6-dev linux-libc-dev; do
+    dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
+done
 if [ ${#need_pkgs[@]} -gt 0 ]; then
     echo "setup: installing ${need_pkgs[*]}"
     export DEBIAN_FRONTEND=noninteractive

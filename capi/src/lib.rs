@@ -19,7 +19,7 @@
 //! | `RDS_TCP_PORT` | the RDS-TCP port (default 16385, the kernel's) |
 //! | `RDS_NPATHS` | paths per peer, 1..=8 (default 8, mprds) |
 //! | `RDS_TRANSPORT` | `tcp` or `ib`: SO_RDS_TRANSPORT for sockets that did not set it, applied at bind |
-//! | `RDS_INFO_DIR` | where `rds-info` finds this process (default `$XDG_RUNTIME_DIR/rds` or `/run/rds`) |
+//! | `RDS_INFO_DIR` | where `rds-info` finds this process (default `$XDG_RUNTIME_DIR/rds-rs`, else `/tmp/rds-rs-<uid>`) |
 //! | `RDS_IB_PSK_FILE`, `RDS_IB_PSK_TCP` | IB's verbs-only setup and whether it also serves TCP (builds with IB) |
 //!
 //! Modules: [`table`] (descriptor numbers, the engine, fork), `addr`
@@ -32,11 +32,20 @@
 //! with EINTR on any signal (the kernel would restart them under
 //! SA_RESTART). Timeouts are ETIMEDOUT, as the kernel's RDS.
 //!
+//! Edge-triggered epoll reports a change of readiness: a datagram that
+//! arrives while earlier ones are still queued raises no new edge (the
+//! kernel's socket wakes its waiters on each); programs that read until
+//! EAGAIN, as edge-triggered programs must, see no difference.
+//!
 //! fork: the child's copy of an RDS socket fails every call with EBADF
 //! but `rds_close` (the engine's threads do not exist there); the parent's
 //! sockets are untouched; sockets the child opens start an engine of its
-//! own. `rds_fork_child` does this; the library registers it with
-//! `pthread_atfork` when it is loaded and on the first `rds_socket`.
+//! own. `rds_fork_child` does this (with `Engine::forget_after_fork`, which
+//! also clears the dead threads out of parking_lot's wait queue); the
+//! library registers it with `pthread_atfork` when it is loaded and on the
+//! first `rds_socket`. As after any fork of a multithreaded process, a lock
+//! that another thread held at the instant of fork stays taken in the
+//! child; forking while other threads are inside RDS calls is not safe.
 
 // The C ABI takes raw pointers as the kernel's system calls do, checks
 // NULL as the kernel checks its user pointers, and otherwise trusts them,

@@ -111,14 +111,71 @@ fn deadline(t: Option<Duration>) -> Option<Instant> {
     t.and_then(|t| Instant::now().checked_add(t))
 }
 
+/// RDS_CMSG_RDMA_MAP's `struct rds_get_mr_args`: the segment to register,
+/// where to write the cookie, the MR flags.
+pub struct MapReq {
+    seg: rds_sock::RdmaSeg,
+    cookie_addr: u64,
+    flags: u32,
+}
+
+/// A C caller's memory as RdmaBuf segments.
+///
+/// # Safety
+/// The kernel's contract for RDMA buffers: `addr..addr + len` is the
+/// caller's memory until the operation or MR is done with it.
+unsafe fn raw_seg(addr: u64, len: u64) -> Result<rds_sock::RdmaSeg, Errno> {
+    if addr.checked_add(len).is_none() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller's promise.
+    Ok(unsafe { rds_sock::RdmaBuf::from_raw(addr, len) }.all())
+}
+
+/// `struct rds_rdma_args` as an [`rds_sock::RdmaOp`] (the local iovecs read
+/// from `local_vec_addr`).
+///
+/// # Safety
+/// `d` is the cmsg's data; its addresses are the caller's memory.
+unsafe fn rdma_args(d: &[u8]) -> Result<rds_sock::RdmaOp, Errno> {
+    use crate::opts::u64_at;
+    if d.len() < 56 {
+        return Err(libc::EINVAL);
+    }
+    let (vec_addr, nr) = (u64_at(d, 24), u64_at(d, 32));
+    if nr > UIO_MAXIOV as u64 {
+        return Err(libc::EMSGSIZE);
+    }
+    if vec_addr == 0 && nr > 0 {
+        return Err(libc::EFAULT);
+    }
+    let mut local = Vec::with_capacity(nr as usize);
+    for i in 0..nr as usize {
+        // SAFETY: nr iovecs of 16 bytes at vec_addr (the caller's promise).
+        let v = unsafe { ((vec_addr as usize + 16 * i) as *const [u64; 2]).read_unaligned() };
+        // SAFETY: as this function's contract.
+        local.push(unsafe { raw_seg(v[0], v[1]) }?);
+    }
+    Ok(rds_sock::RdmaOp {
+        remote_cookie: u64_at(d, 0),
+        remote_addr: u64_at(d, 8),
+        remote_len: u64_at(d, 16),
+        local,
+        flags: u64_at(d, 40) as u32,
+        user_token: u64_at(d, 48),
+    })
+}
+
 /// The control messages of an outgoing `msghdr` (CMSG_OK as the kernel).
 ///
 /// # Safety
-/// `m.msg_control` is NULL or points to `m.msg_controllen` readable bytes.
-unsafe fn send_cmsgs(m: &msghdr) -> Result<SendFlags, Errno> {
+/// `m.msg_control` is NULL or points to `m.msg_controllen` readable bytes;
+/// the RDMA cmsgs' addresses are the caller's memory (the kernel's contract).
+unsafe fn send_cmsgs(m: &msghdr) -> Result<(SendFlags, Option<MapReq>), Errno> {
     let mut f = SendFlags::default();
+    let mut map = None;
     if m.msg_control.is_null() || m.msg_controllen < size_of::<cmsghdr>() {
-        return Ok(f);
+        return Ok((f, map));
     }
     let base = m.msg_control.cast::<u8>();
     let end = m.msg_controllen;
@@ -139,12 +196,22 @@ unsafe fn send_cmsgs(m: &msghdr) -> Result<SendFlags, Errno> {
                     let c: [u8; 8] = data.get(..8).and_then(|d| d.try_into().ok()).ok_or(libc::EINVAL)?;
                     f.rdma_dest = Some(u64::from_ne_bytes(c));
                 }
-                // RDMA and atomics need an IB socket's memory registration
-                // through raw addresses: not offered by the C ABI yet;
-                // over TCP the kernel says EOPNOTSUPP too.
-                RDS_CMSG_RDMA_ARGS | RDS_CMSG_RDMA_MAP | RDS_CMSG_ATOMIC_FADD..=RDS_CMSG_MASKED_ATOMIC_CSWP => {
-                    return Err(libc::EOPNOTSUPP);
+                RDS_CMSG_RDMA_ARGS => {
+                    // SAFETY: the caller's promise about the addresses.
+                    f.rdma = Some(unsafe { rdma_args(data) }?);
                 }
+                RDS_CMSG_RDMA_MAP => {
+                    use crate::opts::u64_at;
+                    if data.len() < 32 {
+                        return Err(libc::EINVAL);
+                    }
+                    // SAFETY: the caller's promise about the addresses.
+                    let seg = unsafe { raw_seg(u64_at(data, 0), u64_at(data, 8)) }?;
+                    map = Some(MapReq { seg, cookie_addr: u64_at(data, 16), flags: u64_at(data, 24) as u32 });
+                }
+                // Atomics: neither transport here has them (the kernel over
+                // TCP says EOPNOTSUPP too).
+                RDS_CMSG_ATOMIC_FADD..=RDS_CMSG_MASKED_ATOMIC_CSWP => return Err(libc::EOPNOTSUPP),
                 _ => return Err(libc::EINVAL),
             }
         }
@@ -152,7 +219,11 @@ unsafe fn send_cmsgs(m: &msghdr) -> Result<SendFlags, Errno> {
         let step = (h.cmsg_len + size_of::<usize>() - 1) & !(size_of::<usize>() - 1);
         off += step;
     }
-    Ok(f)
+    if (f.rdma.is_some()) && (map.is_some() || f.rdma_dest.is_some()) {
+        // rds_rm_size: (DEST, MAP) never with (ARGS, atomics).
+        return Err(libc::EINVAL);
+    }
+    Ok((f, map))
 }
 
 /// `rds_sendmsg`.
@@ -173,7 +244,7 @@ pub unsafe fn sendmsg(e: &Entry, m: &msghdr, flags: c_int) -> Result<usize, Errn
     // SAFETY: the caller's promise about msg_iov.
     let iov = unsafe { iovecs(m.msg_iov, m.msg_iovlen) }?;
     // SAFETY: the caller's promise about msg_control.
-    let mut sf = unsafe { send_cmsgs(m) }?;
+    let (mut sf, map) = unsafe { send_cmsgs(m) }?;
     sf.dontwait = true;
     let gathered;
     let data: &[u8] = match iov {
@@ -191,7 +262,15 @@ pub unsafe fn sendmsg(e: &Entry, m: &msghdr, flags: c_int) -> Result<usize, Errn
             &gathered
         }
     };
-    send(e, data, dst, &sf, flags & libc::MSG_DONTWAIT != 0)
+    let dontwait = flags & libc::MSG_DONTWAIT != 0;
+    match map {
+        None => send(e, data, dst, &sf, dontwait),
+        Some(req) => {
+            let (n, cookie) = e.sock.send_rdma_map(data, dst, &req.seg, req.flags, &sf).map_err(io_errno)?;
+            crate::opts::put_cookie(req.cookie_addr, cookie)?;
+            Ok(n)
+        }
+    }
 }
 
 /// Sends, waiting on the descriptor while a blocking socket has no room

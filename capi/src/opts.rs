@@ -138,11 +138,30 @@ pub unsafe fn set(e: &Entry, level: c_int, name: c_int, v: *const c_void, len: s
             let on = unsafe { read_int(v) }? != 0;
             set_timestamp(e, name, on)
         }
-        (SOL_RDS, RDS_GET_MR | RDS_GET_MR_FOR_DEST | RDS_FREE_MR) => {
-            // Memory registration needs an IB socket; rds-sock's raw form
-            // is not wired to the C ABI yet. The kernel without a transport
-            // that registers memory says EOPNOTSUPP.
-            Err(libc::EOPNOTSUPP)
+        (SOL_RDS, RDS_GET_MR | RDS_GET_MR_FOR_DEST) => {
+            // struct rds_get_mr_args { struct rds_iovec vec; u64 cookie_addr;
+            // u64 flags; }, after a sockaddr_storage for FOR_DEST.
+            let skip = if name == RDS_GET_MR { 0 } else { size_of::<libc::sockaddr_storage>() };
+            if len as usize != skip + 32 {
+                return Err(libc::EINVAL);
+            }
+            // SAFETY: len bytes at v.
+            let b = unsafe { read_bytes(v, len) }?;
+            let (addr, bytes, cookie_addr, flags) =
+                (u64_at(b, skip), u64_at(b, skip + 8), u64_at(b, skip + 16), u64_at(b, skip + 24));
+            // SAFETY: the kernel's contract for RDS_GET_MR, which a C caller
+            // accepts: the memory is the caller's until the MR is released.
+            let cookie = unsafe { s.get_mr_raw(addr, bytes, flags as u32) }.map_err(io_errno)?;
+            put_cookie(cookie_addr, cookie)
+        }
+        (SOL_RDS, RDS_FREE_MR) => {
+            // struct rds_free_mr_args { rds_rdma_cookie_t cookie; u64 flags; }
+            if len as usize != 16 {
+                return Err(libc::EINVAL);
+            }
+            // SAFETY: 16 bytes at v.
+            let b = unsafe { read_bytes(v, 16) }?;
+            s.free_mr(u64_at(b, 0), u64_at(b, 8) as u32).map_err(io_errno)
         }
         (SOL_RDS, _) => Err(libc::ENOPROTOOPT),
         (libc::SOL_SOCKET, libc::SO_SNDBUF) => s.set_send_buffer_size(int()?.max(0) as usize).map_err(io_errno),
@@ -180,6 +199,22 @@ pub unsafe fn set(e: &Entry, level: c_int, name: c_int, v: *const c_void, len: s
         (libc::SOL_SOCKET, _) => Err(libc::ENOPROTOOPT),
         _ => Err(libc::ENOPROTOOPT),
     }
+}
+
+pub(crate) fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from_ne_bytes(b[at..at + 8].try_into().unwrap_or_default())
+}
+
+/// Writes a cookie where `cookie_addr` (a C pointer, 0 for none) points,
+/// as `__rds_rdma_map` does; EFAULT for an address the kernel could not
+/// write is beyond what we can tell: a non-NULL address is trusted.
+pub(crate) fn put_cookie(cookie_addr: u64, cookie: u64) -> Result<(), Errno> {
+    if cookie_addr != 0 {
+        // SAFETY: the caller named this address for the cookie (the
+        // kernel's contract for cookie_addr).
+        unsafe { (cookie_addr as usize as *mut u64).write_unaligned(cookie) };
+    }
+    Ok(())
 }
 
 fn set_timestamp(e: &Entry, name: c_int, on: bool) -> Result<(), Errno> {

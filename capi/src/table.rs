@@ -96,11 +96,10 @@ pub fn is_ours(fd: RawFd) -> bool {
 /// open descriptor (what the kernel says for a file).
 pub fn get(fd: RawFd) -> Result<Arc<Entry>, Errno> {
     if fd >= 0 {
-        if let Some(Some(Slot::Live(e))) = TABLE.read().slots.get(fd as usize) {
-            return Ok(e.clone());
-        }
-        if let Some(Some(Slot::Dead)) = TABLE.read().slots.get(fd as usize) {
-            return Err(libc::EBADF);
+        match TABLE.read().slots.get(fd as usize) {
+            Some(Some(Slot::Live(e))) => return Ok(e.clone()),
+            Some(Some(Slot::Dead)) => return Err(libc::EBADF),
+            _ => {}
         }
     }
     // SAFETY: F_GETFD only reads the descriptor's flags.
@@ -255,11 +254,15 @@ pub fn dup3(old: RawFd, new: RawFd, flags: libc::c_int, is_dup2: bool) -> Result
 
 /// After fork, in the child: the engine's threads do not exist here, so
 /// forget the parent's engine and sockets without running their drops
-/// (they would wait for those threads). Inherited numbers stay open and
-/// mapped as dead: every call on them fails with EBADF but close, which
-/// frees the number. New sockets start a new engine. Idempotent (the
-/// atfork handler and the shim may both call it).
+/// (they would wait for those threads; `Engine::forget_after_fork` also
+/// clears the dead threads out of parking_lot's wait queue). Inherited
+/// numbers stay open and mapped as dead: every call on them fails with
+/// EBADF but close, which frees the number. New sockets start a new
+/// engine. Idempotent, and safe to call before the library's own atfork
+/// child handler (the shim's handler may run first): it releases the locks
+/// the prepare handler took.
 pub fn fork_child() {
+    release_fork_locks(true);
     // SAFETY: getpid has no preconditions.
     let me = unsafe { libc::getpid() };
     let owner = OWNER_PID.load(Ordering::Acquire);
@@ -268,7 +271,7 @@ pub fn fork_child() {
     }
     let mut t = TABLE.write();
     if let Some(e) = t.engine.take() {
-        std::mem::forget(e);
+        e.forget_after_fork();
     }
     for s in t.slots.iter_mut() {
         if let Some(Slot::Live(e)) = s.take() {
@@ -280,28 +283,47 @@ pub fn fork_child() {
     OWNER_PID.store(me, Ordering::Release);
 }
 
+/// Set while `atfork_prepare` holds the table and the engine lock across a
+/// fork; whoever runs first in the child (the atfork child handler, or the
+/// shim's own handler calling `rds_fork_child` before it) releases them.
+static FORK_LOCKED: AtomicBool = AtomicBool::new(false);
+/// The process that forks while FORK_LOCKED is set.
+static FORK_PARENT: AtomicI32 = AtomicI32::new(0);
+
 /// pthread_atfork handlers: no fork happens while a thread holds the table
 /// (the child would inherit it locked).
 pub extern "C" fn atfork_prepare() {
     std::mem::forget(ENGINE_INIT.lock());
     std::mem::forget(TABLE.write());
+    // SAFETY: getpid has no preconditions.
+    FORK_PARENT.store(unsafe { libc::getpid() }, Ordering::Relaxed);
+    FORK_LOCKED.store(true, Ordering::Release);
+}
+
+/// Releases what `atfork_prepare` took, once: in the parent, or in the
+/// child (`in_child`: not in the forking process itself, where another
+/// thread's stray `rds_fork_child` must not release them).
+fn release_fork_locks(in_child: bool) {
+    // SAFETY: getpid has no preconditions.
+    if in_child && unsafe { libc::getpid() } == FORK_PARENT.load(Ordering::Relaxed) {
+        return;
+    }
+    if FORK_LOCKED.swap(false, Ordering::AcqRel) {
+        // SAFETY: atfork_prepare locked both in the forking thread and forgot
+        // the guards; the flag makes sure they are released once, by that
+        // thread (the parent) or by the child's only thread.
+        unsafe {
+            TABLE.force_unlock_write();
+            ENGINE_INIT.force_unlock();
+        }
+    }
 }
 
 pub extern "C" fn atfork_parent() {
-    // SAFETY: atfork_prepare locked both in this thread and forgot the guards.
-    unsafe {
-        TABLE.force_unlock_write();
-        ENGINE_INIT.force_unlock();
-    }
+    release_fork_locks(false);
 }
 
 pub extern "C" fn atfork_child() {
-    // SAFETY: as atfork_parent: the forking thread locked both before fork,
-    // and it is the one thread of the child.
-    unsafe {
-        TABLE.force_unlock_write();
-        ENGINE_INIT.force_unlock();
-    }
     fork_child();
 }
 

@@ -377,3 +377,218 @@ fn rds_info_sockets_lists_ours() {
     assert_eq!(l2 as usize % each as usize, 0);
     rds_close(fd);
 }
+
+/// A msghdr sending `data` to `to` with one control message.
+fn send_cmsg(fd: c_int, data: &[u8], to: &str, level: c_int, ty: c_int, payload: &[u8]) -> isize {
+    let (s, l) = sa(to);
+    let mut iov = libc::iovec { iov_base: data.as_ptr() as *mut c_void, iov_len: data.len() };
+    let mut ctl = [0u64; 16];
+    // SAFETY: CMSG_LEN is pure arithmetic.
+    let clen = unsafe { libc::CMSG_LEN(payload.len() as u32) } as usize;
+    // SAFETY: zeroed plain data.
+    let mut m: libc::msghdr = unsafe { zeroed() };
+    m.msg_name = (&s as *const libc::sockaddr_storage) as *mut c_void;
+    m.msg_namelen = l;
+    m.msg_iov = &mut iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl.as_mut_ptr().cast();
+    // SAFETY: CMSG_SPACE is pure arithmetic.
+    m.msg_controllen = unsafe { libc::CMSG_SPACE(payload.len() as u32) } as usize;
+    // SAFETY: the control buffer holds CMSG_SPACE(len) bytes.
+    unsafe {
+        let h = libc::CMSG_FIRSTHDR(&m);
+        (*h).cmsg_len = clen as _;
+        (*h).cmsg_level = level;
+        (*h).cmsg_type = ty;
+        std::ptr::copy_nonoverlapping(payload.as_ptr(), libc::CMSG_DATA(h), payload.len());
+    }
+    rds_sendmsg(fd, &m, 0)
+}
+
+#[test]
+fn rdma_over_tcp_fails_as_the_kernels() {
+    let fd = bound("127.0.0.1:4181");
+    let b = bound("127.0.0.2:4182");
+    let mem = [0u8; 64];
+    let mut cookie: u64 = 7;
+    // struct rds_get_mr_args { rds_iovec vec; u64 cookie_addr; u64 flags; }
+    let args: [u64; 4] = [mem.as_ptr() as u64, 64, (&mut cookie as *mut u64) as u64, 0];
+    let p = args.as_ptr().cast();
+    assert_eq!(rds_setsockopt(fd, 276, 2, p, 31), -1, "GET_MR with a short length");
+    assert_eq!(errno(), libc::EINVAL);
+    assert_eq!(rds_setsockopt(fd, 276, 2, p, 32), -1, "GET_MR over TCP");
+    assert_eq!(errno(), libc::EOPNOTSUPP);
+    assert_eq!(cookie, 7, "no cookie written");
+    let unbound = sock();
+    assert_eq!(rds_setsockopt(unbound, 276, 2, p, 32), -1);
+    assert_eq!(errno(), libc::ENOTCONN, "GET_MR unbound");
+    let free: [u64; 2] = [0x1234, 0];
+    assert_eq!(rds_setsockopt(fd, 276, 3, free.as_ptr().cast(), 16), -1, "FREE_MR of no MR");
+    assert_eq!(errno(), libc::EINVAL);
+    // cmsgs: RDMA_ARGS and RDMA_MAP over TCP, atomics, unknown types.
+    let iov: [u64; 2] = [mem.as_ptr() as u64, 64];
+    let rargs: [u64; 7] = [1, 0, 64, iov.as_ptr() as u64, 1, 0, 0];
+    // SAFETY: plain u64s viewed as bytes.
+    let rbytes = unsafe { std::slice::from_raw_parts(rargs.as_ptr().cast::<u8>(), 56) };
+    assert_eq!(send_cmsg(fd, b"x", "127.0.0.2:4182", 276, 1, rbytes), -1, "RDMA_ARGS over TCP");
+    assert_eq!(errno(), libc::EOPNOTSUPP);
+    // SAFETY: as above.
+    let mbytes = unsafe { std::slice::from_raw_parts(args.as_ptr().cast::<u8>(), 32) };
+    assert_eq!(send_cmsg(fd, b"x", "127.0.0.2:4182", 276, 3, mbytes), -1, "RDMA_MAP over TCP");
+    assert_eq!(errno(), libc::EOPNOTSUPP);
+    assert_eq!(send_cmsg(fd, b"x", "127.0.0.2:4182", 276, 6, &[0u8; 40]), -1, "atomic");
+    assert_eq!(errno(), libc::EOPNOTSUPP);
+    assert_eq!(send_cmsg(fd, b"x", "127.0.0.2:4182", 276, 99, &[0u8; 8]), -1, "unknown SOL_RDS cmsg");
+    assert_eq!(errno(), libc::EINVAL);
+    // A cmsg of another level is skipped, as rds_cmsg_send does.
+    assert_eq!(send_cmsg(fd, b"other level", "127.0.0.2:4182", libc::SOL_SOCKET, 1, &[0u8; 4]), 11);
+    let mut buf = [0u8; 32];
+    assert_eq!(recv(b, &mut buf, 0).0, 11);
+    assert_eq!(&buf[..11], b"other level");
+    assert_eq!(recv(b, &mut buf, libc::MSG_DONTWAIT).0, -1, "the refused sends sent nothing");
+    for f in [fd, b, unbound] {
+        rds_close(f);
+    }
+}
+
+#[test]
+fn so_timestamp_cmsg_and_ctrunc() {
+    // The sender is another engine (rds-sock's Rust API on 127.0.0.3), so
+    // the datagrams come over TCP: rds-core's loopback transport does not
+    // stamp receive times.
+    let cfg = rds_sock::EngineConfig { info_dir: None, ..Default::default() };
+    let other = rds_sock::Engine::new(cfg).unwrap();
+    let a = other.socket().unwrap();
+    a.bind("127.0.0.3:4191".parse().unwrap()).unwrap();
+    let b = bound("127.0.0.2:4192");
+    let one: c_int = 1;
+    assert_eq!(rds_setsockopt(b, libc::SOL_SOCKET, libc::SO_TIMESTAMP, (&one as *const c_int).cast(), 4), 0);
+    let before = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs() as i64;
+    a.send_to(b"stamped", "127.0.0.2:4192".parse().unwrap()).unwrap();
+    a.send_to(b"stamped", "127.0.0.2:4192".parse().unwrap()).unwrap();
+    let mut data = [0u8; 16];
+    let mut iov = libc::iovec { iov_base: data.as_mut_ptr().cast(), iov_len: 16 };
+    let mut ctl = [0u64; 8];
+    // SAFETY: zeroed plain data.
+    let mut m: libc::msghdr = unsafe { zeroed() };
+    m.msg_iov = &mut iov;
+    m.msg_iovlen = 1;
+    m.msg_control = ctl.as_mut_ptr().cast();
+    m.msg_controllen = 64;
+    assert_eq!(rds_recvmsg(b, &mut m, 0), 7);
+    // SAFETY: CMSG_SPACE is arithmetic.
+    assert_eq!(m.msg_controllen, unsafe { libc::CMSG_SPACE(16) } as usize, "one SCM_TIMESTAMP");
+    assert_eq!(m.msg_flags, 0);
+    // SAFETY: the control buffer holds the cmsg the call wrote.
+    let (level, ty, tv) = unsafe {
+        let h = libc::CMSG_FIRSTHDR(&m);
+        ((*h).cmsg_level, (*h).cmsg_type, libc::CMSG_DATA(h).cast::<libc::timeval>().read_unaligned())
+    };
+    assert_eq!((level, ty), (libc::SOL_SOCKET, libc::SCM_TIMESTAMP));
+    assert!(tv.tv_sec >= before && tv.tv_sec <= before + 60, "a time of now: {}", tv.tv_sec);
+    assert!((0..1_000_000).contains(&tv.tv_usec));
+    // No room for it: MSG_CTRUNC, nothing written.
+    m.msg_controllen = 8;
+    assert_eq!(rds_recvmsg(b, &mut m, 0), 7);
+    assert_eq!(m.msg_flags & libc::MSG_CTRUNC, libc::MSG_CTRUNC);
+    assert_eq!(m.msg_controllen, 0);
+    rds_close(b);
+    drop(a);
+    other.shutdown(std::time::Duration::from_secs(1));
+}
+
+#[test]
+fn ipv6_addresses() {
+    let fd = sock();
+    // SAFETY: zeroed plain data.
+    let mut sin6: libc::sockaddr_in6 = unsafe { zeroed() };
+    sin6.sin6_family = libc::AF_INET6 as u16;
+    sin6.sin6_port = 4201u16.to_be();
+    sin6.sin6_addr.s6_addr[15] = 1;
+    let p = (&sin6 as *const libc::sockaddr_in6).cast::<sockaddr>();
+    assert_eq!(rds_bind(fd, p, 27), -1, "a short sockaddr_in6");
+    assert_eq!(errno(), libc::EINVAL);
+    assert_eq!(rds_bind(fd, p, 28), 0, "bind [::1]:4201: {}", errno());
+    // SAFETY: zeroed plain data.
+    let mut out: libc::sockaddr_in6 = unsafe { zeroed() };
+    let mut len: socklen_t = 28;
+    assert_eq!(rds_getsockname(fd, (&mut out as *mut libc::sockaddr_in6).cast(), &mut len), 0);
+    assert_eq!((len, out.sin6_family, u16::from_be(out.sin6_port)), (28, libc::AF_INET6 as u16, 4201));
+    assert_eq!(out.sin6_addr.s6_addr, sin6.sin6_addr.s6_addr);
+    // A datagram to itself over IPv6, the sender as a sockaddr_in6.
+    let msg = b"six";
+    assert_eq!(rds_sendto(fd, msg.as_ptr().cast(), 3, 0, p, 28), 3);
+    let mut buf = [0u8; 8];
+    // SAFETY: zeroed plain data.
+    let mut from: libc::sockaddr_in6 = unsafe { zeroed() };
+    let mut flen: socklen_t = 28;
+    let n = rds_recvfrom(fd, buf.as_mut_ptr().cast(), 8, 0, (&mut from as *mut libc::sockaddr_in6).cast(), &mut flen);
+    assert_eq!((n, &buf[..3], flen), (3, &msg[..], 28));
+    assert_eq!(u16::from_be(from.sin6_port), 4201);
+    rds_close(fd);
+}
+
+#[test]
+fn cancel_sent_to_drops_what_is_queued() {
+    let unbound = sock();
+    let (to, _) = sa("127.0.0.3:4211");
+    let p = (&to as *const libc::sockaddr_storage).cast::<c_void>();
+    assert_eq!(rds_setsockopt(unbound, 276, 1, p, 16), -1);
+    assert_eq!(errno(), libc::ENOTCONN, "unbound");
+    let fd = bound("127.0.0.1:4212");
+    assert_eq!(rds_setsockopt(fd, 276, 1, p, 15), -1);
+    assert_eq!(errno(), libc::EINVAL, "shorter than a sockaddr_in");
+    // Nobody serves 127.0.0.3: the datagrams wait in the send queue.
+    assert_eq!(rds_fcntl(fd, libc::F_SETFL, libc::O_NONBLOCK as libc::c_long), 0);
+    let mut sent = 0;
+    while send(fd, &[7u8; 1000], "127.0.0.3:4211") == 1000 {
+        sent += 1;
+        assert!(sent < 10_000);
+    }
+    assert!(sent > 0);
+    assert_eq!(poll1(fd, libc::POLLOUT, 0) & libc::POLLOUT, 0, "full");
+    assert_eq!(rds_setsockopt(fd, 276, 1, p, 16), 0);
+    assert_ne!(poll1(fd, libc::POLLOUT, 5000) & libc::POLLOUT, 0, "room again once they are dropped");
+    assert_eq!(send(fd, &[7u8; 1000], "127.0.0.3:4211"), 1000);
+    rds_close(fd);
+    rds_close(unbound);
+}
+
+#[test]
+fn connect_sets_the_default_destination_and_tos() {
+    let a = bound("127.0.0.1:4221");
+    let b = bound("127.0.0.2:4222");
+    let mut tos: u8 = 3;
+    assert_eq!(rds_ioctl(a, 0x89E0, (&mut tos as *mut u8).cast()), 0, "SIOCRDSSETTOS before any connection");
+    let mut got: u8 = 9;
+    assert_eq!(rds_ioctl(a, 0x89E1, (&mut got as *mut u8).cast()), 0);
+    assert_eq!(got, 0, "TCP maps every TOS to 0, as rds_tcp_get_tos_map");
+    let unbound = sock();
+    assert_eq!(rds_ioctl(unbound, 0x89E0, (&mut tos as *mut u8).cast()), -1);
+    assert_eq!(errno(), libc::ENOTTY, "no transport yet: no TOS map");
+    rds_close(unbound);
+    let (any, l) = sa("0.0.0.0:4222");
+    assert_eq!(rds_connect(a, (&any as *const libc::sockaddr_storage).cast(), l), -1);
+    assert_eq!(errno(), libc::EDESTADDRREQ);
+    let mut unix = any;
+    unix.ss_family = libc::AF_UNIX as u16;
+    assert_eq!(rds_connect(a, (&unix as *const libc::sockaddr_storage).cast(), l), -1);
+    assert_eq!(errno(), libc::EAFNOSUPPORT);
+    let (to, l) = sa("127.0.0.2:4222");
+    assert_eq!(rds_connect(a, (&to as *const libc::sockaddr_storage).cast(), l), 0);
+    // SAFETY: zeroed plain data.
+    let mut peer: libc::sockaddr_in = unsafe { zeroed() };
+    let mut plen: socklen_t = 16;
+    assert_eq!(rds_getpeername(a, (&mut peer as *mut libc::sockaddr_in).cast(), &mut plen), 0);
+    assert_eq!((plen, u16::from_be(peer.sin_port)), (16, 4222));
+    for i in 0..3u8 {
+        assert_eq!(rds_sendto(a, [i].as_ptr().cast(), 1, 0, null(), 0), 1, "no address: the connected one");
+    }
+    let mut buf = [9u8; 4];
+    for i in 0..3u8 {
+        let (n, from) = recv(b, &mut buf, 0);
+        assert_eq!((n, buf[0], from), (1, i, Some("127.0.0.1:4221".parse().unwrap())));
+    }
+    rds_close(a);
+    rds_close(b);
+}

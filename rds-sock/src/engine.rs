@@ -28,6 +28,7 @@ use crate::info::ipc;
 use crate::readiness::ReadyFd;
 
 mod config;
+mod fork;
 mod introspect;
 
 pub use config::{ENV_IB_PSK_TCP, EngineConfig, RESERVED_FDS, nofile_limit, peers_for_fds};

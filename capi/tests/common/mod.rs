@@ -10,11 +10,12 @@ pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
 }
 
-/// The directory of librds.so: the profile directory of this test binary
-/// (`target/<profile>/deps/<test>` -> `target/<profile>`).
+/// The directory of the librds.so cargo built with this test: the test
+/// binary's own (`target/<profile>/deps/`; the copy in `target/<profile>/`
+/// is only refreshed by a build of the library itself, not of its tests).
 pub fn lib_dir() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    let dir = exe.parent().unwrap().parent().unwrap().to_path_buf();
+    let dir = exe.parent().unwrap().to_path_buf();
     assert!(dir.join("librds.so").exists(), "no librds.so in {} (cargo builds it with the tests)", dir.display());
     dir
 }
