@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what building and testing need on a Debian machine (as root):
 # the Rust toolchain if missing, the C libraries rds-ib builds against, the
-# network tools the tests use, and the VM rig (kernel RDS in qemu) when
-# it can be found. Idempotent; quiet when everything is present.
+# network tools and programs the tests use (qperf for the LD_PRELOAD shim),
+# and the VM rig (kernel RDS in qemu) when it can be found. Idempotent;
+# quiet when everything is present.
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"
 
 need_pkgs=()
-for p in pkg-config libibverbs-dev librdmacm-dev libclang-dev iproute2 python3 binutils xz-utils; do
+for p in pkg-config libibverbs-dev librdmacm-dev libclang-dev iproute2 python3 binutils xz-utils qperf; do
     dpkg -s "$p" >/dev/null 2>&1 || need_pkgs+=("$p")
 done
 # rds-capi's tests build C programs against its header and <linux/rds.h>.

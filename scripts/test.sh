@@ -21,7 +21,9 @@ cargo build --release --workspace --all-targets
 echo "== clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 echo "== tests"
-cargo test --release --workspace
+cargo test --release --workspace --exclude rds-preload
+echo "== the LD_PRELOAD shim (librdspreload.so): unmodified qperf rds_bw / rds_lat, python3's socket module (readiness, EINTR, fork) and tests/kernel/conform.py against rds-conform, on loopback in private network namespaces; qperf under the shim against the kernel's qperf in the VM rig"
+cargo test --release -p rds-preload
 echo "== rds-ib verbs (lints with the RDMA features; rds-ib's unit tests; kernel_ib: RDMA CM against the kernel's rds_rdma over Soft-RoCE in the VM rig)"
 cargo clippy -p rds-ib --all-targets --features verbs -- -D warnings
 cargo clippy -p rds-sock --all-targets --features ib -- -D warnings

@@ -1,0 +1,83 @@
+//! Python's `socket`, `select`, `fcntl`, `os` and `signal` modules,
+//! unmodified, on AF_RDS sockets under the shim (py/readiness.py): poll,
+//! select and epoll (level and edge), non-blocking EAGAIN, MSG_TRUNC, EINTR
+//! from a SIGALRM handler, errno as the kernel, dup, and a forked child that
+//! opens its own RDS socket and exchanges datagrams with its parent over
+//! RDS-TCP; then, through os, fcntl and ctypes, the calls Python's socket
+//! methods do not make (readv, writev, sendmmsg, recvmmsg, __read_chk,
+//! F_DUPFD, dup2 onto an RDS socket, shutdown / accept / socketpair).
+//! Skips (SKIP line) only when python3 is missing.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{Proc, preloaded, private_net, program};
+
+/// The checks py/readiness.py prints, in its order.
+const CHECKS: &[&str] = &[
+    "socket_dgram_esocktnosupport",
+    "sendto_unbound_enotconn",
+    "getsockname",
+    "getpeername_unconnected_enotconn",
+    "send_unconnected_enotconn",
+    "listen_eopnotsupp",
+    "write_eopnotsupp",
+    "poll_empty",
+    "poll_pollout",
+    "epoll_empty",
+    "poll_pollin",
+    "select_readable",
+    "epoll_level",
+    "epoll_edge_once",
+    "recvfrom",
+    "read",
+    "poll_drained",
+    "epoll_edge_after_drain",
+    "recv",
+    "msg_dontwait_eagain",
+    "nonblocking_blockingioerror",
+    "fcntl_o_nonblock",
+    "fcntl_getfl",
+    "msg_trunc_flag",
+    "msg_trunc_length",
+    "getpeername",
+    "send_connected",
+    "dup_read",
+    "dup_survives_close",
+    "eintr",
+    "fork_child_exit",
+    "fork_exchange",
+    "writev_eopnotsupp",
+    "shutdown_eopnotsupp",
+    "accept_eopnotsupp",
+    "socketpair_eopnotsupp",
+    "read_zero",
+    "readv",
+    "fcntl_f_dupfd",
+    "sendmmsg",
+    "recvmmsg",
+    "read_chk",
+    "dup2_onto_rds",
+    "dup2_rds_port_free",
+    "passthrough_socketpair",
+];
+
+#[test]
+fn python_socket_module_under_the_shim() {
+    let Some(py) = program("python3", "python_socket_module_under_the_shim") else { return };
+    private_net();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/readiness.py");
+    let mut cmd = preloaded(&py);
+    cmd.arg(&script);
+    let (code, out, err) = Proc::spawn("python3", &mut cmd).finish(Duration::from_secs(90));
+    println!("{out}");
+    eprintln!("{err}");
+    let oks: Vec<&str> = out.lines().filter_map(|l| l.strip_prefix("OK ")).collect();
+    let fails: Vec<&str> = out.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert!(fails.is_empty(), "failed checks: {fails:#?}");
+    assert_eq!(oks, CHECKS, "checks passed, in order");
+    assert!(out.lines().any(|l| l == "DONE"), "the script did not finish");
+    assert_eq!(code, Some(0), "python3 exit status (None: killed after 90 s)");
+}
