@@ -85,16 +85,23 @@
 //! were cut: `tcp_rx_partial_discarded` counts connections that ended with
 //! a message partly received (those bytes are discarded; the sender sees
 //! no ack for the message and sends it again), `tcp_tx_partial` those that
-//! ended with a message partly written. [`TcpTransport::abort_path`] is a fault-injection
+//! ended with a message partly written, and `tcp_rx_short_reads` the read
+//! passes a short read ended (see "Receive"). [`TcpTransport::abort_path`] is a fault-injection
 //! hook for tests.
 //!
 //! ## Receive
 //!
 //! The reactor reads with a 256 KiB buffer (large payloads straight into the
-//! message's buffer) until `EAGAIN` or [`TcpConfig::read_budget`] bytes,
-//! splits the stream with [`rds_core::wire::FrameDecoder`], stamps the
+//! message's buffer) until the socket is drained or
+//! [`TcpConfig::read_budget`] bytes, splits the stream with [`rds_core::wire::FrameDecoder`], stamps the
 //! receive time and hands complete messages to
-//! [`TransportSink::received`] in batches. An `h_len` above 1 MiB resets
+//! [`TransportSink::received`] in batches. A read that returns fewer bytes
+//! than offered drained the socket, and ends the pass without the read
+//! that would only return `EAGAIN` (`tcp_rx_short_reads` counts them):
+//! readiness is edge-triggered, and a segment that arrives later raises a
+//! new readable event; an event that brought the peer's FIN or an error
+//! raises none, so that connection is read to its end (the `read` module
+//! of the reactor says why this is safe). An `h_len` above 1 MiB resets
 //! the connection and reports [`DownReason::ProtocolError`], after the
 //! messages that preceded it were delivered. On end of stream or an error
 //! every complete message already read is delivered before
@@ -115,7 +122,7 @@
 //! paused; the resume reads what waits in the socket.
 //!
 //! Before a path above 0 is read, path 0 of the same connection is read
-//! until `EAGAIN` (or the budget: the other path then waits for a later
+//! until it is drained (or the budget: the other path then waits for a later
 //! pass, counted in `tcp_rx_lane_deferred`). A socket's messages move from
 //! path 0 to its own lane once the path-0 ones are acked, and an ack says
 //! our TCP has the bytes, not that we read them; this keeps the lane's

@@ -315,7 +315,8 @@ fn listener_and_address_checks() {
             "tcp_deferred_expired",
             "tcp_deferred_replaced",
             "tcp_accept_no_resources",
-            "tcp_accept_shed"
+            "tcp_accept_shed",
+            "tcp_rx_short_reads"
         ]
     );
     t1.close();
@@ -584,6 +585,55 @@ fn paused_path_holds_the_sender_back_and_resumes() {
     assert_eq!(c.recv_drop_over_limit, 0);
     assert_eq!(b.counter("tcp_rx_frame_stalled"), 0);
     assert!(c.recv_resume >= 1 && !b.with(|n| n.rx_paused(p)));
+    a.shutdown();
+    b.shutdown();
+}
+
+/// Request/response: every message arrives in a read of its own, which
+/// returns fewer bytes than the read buffer: that short read ends the pass
+/// (no read that only returns `EAGAIN`), and nothing is lost, duplicated
+/// or reordered, whichever way the replies go. Then the requester goes on
+/// alone while the responder stays silent: the ack timer, not the replies,
+/// must then bring the acks, and the send buffer empties.
+#[test]
+fn ping_pong_reads_end_short_and_a_silent_peer_still_acks() {
+    let a = Host::new(ip("127.0.24.1"), 17115, 241);
+    let b = Host::new(ip("127.0.24.2"), 17115, 242);
+    let d = deadline(60);
+    let sa = a.socket(5000);
+    let sb = b.socket(4000);
+    let (to_b, to_a) = (SocketAddr::new(b.addr, 4000), SocketAddr::new(a.addr, 5000));
+    let short0 = (a.counter("tcp_rx_short_reads"), b.counter("tcp_rx_short_reads"));
+    const ROUNDS: u64 = 400;
+    for i in 0..ROUNDS {
+        a.send(sa, to_b, &Payload::new(pattern(i, 64 + (i as usize % 3) * 1000)), d);
+        let req = b.recv(sb, d);
+        assert_eq!(req.from, to_a);
+        assert_eq!(index_of(&req.payload), i, "request order");
+        assert!(req.payload[..] == pattern(i, 64 + (i as usize % 3) * 1000)[..], "request {i}");
+        b.send(sb, to_a, &Payload::new(pattern(1_000_000 + i, 64)), d);
+        let rep = a.recv(sa, d);
+        assert_eq!(index_of(&rep.payload), 1_000_000 + i, "reply order");
+        assert!(rep.payload[..] == pattern(1_000_000 + i, 64)[..], "reply {i}");
+    }
+    let short = (a.counter("tcp_rx_short_reads") - short0.0, b.counter("tcp_rx_short_reads") - short0.1);
+    // Each message was alone in its socket when its event came; a few may
+    // share a read with a congestion map or a probe.
+    assert!(short.0 >= ROUNDS / 2 && short.1 >= ROUNDS / 2, "short reads ended the passes: {short:?}");
+    a.wait_for(d, "requests acked", |n| n.snd_bytes(sa) == 0);
+    b.wait_for(d, "replies acked", |n| n.snd_bytes(sb) == 0);
+    // The responder falls silent: only the requester sends.
+    for i in ROUNDS..ROUNDS + 40 {
+        a.send(sa, to_b, &Payload::new(pattern(i, 4000)), d);
+    }
+    for i in ROUNDS..ROUNDS + 40 {
+        let m = b.recv(sb, d);
+        assert_eq!(index_of(&m.payload), i, "one-way order");
+        assert!(m.payload[..] == pattern(i, 4000)[..], "one-way {i}");
+    }
+    a.wait_for(d, "one-way messages acked with the peer silent", |n| n.snd_bytes(sa) == 0);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!matches!(b.with(|n| n.recv(sb, false)), Ok(Received::Data(_))), "nothing more, nothing twice");
     a.shutdown();
     b.shutdown();
 }
