@@ -61,12 +61,21 @@
 //! [`TransportSink::acked`] reports the highest sequence number whose end
 //! is covered. Congestion-map updates (sequence 0) are written but never
 //! tracked. The kernel learns of acks in `sk_write_space`; we poll
-//! `SIOCOUTQ` instead: after every write, whenever the connection is
-//! readable or writable, and, while messages await their ack, on a reactor
-//! timer (a `timerfd`, finer than epoll's milliseconds) that starts at
-//! [`TcpConfig::ack_poll_min`] and backs off to [`TcpConfig::ack_poll_max`]
-//! while nothing changes. A transmitting thread that starts the wait for
-//! acks arms that timer itself rather than waking the reactor.
+//! `SIOCOUTQ` instead: every 256 KiB a transmitting thread writes, at each
+//! readable or writable event of a connection with messages awaiting their
+//! ack (one left with none is no longer watched until it sends again), and
+//! on a reactor timer (a `timerfd`, finer than epoll's milliseconds). The
+//! timer first fires [`TcpConfig::ack_poll_min`] after a message starts the
+//! wait, or [`TcpConfig::ack_poll_max`] when the connection had a readable
+//! event within that long (its events poll the acks: in request/response
+//! traffic the reply brings the request's ack, and the timer is only the
+//! fallback for a peer that falls silent), then backs off from the minimum
+//! to the maximum while nothing changes. A transmitting thread that starts
+//! the wait for acks arms that timer itself rather than waking the reactor.
+//! The timer is only ever moved earlier, never later (a deadline that went
+//! away costs one early wake-up, not a `timerfd_settime` per message), and
+//! deadlines 2 ms away or more (stall sweeps, drains, retries) use epoll's
+//! own millisecond timeout instead.
 //!
 //! ## Introspection
 //!

@@ -74,6 +74,10 @@ pub(crate) struct PathConn {
     pub last_write: AtomicU64,
     /// The reactor will flush this connection at the end of a window.
     pub flush_pending: AtomicBool,
+    /// [`now_ns`] of the last readable event: the reactor polls the acks
+    /// of a watched connection at each of its events, so one that receives
+    /// needs its ack timer only as a fallback.
+    pub last_rx_event: AtomicU64,
 }
 
 impl PathConn {
@@ -104,6 +108,7 @@ impl PathConn {
             rx: Mutex::new(RxState { decoder: FrameDecoder::default(), progress_at: std::time::Instant::now() }),
             last_write: AtomicU64::new(0),
             flush_pending: AtomicBool::new(false),
+            last_rx_event: AtomicU64::new(0),
         }
     }
 

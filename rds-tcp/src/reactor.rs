@@ -87,10 +87,15 @@ struct TimerShared {
 }
 
 impl TimerShared {
+    /// Makes the timerfd fire at `at` or earlier. An armed timer is only
+    /// ever moved earlier, never later: a deadline that went away (the
+    /// acks it was for came with an event) costs at most one early
+    /// wake-up, where moving it each time costs a `timerfd_settime` per
+    /// message. False without a timerfd or when arming failed.
     fn arm_at(&mut self, at: Instant, now: Instant) -> bool {
         match &mut self.fd {
             Some(fd) => {
-                if self.at != Some(at) {
+                if self.at.is_none_or(|x| at < x) {
                     if fd.arm(at.saturating_duration_since(now)).is_err() {
                         return false;
                     }
@@ -102,6 +107,12 @@ impl TimerShared {
         }
     }
 }
+
+/// Deadlines at least this far away are left to epoll's timeout (whole
+/// milliseconds, rounded up by mio) instead of the timerfd: the stall
+/// sweep, drains, accept retries and deferred connections need no finer
+/// resolution, and they then cost no `timerfd_settime`.
+const COARSE: Duration = Duration::from_millis(2);
 
 /// What other threads hold of a reactor.
 pub(crate) struct ReactorHandle {
@@ -141,7 +152,7 @@ impl ReactorHandle {
         let armed = {
             let mut t = self.timer.lock();
             t.flush_in.push((at, conn.clone()));
-            if t.at.is_some_and(|x| x <= at) { true } else { t.arm_at(at.max(now), now) }
+            t.arm_at(at.max(now), now)
         };
         if !armed {
             conn.flush_pending.store(false, std::sync::atomic::Ordering::SeqCst);
@@ -159,7 +170,7 @@ impl ReactorHandle {
         let armed = {
             let mut t = self.timer.lock();
             t.watch_in.push(conn.clone());
-            if t.at.is_some_and(|x| x <= at) { true } else { t.arm_at(at, now) }
+            t.arm_at(at, now)
         };
         if !armed {
             // No timerfd: fall back to a command wake-up.
@@ -316,9 +327,10 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
 }
 
 impl Reactor {
-    /// The poll timeout: zero when work is pending, else the next timer
-    /// (through the timerfd, whose resolution is finer than epoll's
-    /// milliseconds).
+    /// The poll timeout: zero when work is pending, else the next timer:
+    /// through the timerfd (whose resolution is finer than epoll's
+    /// milliseconds) when it is less than [`COARSE`] away, else epoll's
+    /// own timeout.
     fn timeout(&mut self) -> Option<Duration> {
         let handle = &self.inner.reactors[self.idx];
         let mut t = handle.timer.lock();
@@ -366,7 +378,7 @@ impl Reactor {
         if at <= now {
             return Some(Duration::ZERO);
         }
-        if t.arm_at(at, now) { None } else { Some(at - now) }
+        if at - now >= COARSE || !t.arm_at(at, now) { Some(at - now) } else { None }
     }
 
     /// Runs queued commands; false on Stop.
@@ -522,6 +534,9 @@ impl Reactor {
                 }
             }
             UP | DRAINING => {
+                if readable {
+                    conn.last_rx_event.store(crate::path_conn::now_ns(), SeqCst);
+                }
                 if writable {
                     conn.wr_gen.fetch_add(1, SeqCst);
                     if conn.wait_writable.swap(false, SeqCst) {
@@ -581,5 +596,35 @@ impl Reactor {
             sink.path_down(conn.info.id, conn.info.inst, why);
         }
         self.deferred_due(conn.info.faddr);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The shared timer is moved earlier, never later: a deadline that
+    /// went away costs one early wake-up, not a `timerfd_settime` per
+    /// message; and it fires at the earliest deadline asked for.
+    #[test]
+    fn timer_only_moves_earlier() {
+        let mut t =
+            TimerShared { fd: crate::sys::TimerFd::new().ok(), at: None, watch_in: Vec::new(), flush_in: Vec::new() };
+        assert!(t.fd.is_some(), "timerfd available");
+        let now = Instant::now();
+        let (near, mid, far) =
+            (now + Duration::from_millis(100), now + Duration::from_secs(2), now + Duration::from_secs(5));
+        assert!(t.arm_at(mid, now));
+        assert_eq!(t.at, Some(mid));
+        assert!(t.arm_at(far, now), "a later deadline is covered by the armed one");
+        assert_eq!(t.at, Some(mid), "not moved later");
+        assert!(t.arm_at(near, now));
+        assert_eq!(t.at, Some(near), "moved earlier");
+        // It fires at the earliest deadline (100 ms), long before the
+        // middle one (2 s).
+        let fd = t.fd.as_mut().unwrap();
+        assert!(!fd.clear(), "not fired yet");
+        std::thread::sleep(Duration::from_millis(400));
+        assert!(fd.clear(), "fired at the earliest deadline");
     }
 }

@@ -100,6 +100,21 @@ impl Inner {
         }
     }
 
+    /// When the reactor's ack timer must first poll a connection that
+    /// starts awaiting acks: [`crate::TcpConfig::ack_poll_min`], or
+    /// [`crate::TcpConfig::ack_poll_max`] when the connection had a readable
+    /// event within that long. The reactor polls the acks of a watched
+    /// connection at each of its events, so in request/response traffic the
+    /// response brings the request's ack and the timer is only a fallback
+    /// for when the peer falls silent: armed once per `ack_poll_max`
+    /// instead of once per message (a `timerfd_settime` and, as the
+    /// deadline is never moved later, an early reactor wake-up each).
+    fn ack_timer(&self, conn: &PathConn) -> std::time::Duration {
+        let (min, max) = (self.cfg.ack_poll_min, self.cfg.ack_poll_max);
+        let since = path_conn::now_ns().saturating_sub(conn.last_rx_event.load(SeqCst));
+        if conn.last_rx_event.load(SeqCst) != 0 && u128::from(since) < max.as_nanos() { max } else { min }
+    }
+
     /// One transmitter's work: write what is queued, pull more, repeat.
     fn xmit_round(&self, conn: &Arc<PathConn>, on_reactor: bool) -> Round {
         let Some(sink) = self.sink() else { return Round::Dead };
@@ -175,7 +190,7 @@ impl Inner {
                 }
             };
             if notify {
-                self.reactors[conn.reactor].watch(conn.clone(), self.cfg.ack_poll_min);
+                self.reactors[conn.reactor].watch(conn.clone(), self.ack_timer(conn));
             }
         }
     }
