@@ -49,7 +49,8 @@
 //!
 //! [`RdsTransport::kick`] means "pull and send"; the calling thread transmits
 //! inline, as the kernel does, one thread at a time per connection, with
-//! write coalescing ([`TcpConfig::coalesce`]) and `writev` batching: see
+//! write coalescing of one-way streams ([`TcpConfig::coalesce`]) and
+//! `writev` batching: see
 //! the docs of the `xmit` module (`src/xmit.rs`).
 //!
 //! ## Acks
@@ -94,8 +95,9 @@
 //! were cut: `tcp_rx_partial_discarded` counts connections that ended with
 //! a message partly received (those bytes are discarded; the sender sees
 //! no ack for the message and sends it again), `tcp_tx_partial` those that
-//! ended with a message partly written, and `tcp_rx_short_reads` the read
-//! passes a short read ended (see "Receive"). [`TcpTransport::abort_path`] is a fault-injection
+//! ended with a message partly written, `tcp_rx_short_reads` the read
+//! passes a short read ended (see "Receive") and `tcp_tx_coalesced` the
+//! sends left to the end of a write-coalescing window. [`TcpTransport::abort_path`] is a fault-injection
 //! hook for tests.
 //!
 //! ## Receive
@@ -221,12 +223,15 @@ pub struct TcpConfig {
     /// (`tcp_deferred_replaced`), as the kernel lets a new connection
     /// replace a path's old one.
     pub defer_per_peer: usize,
-    /// Write coalescing: an application thread that finds the connection
-    /// written less than this long ago leaves its message queued, and the
-    /// messages of the window go out in one `writev` (by the next send after
-    /// the window, or by the reactor at its end). A message sent after a
-    /// pause goes out at once; back-to-back messages wait at most this long.
-    /// Zero writes every message at once. Default 20 µs
+    /// Write coalescing of one-way streams: once 16 sends in a row came
+    /// each less than this long after the one before, with nothing read by
+    /// the reactor in between, an application thread that finds the
+    /// connection written less than this long ago leaves its message
+    /// queued, and the messages of the window go out in one `writev` (by
+    /// the next send after the window, or by the reactor at its end). A
+    /// message sent after a pause, and request/response traffic, go out at
+    /// once; a stream's messages wait at most this long. Zero writes every
+    /// message at once. Default 20 µs
     /// (`RDS_TCP_COALESCE_US` in the environment overrides it).
     pub coalesce: Duration,
     /// A connection whose partly received message (header or payload) got

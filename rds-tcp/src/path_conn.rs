@@ -5,7 +5,7 @@
 //! decoder).
 
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering::SeqCst};
 
 use mio::Token;
 use parking_lot::Mutex;
@@ -74,6 +74,12 @@ pub(crate) struct PathConn {
     pub last_write: AtomicU64,
     /// The reactor will flush this connection at the end of a window.
     pub flush_pending: AtomicBool,
+    /// [`now_ns`] of the last send from an application thread, and the
+    /// number of sends in a row each within the coalescing window of the
+    /// one before with no readable event on the reactor in between: write
+    /// coalescing starts once such a run shows (`xmit::COALESCE_RUN`).
+    pub last_send: AtomicU64,
+    pub send_run: AtomicU32,
     /// [`now_ns`] of the last readable event: the reactor polls the acks
     /// of a watched connection at each of its events, so one that receives
     /// needs its ack timer only as a fallback.
@@ -108,6 +114,8 @@ impl PathConn {
             rx: Mutex::new(RxState { decoder: FrameDecoder::default(), progress_at: std::time::Instant::now() }),
             last_write: AtomicU64::new(0),
             flush_pending: AtomicBool::new(false),
+            last_send: AtomicU64::new(0),
+            send_run: AtomicU32::new(0),
             last_rx_event: AtomicU64::new(0),
         }
     }

@@ -116,6 +116,9 @@ const COARSE: Duration = Duration::from_millis(2);
 
 /// What other threads hold of a reactor.
 pub(crate) struct ReactorHandle {
+    /// `path_conn::now_ns` of the last readable event of any of its
+    /// connections (write coalescing: a stream is one-way).
+    pub last_rx: std::sync::atomic::AtomicU64,
     waker: Waker,
     cmds: Mutex<Vec<Cmd>>,
     timer: Mutex<TimerShared>,
@@ -128,6 +131,7 @@ impl ReactorHandle {
             poll.registry().register(&mut SourceFd(&t.fd()), TIMER, Interest::READABLE)?;
         }
         Ok(ReactorHandle {
+            last_rx: std::sync::atomic::AtomicU64::new(0),
             waker: Waker::new(poll.registry(), WAKER)?,
             cmds: Mutex::new(Vec::new()),
             timer: Mutex::new(TimerShared { fd, at: None, watch_in: Vec::new(), flush_in: Vec::new() }),
@@ -535,7 +539,9 @@ impl Reactor {
             }
             UP | DRAINING => {
                 if readable {
-                    conn.last_rx_event.store(crate::path_conn::now_ns(), SeqCst);
+                    let now = crate::path_conn::now_ns();
+                    conn.last_rx_event.store(now, SeqCst);
+                    self.inner.reactors[self.idx].last_rx.store(now, SeqCst);
                 }
                 if writable {
                     conn.wr_gen.fetch_add(1, SeqCst);

@@ -47,6 +47,9 @@ pub(crate) struct Stats {
     /// socket was drained) instead of a read that returns `EAGAIN` (ours;
     /// see the `read` module of the reactor).
     pub rx_short_reads: AtomicU64,
+    /// Sends left queued for the end of a write-coalescing window (ours;
+    /// see [`crate::TcpConfig::coalesce`]).
+    pub tx_coalesced: AtomicU64,
 }
 
 impl Stats {
@@ -69,6 +72,7 @@ impl Stats {
             ("tcp_accept_no_resources", self.accept_no_resources.load(Relaxed)),
             ("tcp_accept_shed", self.accept_shed.load(Relaxed)),
             ("tcp_rx_short_reads", self.rx_short_reads.load(Relaxed)),
+            ("tcp_tx_coalesced", self.tx_coalesced.load(Relaxed)),
         ]
     }
 }
