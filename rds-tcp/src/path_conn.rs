@@ -69,6 +69,9 @@ pub(crate) struct PathConn {
     /// every later pass too (one pass stops at the read budget).
     pub rx_ending: AtomicBool,
     pub tx: Mutex<TxState>,
+    /// Messages pulled from the core, kept for the buffer's capacity
+    /// between transmit rounds (only the `in_xmit` holder uses it).
+    pub pull_buf: Mutex<Vec<rds_core::TxMessage>>,
     pub rx: Mutex<RxState>,
     /// [`now_ns`] of the last write (write coalescing).
     pub last_write: AtomicU64,
@@ -111,6 +114,7 @@ impl PathConn {
             requested: Mutex::new(None),
             rx_ending: AtomicBool::new(false),
             tx: Mutex::new(TxState::default()),
+            pull_buf: Mutex::new(Vec::new()),
             rx: Mutex::new(RxState { decoder: FrameDecoder::default(), progress_at: std::time::Instant::now() }),
             last_write: AtomicU64::new(0),
             flush_pending: AtomicBool::new(false),

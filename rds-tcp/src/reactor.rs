@@ -200,6 +200,9 @@ struct Reactor {
     /// Coalescing windows to close (flush at the time).
     flushes: Vec<(Instant, Arc<PathConn>)>,
     rbuf: Vec<u8>,
+    /// The batch of received messages handed to the sink, kept for its
+    /// capacity (the sink drains it).
+    rx_batch: Vec<rds_core::RxMessage>,
     /// Listeners whose accept failed for lack of resources (EMFILE,
     /// ENOBUFS...), retried at this time.
     accept_retry: Option<Instant>,
@@ -239,6 +242,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         rx_more: Vec::new(),
         flushes: Vec::new(),
         rbuf: vec![0; RBUF],
+        rx_batch: Vec::new(),
         accept_retry: None,
         next_stall_sweep: None,
         accept_backoff: ACCEPT_BACKOFF_MIN,
@@ -247,6 +251,8 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         defer_at: None,
     };
     let mut events = Events::with_capacity(1024);
+    // Reused from one pass to the next (no allocation per event).
+    let mut ready: Vec<(u8, Arc<PathConn>, bool, bool, bool)> = Vec::new();
     loop {
         let timeout = r.timeout();
         if let Err(e) = r.poll.poll(&mut events, timeout) {
@@ -261,7 +267,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
             return;
         }
         // Connection events, lower path indexes first.
-        let mut ready: Vec<(u8, Arc<PathConn>, bool, bool, bool)> = Vec::new();
+        ready.clear();
         let mut accept_on = Vec::new();
         for ev in events.iter() {
             match ev.token() {
@@ -294,7 +300,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
             }
         }
         ready.sort_by_key(|e| e.0);
-        for (_, c, rd, wr, end) in ready {
+        for (_, c, rd, wr, end) in ready.drain(..) {
             r.conn_event(&c, rd, wr, end);
         }
         for tok in accept_on {

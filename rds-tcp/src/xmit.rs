@@ -132,9 +132,25 @@ impl Inner {
     fn xmit_round(&self, conn: &Arc<PathConn>, on_reactor: bool) -> Round {
         let Some(sink) = self.sink() else { return Round::Dead };
         let limit = if on_reactor { self.cfg.reactor_xmit_limit } else { self.cfg.inline_limit } as u64;
+        // The connection's pull buffer, for its capacity: only the thread
+        // holding `in_xmit` uses it.
+        let mut msgs = std::mem::take(&mut *conn.pull_buf.lock());
+        let r = self.xmit_loop(conn, &*sink, limit, &mut msgs);
+        msgs.clear();
+        *conn.pull_buf.lock() = msgs;
+        r
+    }
+
+    /// [`Self::xmit_round`] with its sink, byte limit and pull buffer.
+    fn xmit_loop(
+        &self,
+        conn: &Arc<PathConn>,
+        sink: &dyn rds_core::TransportSink,
+        limit: u64,
+        msgs: &mut Vec<TxMessage>,
+    ) -> Round {
         let (id, inst) = (conn.info.id, conn.info.inst);
         let mut sent = 0u64;
-        let mut msgs: Vec<TxMessage> = Vec::new();
         loop {
             let wgen = conn.wr_gen.load(SeqCst);
             let (res, acked) = {
@@ -188,13 +204,13 @@ impl Inner {
                 return Round::Yield;
             }
             msgs.clear();
-            sink.pull(id, inst, self.cfg.pull_budget, &mut msgs);
+            sink.pull(id, inst, self.cfg.pull_budget, msgs);
             if msgs.is_empty() {
                 return Round::Idle;
             }
             let notify = {
                 let mut tx = conn.tx.lock();
-                let tracked = tx.enqueue(&mut msgs);
+                let tracked = tx.enqueue(msgs);
                 if tracked && !tx.watched {
                     tx.watched = true;
                     true
@@ -224,6 +240,9 @@ const COALESCE_RUN: u32 = 16;
 
 /// Bytes a transmitting thread writes between two polls of the acks.
 const ACK_POLL_BYTES: u64 = 256 << 10;
+
+/// Slices a `writev` builds on the stack (8 messages); more go in a vector.
+const IOV_STACK: usize = 16;
 
 /// Slices per `writev` (Linux `IOV_MAX` is 1024).
 const IOV_BATCH: usize = 1024;
@@ -341,22 +360,36 @@ impl TxState {
     pub fn write(&mut self, stream: &TcpStream) -> io::Result<WriteRes> {
         while !self.queue.is_empty() {
             let res = {
-                // Only as many slices as there are messages (two each).
-                let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity((2 * self.queue.len()).min(IOV_BATCH));
+                // A few messages' slices on the stack (no allocation per
+                // write); more in a vector, only as many as needed.
+                let mut small = [IoSlice::new(&[]); IOV_STACK];
+                let mut n = 0;
+                let mut big: Vec<IoSlice<'_>> = Vec::new();
+                let on_stack = 2 * self.queue.len() <= IOV_STACK;
+                if !on_stack {
+                    big.reserve_exact((2 * self.queue.len()).min(IOV_BATCH));
+                }
                 for (i, item) in self.queue.iter().enumerate() {
-                    if iov.len() + 2 > IOV_BATCH {
+                    if n + 2 > IOV_BATCH {
                         break;
                     }
                     let skip = if i == 0 { self.head_off } else { 0 };
-                    if skip < HEADER_LEN {
-                        iov.push(IoSlice::new(&item.hdr[skip..]));
-                    }
                     let pskip = skip.saturating_sub(HEADER_LEN);
-                    if pskip < item.payload.len() {
-                        iov.push(IoSlice::new(&item.payload[pskip..]));
+                    let parts = [
+                        (skip < HEADER_LEN).then(|| IoSlice::new(&item.hdr[skip.min(HEADER_LEN)..])),
+                        (pskip < item.payload.len()).then(|| IoSlice::new(&item.payload[pskip..])),
+                    ];
+                    for part in parts.into_iter().flatten() {
+                        if on_stack {
+                            small[n] = part;
+                        } else {
+                            big.push(part);
+                        }
+                        n += 1;
                     }
                 }
-                (&*stream).write_vectored(&iov)
+                let iov = if on_stack { &small[..n] } else { &big[..] };
+                (&*stream).write_vectored(iov)
             };
             match res {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),

@@ -138,7 +138,10 @@ impl Reactor {
         // A short read drained the socket (module docs), unless the end
         // came with the event: then read on to EOF or the error.
         let short_drains = !force;
-        let mut batch: Vec<RxMessage> = Vec::new();
+        // The reactor's batch, for its capacity (a nested call, should
+        // there be one, starts an empty one).
+        let mut batch: Vec<RxMessage> = std::mem::take(&mut self.rx_batch);
+        batch.clear();
         let mut batch_bytes = 0usize;
         let mut total = 0usize;
         let end = loop {
@@ -209,6 +212,8 @@ impl Reactor {
         if !batch.is_empty() {
             sink.received(id, inst, &mut batch);
         }
+        batch.clear();
+        self.rx_batch = batch;
         match end {
             ReadEnd::Drained | ReadEnd::Paused => {}
             ReadEnd::Budget => {
