@@ -49,7 +49,8 @@
 //!
 //! [`RdsTransport::kick`] means "pull and send"; the calling thread transmits
 //! inline, as the kernel does, one thread at a time per connection, with
-//! write coalescing ([`TcpConfig::coalesce`]) and `writev` batching: see
+//! write coalescing of one-way streams ([`TcpConfig::coalesce`]) and
+//! `writev` batching: see
 //! the docs of the `xmit` module (`src/xmit.rs`).
 //!
 //! ## Acks
@@ -61,12 +62,21 @@
 //! [`TransportSink::acked`] reports the highest sequence number whose end
 //! is covered. Congestion-map updates (sequence 0) are written but never
 //! tracked. The kernel learns of acks in `sk_write_space`; we poll
-//! `SIOCOUTQ` instead: after every write, whenever the connection is
-//! readable or writable, and, while messages await their ack, on a reactor
-//! timer (a `timerfd`, finer than epoll's milliseconds) that starts at
-//! [`TcpConfig::ack_poll_min`] and backs off to [`TcpConfig::ack_poll_max`]
-//! while nothing changes. A transmitting thread that starts the wait for
-//! acks arms that timer itself rather than waking the reactor.
+//! `SIOCOUTQ` instead: every 256 KiB a transmitting thread writes, at each
+//! readable or writable event of a connection with messages awaiting their
+//! ack (one left with none is no longer watched until it sends again), and
+//! on a reactor timer (a `timerfd`, finer than epoll's milliseconds). The
+//! timer first fires [`TcpConfig::ack_poll_min`] after a message starts the
+//! wait, or [`TcpConfig::ack_poll_max`] when the connection had a readable
+//! event within that long (its events poll the acks: in request/response
+//! traffic the reply brings the request's ack, and the timer is only the
+//! fallback for a peer that falls silent), then backs off from the minimum
+//! to the maximum while nothing changes. A transmitting thread that starts
+//! the wait for acks arms that timer itself rather than waking the reactor.
+//! The timer is only ever moved earlier, never later (a deadline that went
+//! away costs one early wake-up, not a `timerfd_settime` per message), and
+//! deadlines 2 ms away or more (stall sweeps, drains, retries) use epoll's
+//! own millisecond timeout instead.
 //!
 //! ## Introspection
 //!
@@ -85,16 +95,24 @@
 //! were cut: `tcp_rx_partial_discarded` counts connections that ended with
 //! a message partly received (those bytes are discarded; the sender sees
 //! no ack for the message and sends it again), `tcp_tx_partial` those that
-//! ended with a message partly written. [`TcpTransport::abort_path`] is a fault-injection
+//! ended with a message partly written, `tcp_rx_short_reads` the read
+//! passes a short read ended (see "Receive") and `tcp_tx_coalesced` the
+//! sends left to the end of a write-coalescing window. [`TcpTransport::abort_path`] is a fault-injection
 //! hook for tests.
 //!
 //! ## Receive
 //!
 //! The reactor reads with a 256 KiB buffer (large payloads straight into the
-//! message's buffer) until `EAGAIN` or [`TcpConfig::read_budget`] bytes,
-//! splits the stream with [`rds_core::wire::FrameDecoder`], stamps the
+//! message's buffer) until the socket is drained or
+//! [`TcpConfig::read_budget`] bytes, splits the stream with [`rds_core::wire::FrameDecoder`], stamps the
 //! receive time and hands complete messages to
-//! [`TransportSink::received`] in batches. An `h_len` above 1 MiB resets
+//! [`TransportSink::received`] in batches. A read that returns fewer bytes
+//! than offered drained the socket, and ends the pass without the read
+//! that would only return `EAGAIN` (`tcp_rx_short_reads` counts them):
+//! readiness is edge-triggered, and a segment that arrives later raises a
+//! new readable event; an event that brought the peer's FIN or an error
+//! raises none, so that connection is read to its end (the `read` module
+//! of the reactor says why this is safe). An `h_len` above 1 MiB resets
 //! the connection and reports [`DownReason::ProtocolError`], after the
 //! messages that preceded it were delivered. On end of stream or an error
 //! every complete message already read is delivered before
@@ -115,7 +133,7 @@
 //! paused; the resume reads what waits in the socket.
 //!
 //! Before a path above 0 is read, path 0 of the same connection is read
-//! until `EAGAIN` (or the budget: the other path then waits for a later
+//! until it is drained (or the budget: the other path then waits for a later
 //! pass, counted in `tcp_rx_lane_deferred`). A socket's messages move from
 //! path 0 to its own lane once the path-0 ones are acked, and an ack says
 //! our TCP has the bytes, not that we read them; this keeps the lane's
@@ -205,12 +223,15 @@ pub struct TcpConfig {
     /// (`tcp_deferred_replaced`), as the kernel lets a new connection
     /// replace a path's old one.
     pub defer_per_peer: usize,
-    /// Write coalescing: an application thread that finds the connection
-    /// written less than this long ago leaves its message queued, and the
-    /// messages of the window go out in one `writev` (by the next send after
-    /// the window, or by the reactor at its end). A message sent after a
-    /// pause goes out at once; back-to-back messages wait at most this long.
-    /// Zero writes every message at once. Default 20 µs
+    /// Write coalescing of one-way streams: once 16 sends in a row came
+    /// each less than this long after the one before, with nothing read by
+    /// the reactor in between, an application thread that finds the
+    /// connection written less than this long ago leaves its message
+    /// queued, and the messages of the window go out in one `writev` (by
+    /// the next send after the window, or by the reactor at its end). A
+    /// message sent after a pause, and request/response traffic, go out at
+    /// once; a stream's messages wait at most this long. Zero writes every
+    /// message at once. Default 20 µs
     /// (`RDS_TCP_COALESCE_US` in the environment overrides it).
     pub coalesce: Duration,
     /// A connection whose partly received message (header or payload) got

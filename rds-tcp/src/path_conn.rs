@@ -5,7 +5,7 @@
 //! decoder).
 
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering::SeqCst};
 
 use mio::Token;
 use parking_lot::Mutex;
@@ -69,11 +69,24 @@ pub(crate) struct PathConn {
     /// every later pass too (one pass stops at the read budget).
     pub rx_ending: AtomicBool,
     pub tx: Mutex<TxState>,
+    /// Messages pulled from the core, kept for the buffer's capacity
+    /// between transmit rounds (only the `in_xmit` holder uses it).
+    pub pull_buf: Mutex<Vec<rds_core::TxMessage>>,
     pub rx: Mutex<RxState>,
     /// [`now_ns`] of the last write (write coalescing).
     pub last_write: AtomicU64,
     /// The reactor will flush this connection at the end of a window.
     pub flush_pending: AtomicBool,
+    /// [`now_ns`] of the last send from an application thread, and the
+    /// number of sends in a row each within the coalescing window of the
+    /// one before with no readable event on the reactor in between: write
+    /// coalescing starts once such a run shows (`xmit::COALESCE_RUN`).
+    pub last_send: AtomicU64,
+    pub send_run: AtomicU32,
+    /// [`now_ns`] of the last readable event: the reactor polls the acks
+    /// of a watched connection at each of its events, so one that receives
+    /// needs its ack timer only as a fallback.
+    pub last_rx_event: AtomicU64,
 }
 
 impl PathConn {
@@ -101,9 +114,13 @@ impl PathConn {
             requested: Mutex::new(None),
             rx_ending: AtomicBool::new(false),
             tx: Mutex::new(TxState::default()),
+            pull_buf: Mutex::new(Vec::new()),
             rx: Mutex::new(RxState { decoder: FrameDecoder::default(), progress_at: std::time::Instant::now() }),
             last_write: AtomicU64::new(0),
             flush_pending: AtomicBool::new(false),
+            last_send: AtomicU64::new(0),
+            send_run: AtomicU32::new(0),
+            last_rx_event: AtomicU64::new(0),
         }
     }
 

@@ -12,7 +12,9 @@
 //!   connections, adopting an accepted connection;
 //! * `read`: reading, framing and delivering, path 0 first, receive flow
 //!   control, stalled partial messages;
-//! * `acks`: polling `SIOCOUTQ` for the acks of written messages.
+//! * `acks`: polling `SIOCOUTQ` for the acks of written messages;
+//! * `timer`: the timer shared with transmitting threads (ack polls, ends
+//!   of coalescing windows), only ever moved earlier.
 
 use rds_core::types::later;
 use std::cell::Cell;
@@ -38,9 +40,11 @@ mod accept;
 mod acks;
 mod connect;
 mod read;
+mod timer;
 
 use accept::{ACCEPT_BACKOFF_MIN, Deferred, reserve};
 use read::RBUF;
+use timer::{COARSE, TimerShared};
 
 const WAKER: Token = Token(0);
 const TIMER: Token = Token(1);
@@ -74,37 +78,11 @@ pub(crate) enum Cmd {
     Stop,
 }
 
-/// The reactor's timer, shared so that a transmitting thread can start ack
-/// polling without waking the reactor.
-struct TimerShared {
-    fd: Option<crate::sys::TimerFd>,
-    /// When the timerfd fires, if armed.
-    at: Option<Instant>,
-    /// Connections that started awaiting acks, not yet seen by the reactor.
-    watch_in: Vec<Arc<PathConn>>,
-    /// Connections to flush at the end of their coalescing window.
-    flush_in: Vec<(Instant, Arc<PathConn>)>,
-}
-
-impl TimerShared {
-    fn arm_at(&mut self, at: Instant, now: Instant) -> bool {
-        match &mut self.fd {
-            Some(fd) => {
-                if self.at != Some(at) {
-                    if fd.arm(at.saturating_duration_since(now)).is_err() {
-                        return false;
-                    }
-                    self.at = Some(at);
-                }
-                true
-            }
-            None => false,
-        }
-    }
-}
-
 /// What other threads hold of a reactor.
 pub(crate) struct ReactorHandle {
+    /// `path_conn::now_ns` of the last readable event of any of its
+    /// connections (write coalescing: a stream is one-way).
+    pub last_rx: std::sync::atomic::AtomicU64,
     waker: Waker,
     cmds: Mutex<Vec<Cmd>>,
     timer: Mutex<TimerShared>,
@@ -117,6 +95,7 @@ impl ReactorHandle {
             poll.registry().register(&mut SourceFd(&t.fd()), TIMER, Interest::READABLE)?;
         }
         Ok(ReactorHandle {
+            last_rx: std::sync::atomic::AtomicU64::new(0),
             waker: Waker::new(poll.registry(), WAKER)?,
             cmds: Mutex::new(Vec::new()),
             timer: Mutex::new(TimerShared { fd, at: None, watch_in: Vec::new(), flush_in: Vec::new() }),
@@ -141,7 +120,7 @@ impl ReactorHandle {
         let armed = {
             let mut t = self.timer.lock();
             t.flush_in.push((at, conn.clone()));
-            if t.at.is_some_and(|x| x <= at) { true } else { t.arm_at(at.max(now), now) }
+            t.arm_at(at.max(now), now)
         };
         if !armed {
             conn.flush_pending.store(false, std::sync::atomic::Ordering::SeqCst);
@@ -159,7 +138,7 @@ impl ReactorHandle {
         let armed = {
             let mut t = self.timer.lock();
             t.watch_in.push(conn.clone());
-            if t.at.is_some_and(|x| x <= at) { true } else { t.arm_at(at, now) }
+            t.arm_at(at, now)
         };
         if !armed {
             // No timerfd: fall back to a command wake-up.
@@ -185,6 +164,9 @@ struct Reactor {
     /// Coalescing windows to close (flush at the time).
     flushes: Vec<(Instant, Arc<PathConn>)>,
     rbuf: Vec<u8>,
+    /// The batch of received messages handed to the sink, kept for its
+    /// capacity (the sink drains it).
+    rx_batch: Vec<rds_core::RxMessage>,
     /// Listeners whose accept failed for lack of resources (EMFILE,
     /// ENOBUFS...), retried at this time.
     accept_retry: Option<Instant>,
@@ -224,6 +206,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         rx_more: Vec::new(),
         flushes: Vec::new(),
         rbuf: vec![0; RBUF],
+        rx_batch: Vec::new(),
         accept_retry: None,
         next_stall_sweep: None,
         accept_backoff: ACCEPT_BACKOFF_MIN,
@@ -232,6 +215,8 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         defer_at: None,
     };
     let mut events = Events::with_capacity(1024);
+    // Reused from one pass to the next (no allocation per event).
+    let mut ready: Vec<(u8, Arc<PathConn>, bool, bool, bool)> = Vec::new();
     loop {
         let timeout = r.timeout();
         if let Err(e) = r.poll.poll(&mut events, timeout) {
@@ -246,7 +231,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
             return;
         }
         // Connection events, lower path indexes first.
-        let mut ready: Vec<(u8, Arc<PathConn>, bool, bool, bool)> = Vec::new();
+        ready.clear();
         let mut accept_on = Vec::new();
         for ev in events.iter() {
             match ev.token() {
@@ -279,7 +264,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
             }
         }
         ready.sort_by_key(|e| e.0);
-        for (_, c, rd, wr, end) in ready {
+        for (_, c, rd, wr, end) in ready.drain(..) {
             r.conn_event(&c, rd, wr, end);
         }
         for tok in accept_on {
@@ -316,9 +301,10 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
 }
 
 impl Reactor {
-    /// The poll timeout: zero when work is pending, else the next timer
-    /// (through the timerfd, whose resolution is finer than epoll's
-    /// milliseconds).
+    /// The poll timeout: zero when work is pending, else the next timer:
+    /// through the timerfd (whose resolution is finer than epoll's
+    /// milliseconds) when it is less than [`COARSE`] away, else epoll's
+    /// own timeout.
     fn timeout(&mut self) -> Option<Duration> {
         let handle = &self.inner.reactors[self.idx];
         let mut t = handle.timer.lock();
@@ -366,7 +352,7 @@ impl Reactor {
         if at <= now {
             return Some(Duration::ZERO);
         }
-        if t.arm_at(at, now) { None } else { Some(at - now) }
+        if at - now >= COARSE || !t.arm_at(at, now) { Some(at - now) } else { None }
     }
 
     /// Runs queued commands; false on Stop.
@@ -522,6 +508,11 @@ impl Reactor {
                 }
             }
             UP | DRAINING => {
+                if readable {
+                    let now = crate::path_conn::now_ns();
+                    conn.last_rx_event.store(now, SeqCst);
+                    self.inner.reactors[self.idx].last_rx.store(now, SeqCst);
+                }
                 if writable {
                     conn.wr_gen.fetch_add(1, SeqCst);
                     if conn.wait_writable.swap(false, SeqCst) {

@@ -43,6 +43,13 @@ pub(crate) struct Stats {
     /// Connections accepted and closed at once with the reserve descriptor
     /// while the process was out of descriptors.
     pub accept_shed: AtomicU64,
+    /// Read passes ended by a short read (fewer bytes than offered: the
+    /// socket was drained) instead of a read that returns `EAGAIN` (ours;
+    /// see the `read` module of the reactor).
+    pub rx_short_reads: AtomicU64,
+    /// Sends left queued for the end of a write-coalescing window (ours;
+    /// see [`crate::TcpConfig::coalesce`]).
+    pub tx_coalesced: AtomicU64,
 }
 
 impl Stats {
@@ -64,6 +71,8 @@ impl Stats {
             ("tcp_deferred_replaced", self.deferred_replaced.load(Relaxed)),
             ("tcp_accept_no_resources", self.accept_no_resources.load(Relaxed)),
             ("tcp_accept_shed", self.accept_shed.load(Relaxed)),
+            ("tcp_rx_short_reads", self.rx_short_reads.load(Relaxed)),
+            ("tcp_tx_coalesced", self.tx_coalesced.load(Relaxed)),
         ]
     }
 }

@@ -61,9 +61,10 @@ impl TimerFd {
         Ok(())
     }
 
-    /// Consumes an expiration (after the fd polled readable).
-    pub(crate) fn clear(&mut self) {
+    /// Consumes an expiration (after the fd polled readable); returns
+    /// whether there was one.
+    pub(crate) fn clear(&mut self) -> bool {
         let mut buf = [0u8; 8];
-        let _ = (&self.file).read(&mut buf);
+        matches!((&self.file).read(&mut buf), Ok(8))
     }
 }

@@ -315,7 +315,9 @@ fn listener_and_address_checks() {
             "tcp_deferred_expired",
             "tcp_deferred_replaced",
             "tcp_accept_no_resources",
-            "tcp_accept_shed"
+            "tcp_accept_shed",
+            "tcp_rx_short_reads",
+            "tcp_tx_coalesced"
         ]
     );
     t1.close();

@@ -1,6 +1,8 @@
 //! Ack polling on the reactor: the connections with messages awaiting
 //! their TCP ack, `SIOCOUTQ` polled on the reactor's timer (backing off
-//! while nothing changes) and after every event of a connection.
+//! while nothing changes) and after every event of a connection; a
+//! connection that an event leaves with nothing unacked is no longer
+//! watched.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -58,15 +60,27 @@ impl Reactor {
         self.next_ack_poll = (!self.watch.is_empty()).then(|| later(Instant::now(), self.ack_interval));
     }
 
-    /// Acks of one connection (after it was readable or writable).
-    pub(super) fn poll_one(&self, conn: &Arc<PathConn>) {
-        let (seq, advanced) = {
+    /// Acks of one connection (after it was readable or writable). When
+    /// that leaves nothing awaiting an ack, the connection is no longer
+    /// watched: the next sequenced message sent watches it again. In
+    /// request/response traffic the response brings the request's ack, so
+    /// the ack timer is not needed at all.
+    pub(super) fn poll_one(&mut self, conn: &Arc<PathConn>) {
+        let (seq, advanced, done) = {
             let mut tx = conn.tx.lock();
             if !tx.watched {
                 return;
             }
-            tx.poll_acks(&conn.stream)
+            let (seq, advanced) = tx.poll_acks(&conn.stream);
+            let done = !tx.has_unacked();
+            if done {
+                tx.watched = false;
+            }
+            (seq, advanced, done)
         };
+        if done {
+            self.watch.retain(|c| !Arc::ptr_eq(c, conn));
+        }
         if advanced {
             inc(&self.inner.stats.write_space_calls);
         }

@@ -1,7 +1,24 @@
-//! Reading: a connection read until `EAGAIN` or the read budget, split
-//! into messages and delivered in batches; path 0 of a connection read
-//! before its other paths; receive flow control (paused paths are not
-//! read unless the connection is ending); stalled partial messages reset.
+//! Reading: a connection read until it is drained (a short read or
+//! `EAGAIN`) or the read budget, split into messages and delivered in
+//! batches; path 0 of a connection read before its other paths; receive
+//! flow control (paused paths are not read unless the connection is
+//! ending); stalled partial messages reset.
+//!
+//! # Why a short read ends the pass
+//!
+//! A `read` that returns fewer bytes than it was offered found the
+//! socket's receive queue empty: `tcp_recvmsg` copies until the queue (and
+//! the backlog it processes before returning) runs out, and stops early
+//! only at urgent data (RDS never sends any; a peer that does only delays
+//! its own connection until its next segment, and a partial message then
+//! still meets `rx_frame_timeout`). The read that would follow only
+//! returns `EAGAIN`, so it is skipped. Nothing is missed: mio registers
+//! sockets edge-triggered (`EPOLLET`), and every segment queued after that
+//! read calls `sk_data_ready`, which puts the socket back on the epoll
+//! ready list: a new readable event. The exception is an event that
+//! already carried the end (`EPOLLRDHUP`, `EPOLLERR`: `rx_ending`): the
+//! FIN or the error raises no further edge, so such a connection is read
+//! until `EOF`, the error or `EAGAIN` as before.
 
 use std::io::{self, Read};
 use std::sync::Arc;
@@ -33,7 +50,7 @@ const BATCH_BYTES: usize = 4 << 20;
 
 /// How reading a connection ended.
 enum ReadEnd {
-    /// `EAGAIN`: read everything there was.
+    /// `EAGAIN`, or a short read: read everything there was.
     Drained,
     /// The fairness budget ran out; more may be readable.
     Budget,
@@ -68,7 +85,9 @@ fn rx_msg(f: Frame, ts: Option<u64>) -> RxMessage {
 
 impl Reactor {
     /// Before another path of a connection is read, its path 0 is read
-    /// until `EAGAIN`. A socket moves from path 0 to its own lane once its
+    /// until it is drained (mostly one read that returns `EAGAIN`: path 0
+    /// rarely carries data once the lanes are up, but only a system call
+    /// can tell whether bytes arrived since its last event). A socket moves from path 0 to its own lane once its
     /// path-0 messages are acked, and our TCP acks what it queued, not what
     /// we read: the peer's first message on the lane may arrive while its
     /// last path-0 message still waits in our socket, and whatever order
@@ -97,7 +116,7 @@ impl Reactor {
         true
     }
 
-    /// Reads and delivers until `EAGAIN`, the budget, the end or an error;
+    /// Reads and delivers until drained (a short read or `EAGAIN`), the budget, the end or an error;
     /// closes the connection at the end of the stream or on an error.
     /// Returns true when it stopped at the budget (`conn` is then queued in
     /// `rx_more` for the next pass).
@@ -116,7 +135,13 @@ impl Reactor {
             return false;
         }
         let budget = self.inner.cfg.read_budget;
-        let mut batch: Vec<RxMessage> = Vec::new();
+        // A short read drained the socket (module docs), unless the end
+        // came with the event: then read on to EOF or the error.
+        let short_drains = !force;
+        // The reactor's batch, for its capacity (a nested call, should
+        // there be one, starts an empty one).
+        let mut batch: Vec<RxMessage> = std::mem::take(&mut self.rx_batch);
+        batch.clear();
         let mut batch_bytes = 0usize;
         let mut total = 0usize;
         let end = loop {
@@ -127,16 +152,21 @@ impl Reactor {
                 let mut rx = conn.rx.lock();
                 let dec = &mut rx.decoder;
                 if dec.payload_remaining() >= DIRECT_MIN {
-                    match dec.read_direct(DIRECT_MAX, |buf| (&conn.stream).read(buf)) {
+                    let mut offered = 0;
+                    let res = dec.read_direct(DIRECT_MAX, |buf| {
+                        offered = buf.len();
+                        (&conn.stream).read(buf)
+                    });
+                    match res {
                         Ok((0, _)) => Err(ReadEnd::Eof),
                         Ok((n, f)) => {
                             if let Some(f) = f {
                                 batch_bytes += f.payload.len();
                                 batch.push(rx_msg(f, rx_time_ns()));
                             }
-                            Ok(n)
+                            Ok((n, n < offered))
                         }
-                        Err(e) => ReadEnd::of_error(&e),
+                        Err(e) => ReadEnd::of_error(&e).map(|n| (n, false)),
                     }
                 } else {
                     match (&conn.stream).read(&mut self.rbuf) {
@@ -148,18 +178,21 @@ impl Reactor {
                                 batch.push(rx_msg(f, ts));
                             });
                             match fed {
-                                Ok(()) => Ok(n),
+                                Ok(()) => Ok((n, n < self.rbuf.len())),
                                 Err(_) => Err(ReadEnd::Protocol),
                             }
                         }
-                        Err(e) => ReadEnd::of_error(&e),
+                        Err(e) => ReadEnd::of_error(&e).map(|n| (n, false)),
                     }
                 }
             };
-            match step {
-                Ok(n) => total += n,
+            let short = match step {
+                Ok((n, short)) => {
+                    total += n;
+                    short
+                }
                 Err(end) => break end,
-            }
+            };
             if batch.len() >= BATCH_MSGS || batch_bytes >= BATCH_BYTES {
                 sink.received(id, inst, &mut batch);
                 batch.clear();
@@ -168,6 +201,10 @@ impl Reactor {
                     break ReadEnd::Paused;
                 }
             }
+            if short && short_drains {
+                inc(&self.inner.stats.rx_short_reads);
+                break ReadEnd::Drained;
+            }
         };
         if total > 0 {
             conn.rx.lock().progress_at = Instant::now();
@@ -175,6 +212,8 @@ impl Reactor {
         if !batch.is_empty() {
             sink.received(id, inst, &mut batch);
         }
+        batch.clear();
+        self.rx_batch = batch;
         match end {
             ReadEnd::Drained | ReadEnd::Paused => {}
             ReadEnd::Budget => {

@@ -1,0 +1,113 @@
+//! The hot path's economies over real TCP sockets on loopback addresses:
+//! reads that end on a short read, the ack timer as a fallback, write
+//! coalescing of one-way streams only. Each test checks that every message
+//! still arrives once, in order, intact.
+
+mod common;
+
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+use common::{Host, index_of, ip, pattern};
+use rds_core::*;
+
+fn deadline(secs: u64) -> Instant {
+    Instant::now() + Duration::from_secs(secs)
+}
+
+/// Request/response: every message arrives in a read of its own, which
+/// returns fewer bytes than the read buffer: that short read ends the pass
+/// (no read that only returns `EAGAIN`), and nothing is lost, duplicated
+/// or reordered, whichever way the replies go. Then the requester goes on
+/// alone while the responder stays silent: the ack timer, not the replies,
+/// must then bring the acks, and the send buffer empties.
+#[test]
+fn ping_pong_reads_end_short_and_a_silent_peer_still_acks() {
+    let a = Host::new(ip("127.0.24.1"), 17115, 241);
+    let b = Host::new(ip("127.0.24.2"), 17115, 242);
+    let d = deadline(60);
+    let sa = a.socket(5000);
+    let sb = b.socket(4000);
+    let (to_b, to_a) = (SocketAddr::new(b.addr, 4000), SocketAddr::new(a.addr, 5000));
+    let short0 = (a.counter("tcp_rx_short_reads"), b.counter("tcp_rx_short_reads"));
+    const ROUNDS: u64 = 400;
+    for i in 0..ROUNDS {
+        a.send(sa, to_b, &Payload::new(pattern(i, 64 + (i as usize % 3) * 1000)), d);
+        let req = b.recv(sb, d);
+        assert_eq!(req.from, to_a);
+        assert_eq!(index_of(&req.payload), i, "request order");
+        assert!(req.payload[..] == pattern(i, 64 + (i as usize % 3) * 1000)[..], "request {i}");
+        b.send(sb, to_a, &Payload::new(pattern(1_000_000 + i, 64)), d);
+        let rep = a.recv(sa, d);
+        assert_eq!(index_of(&rep.payload), 1_000_000 + i, "reply order");
+        assert!(rep.payload[..] == pattern(1_000_000 + i, 64)[..], "reply {i}");
+    }
+    let short = (a.counter("tcp_rx_short_reads") - short0.0, b.counter("tcp_rx_short_reads") - short0.1);
+    // Each message was alone in its socket when its event came; a few may
+    // share a read with a congestion map or a probe.
+    assert!(short.0 >= ROUNDS / 2 && short.1 >= ROUNDS / 2, "short reads ended the passes: {short:?}");
+    a.wait_for(d, "requests acked", |n| n.snd_bytes(sa) == 0);
+    b.wait_for(d, "replies acked", |n| n.snd_bytes(sb) == 0);
+    // The responder falls silent: only the requester sends.
+    for i in ROUNDS..ROUNDS + 40 {
+        a.send(sa, to_b, &Payload::new(pattern(i, 4000)), d);
+    }
+    for i in ROUNDS..ROUNDS + 40 {
+        let m = b.recv(sb, d);
+        assert_eq!(index_of(&m.payload), i, "one-way order");
+        assert!(m.payload[..] == pattern(i, 4000)[..], "one-way {i}");
+    }
+    a.wait_for(d, "one-way messages acked with the peer silent", |n| n.snd_bytes(sa) == 0);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!matches!(b.with(|n| n.recv(sb, false)), Ok(Received::Data(_))), "nothing more, nothing twice");
+    a.shutdown();
+    b.shutdown();
+}
+
+/// Write coalescing only holds back a stream of sends: request/response
+/// traffic (two sends, then a round trip) is written at once, never left to a window's flush, while a burst of back-to-back
+/// sends is coalesced; either way every message arrives once, in order,
+/// intact.
+#[test]
+fn coalescing_holds_back_streams_not_round_trips() {
+    let cfg = |port| rds_tcp::TcpConfig { port, coalesce: Duration::from_micros(20), ..Default::default() };
+    let a = Host::with_config(ip("127.0.25.1"), cfg(17116), common::node_config(251));
+    let b = Host::with_config(ip("127.0.25.2"), cfg(17116), common::node_config(252));
+    let d = deadline(60);
+    let sa = a.socket(5000);
+    let sb = b.socket(4000);
+    let (to_b, to_a) = (SocketAddr::new(b.addr, 4000), SocketAddr::new(a.addr, 5000));
+    // Warm up: paths up, congestion maps exchanged.
+    a.send(sa, to_b, &Payload::new(pattern(0, 64)), d);
+    assert_eq!(index_of(&b.recv(sb, d).payload), 0);
+    let c0 = a.counter("tcp_tx_coalesced");
+    for i in 1..=300u64 {
+        // Two sends moments apart (as rds-stress sends a request and the
+        // ack of the peer's), then the round trip.
+        a.send(sa, to_b, &Payload::new(pattern(i, 64)), d);
+        a.send(sa, to_b, &Payload::new(pattern(20_000 + i, 64)), d);
+        let req = b.recv(sb, d);
+        assert_eq!(index_of(&req.payload), i, "request order");
+        assert_eq!(index_of(&b.recv(sb, d).payload), 20_000 + i, "second message order");
+        b.send(sb, to_a, &Payload::new(pattern(10_000 + i, 64)), d);
+        let rep = a.recv(sa, d);
+        assert_eq!(index_of(&rep.payload), 10_000 + i, "reply order");
+        assert!(rep.payload[..] == pattern(10_000 + i, 64)[..], "reply {i}");
+    }
+    assert_eq!(a.counter("tcp_tx_coalesced"), c0, "no request waited for a window");
+    const BURST: u64 = 3000;
+    for i in 0..BURST {
+        a.send(sa, to_b, &Payload::new(pattern(100_000 + i, 200)), d);
+    }
+    for i in 0..BURST {
+        let m = b.recv(sb, d);
+        assert_eq!(index_of(&m.payload), 100_000 + i, "burst order");
+        assert!(m.payload[..] == pattern(100_000 + i, 200)[..], "burst message {i}");
+    }
+    assert!(a.counter("tcp_tx_coalesced") > c0, "the burst was coalesced");
+    a.wait_for(d, "all acked", |n| n.snd_bytes(sa) == 0);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!matches!(b.with(|n| n.recv(sb, false)), Ok(Received::Data(_))), "nothing more, nothing twice");
+    a.shutdown();
+    b.shutdown();
+}
