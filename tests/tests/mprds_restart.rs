@@ -154,8 +154,7 @@ fn assert_lanes(b: &Proc, want: std::ops::Range<u64>, what: &str) {
 
 #[test]
 fn eight_paths_reconnect_to_a_restarted_receive_only_peer() {
-    let mut cfg = EngineConfig::default();
-    cfg.info_dir = None;
+    let cfg = EngineConfig { info_dir: None, ..EngineConfig::default() };
     assert_eq!(cfg.node.npaths, 8);
     let engine = Engine::new(cfg).unwrap();
     let socks: Vec<RdsSocket> = (0..LANES)
