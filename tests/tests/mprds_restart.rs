@@ -20,7 +20,7 @@
 //! them (here it usually reports all 8 before the reconnect starts: these
 //! tests passed with the old rule too; rds-core's `path/tests.rs` and
 //! rds-sim's receive-only node reproduce the order deterministically, and
-//! rds-preload's conform_host "tools" with 8 paths failed every time).
+//! rds-preload's conform_host "tools" with 8 paths failed in both runs).
 
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
