@@ -60,7 +60,7 @@
 //! | receive flow control (hard cap, node budget, pause/resume) | [`recv`] | `Endpoint` (`rx_held`, `rx_paused`) |
 //! | ping/pong (answering pings; probes and pongs are queued by `send_probe`) | [`recv`], [`mprds`] | `Connection` (`ping_triggered`) |
 //! | path state machine (`Path::set_state`, the kernel's table) | [`path`] | `Path` (`state`) |
-//! | connect, accept, up, down, drop, reset | [`path`] | `Path` (`inst`, `hold`, `confirmed`, ...) |
+//! | connect, accept, up, down, drop, reset; a path above 0 that may not connect yet connects path 0 (`connect_if_down`) | [`path`] | `Path` (`inst`, `hold`, `confirmed`, ...) |
 //! | reconnect backoff (`queue_reconnect`, the reconnect timer) | [`path`] | `Path` (`reconnect_delay`, `reconnect_at`) |
 //! | idle collection, sequence memos of collected connections, peer limit and eviction | [`connection`] | `Connection` (`gc_at`, `evicted`), `ConnMemo`; `Node` (`memos`) |
 //! | connection table and lookups (`conn_for`, `find_conn`, `path_info`) | [`node`], [`connection`] | `Node` (`conns`: a `ConnTable`, `conn_index`) |

@@ -253,12 +253,21 @@ impl Path {
 }
 
 impl Node {
-    /// `rds_conn_path_connect_if_down`.
+    /// `rds_conn_path_connect_if_down`. A path above 0 connects only after
+    /// path 0 (`connect_worker`; the smaller address's fan-out, the larger
+    /// one's poke): while it cannot, its wish to connect goes to path 0,
+    /// so that whatever waits on any lane makes the connection come back.
     pub(crate) fn connect_if_down(&mut self, pid: PathId) {
         let Some(path) = self.path(pid) else { return };
-        if path.state == PathState::Down && path.reconnect_at.is_none() {
-            self.connect_worker(pid);
+        if path.state != PathState::Down || path.reconnect_at.is_some() {
+            return;
         }
+        let first = PathId { conn: pid.conn, index: 0 };
+        if pid.index > 0 && self.path(first).is_some_and(|p| p.state == PathState::Down && p.reconnect_at.is_none()) {
+            self.connect_worker(first);
+            return;
+        }
+        self.connect_worker(pid);
     }
 
     /// `rds_connect_worker`: DOWN -> CONNECTING and ask the driver to connect.
@@ -539,16 +548,20 @@ impl Connection {
     }
 
     /// The path's transport connection is gone (see `Node::path_down`):
-    /// DOWN with a new instance. If it was up and every path is now down,
+    /// DOWN with a new instance. If it was up and no path is up any more,
     /// the peer may come back as a new instance with other settings: the
-    /// path count is negotiated again on the next connection. (Not after a
+    /// path count is negotiated again on the next connection. That holds
+    /// while path 0's reconnect is already under way (a dead peer's paths
+    /// are reported one by one, path 0's first attempt starts at once):
+    /// kept, the old count sent the next message to a lane above 0 that
+    /// waits for path 0, and no probe asked the new instance. (Not after a
     /// failed connect: every send to an unreachable peer would queue one
     /// more probe.)
     pub(crate) fn path_went_down(&mut self, index: u8, was_up: bool) {
         let path = &mut self.paths[usize::from(index)];
         path.go_down();
         path.inst += 1;
-        if was_up && self.paths.len() > 1 && self.all_down() {
+        if was_up && self.paths.len() > 1 && !self.paths.iter().any(|p| p.state == PathState::Up) {
             self.npaths = 0;
             self.ping_triggered = false;
         }

@@ -150,3 +150,96 @@ fn kernel_transitions() {
     assert!(!Up.can_go(Down));
     assert!(!Connecting.can_go(Down));
 }
+
+/// The Connects among `outs`, by path index.
+fn connects(outs: &[Output]) -> Vec<PathInfo> {
+    outs.iter().filter_map(|o| if let Output::Connect(i) = o { Some(*i) } else { None }).collect()
+}
+
+/// The smaller address with 8 paths up to a peer whose process then dies:
+/// path 0 is reported gone first and its reconnect is under way (to a
+/// closed port) when the other 7 are. That connect fails with nothing
+/// queued, so nothing retries it. A message then sent on a lane above 0
+/// must still make path 0 connect (paths above 0 connect only after path
+/// 0), and path 0 must keep retrying while the message waits: before, the
+/// path count stayed 8 (the connection was never all DOWN at once, path 0
+/// was CONNECTING), the message went to path 7, which may not connect
+/// before path 0, and nothing ever connected path 0 again.
+#[test]
+fn a_message_on_a_lane_above_0_reconnects_path_0_after_the_peer_died() {
+    let t0 = Instant::now();
+    let (mut a, la) = node("10.0.0.1", 8);
+    let lb: IpAddr = "10.0.0.2".parse().unwrap();
+    let c = a.conn_for(la, lb, TransportKind::Tcp, 0);
+    let p = |i: u8| crate::types::PathId { conn: c, index: i };
+    // Path 0, the handshake (8 paths), then paths 1..8 in order.
+    a.connect_if_down(p(0));
+    let info = connect_of(&drain(&mut a));
+    a.path_up(p(0), info.inst);
+    a.conns[c].npaths = 8;
+    a.confirm_path(p(0));
+    let mut insts = vec![info.inst];
+    for i in 1..8u8 {
+        let outs = drain(&mut a);
+        let got = connects(&outs);
+        assert_eq!(got.iter().map(|x| x.id.index).collect::<Vec<_>>(), vec![i], "fan-out in order");
+        a.path_up(p(i), got[0].inst);
+        a.confirm_path(p(i));
+        insts.push(got[0].inst);
+    }
+    assert!((0..8).all(|i| a.path_state(p(i)) == Some(Up)));
+    // Our maps go out.
+    let mut out = Vec::new();
+    for i in 0..8u8 {
+        a.pull(p(i), insts[usize::from(i)], 1 << 20, &mut out);
+    }
+    assert!(!a.conns[c].map_queued);
+    drain(&mut a);
+
+    // The peer dies: path 0 first, its reconnect starts, then the others.
+    a.path_down(p(0), insts[0], DownReason::Closed, t0);
+    a.handle_timeout(t0);
+    let again = connects(&drain(&mut a));
+    assert_eq!(again.iter().map(|x| x.id.index).collect::<Vec<_>>(), vec![0], "path 0 reconnects at once");
+    for i in 1..8u8 {
+        a.path_down(p(i), insts[usize::from(i)], DownReason::Closed, t0);
+    }
+    a.path_down(p(0), again[0].inst, DownReason::ConnectFailed, t0);
+    // Nothing queued: nothing retries (a vanished peer is not retried for ever).
+    // (Within the idle collection's minute: the connection stays.)
+    a.handle_timeout(t0 + Duration::from_secs(5));
+    assert!(connects(&drain(&mut a)).is_empty(), "no connect with nothing queued");
+    let states: Vec<_> = (0..8).map(|i| a.path_state(p(i))).collect();
+    assert!(states.iter().all(|s| *s == Some(Down)), "{states:?}");
+
+    // A message on lane 7 (port 4007 with 8 paths, or path 0 if the
+    // count is to be negotiated again): path 0 connects.
+    let s = a.socket();
+    a.bind(s, SocketAddr::new(la, 4007)).unwrap();
+    let dst = SocketAddr::new(lb, 5000);
+    let t1 = t0 + Duration::from_secs(6);
+    a.send(s, Some(dst), &Payload::copy_from(b"lane 7"), &SendOptions::default()).unwrap();
+    a.handle_timeout(t1);
+    let got = connects(&drain(&mut a));
+    assert_eq!(got.iter().map(|x| x.id.index).collect::<Vec<_>>(), vec![0], "path 0 connects for the message");
+    // The new peer is not up yet: path 0 keeps retrying while the message waits.
+    let mut inst = got[0].inst;
+    let mut t = t1;
+    for round in 0..5 {
+        a.path_down(p(0), inst, DownReason::ConnectFailed, t);
+        t += Duration::from_secs(2);
+        a.handle_timeout(t);
+        let got = connects(&drain(&mut a));
+        assert_eq!(got.iter().map(|x| x.id.index).collect::<Vec<_>>(), vec![0], "retry {round}");
+        inst = got[0].inst;
+    }
+    // It comes up: the message is on path 0 (the count is negotiated
+    // again) or waits on path 7 for the fan-out; either way it is queued once.
+    a.path_up(p(0), inst);
+    let queued: usize = (0..8).map(|i| a.conns[c].paths[i].queued().0).sum::<usize>();
+    assert!(queued >= 1);
+    let of_sock: usize =
+        a.conns[c].paths.iter().map(|q| q.send_queue.iter().filter(|m| m.sock == Some(s)).count()).sum();
+    assert_eq!(of_sock, 1, "the message is queued exactly once");
+    all_legal(&a);
+}

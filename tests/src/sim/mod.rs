@@ -27,6 +27,12 @@
 //!   the default, blocking or non-blocking. Per node a path count of 1 to 8
 //!   with `HandshakeExts::Full` (4 seeds in 5), 1 with `Mainline` (below).
 //!   Timers run on simulated time (`poll_timeout` / `handle_timeout`).
+//!   In 1 seed in 3 one node only reads (`Params::sink`, rds-sink's role):
+//!   it never sends, not even in the final round, so after its restart
+//!   nothing of its pokes its peers, which must reconnect to it by
+//!   themselves for what they queued (with all traffic two-way, the
+//!   restarted node's own sends made every peer reconnect, and a peer
+//!   that never would have went unseen).
 //! * **Connections.** A path's connection is a pair of byte streams carrying
 //!   the real wire encoding (48-byte headers and payloads; the reader splits
 //!   them with [`rds_core::wire::FrameDecoder`]). Writes are cut into 1 to 3

@@ -37,6 +37,9 @@ pub(super) struct AppSock {
 impl Sim {
     pub(super) fn app_send(&mut self, n: usize, inc: u32, i: usize) -> Res {
         self.nodes[n].socks[i].send_sched = false;
+        if self.p.sink == Some(n) {
+            return Ok(());
+        }
         let dst = match self.phase {
             Phase::Work => self.dsts[self.rng.below(self.dsts.len() as u64) as usize],
             Phase::Drain => match self.nodes[n].socks[i].finals.last() {
@@ -136,7 +139,7 @@ impl Sim {
             for i in 0..self.nodes[n].socks.len() {
                 let k = &mut self.nodes[n].socks[i];
                 k.stall_until = 0;
-                k.finals = self.dsts.clone();
+                k.finals = if self.p.sink == Some(n) { Vec::new() } else { self.dsts.clone() };
                 if alive {
                     if !k.recv_sched {
                         k.recv_sched = true;

@@ -47,6 +47,12 @@ pub struct Params {
     pub fault_gap: u64,
     /// Peer restarts allowed in the run.
     pub restarts: u32,
+    /// A node whose applications only read (1 seed in 3): it never sends,
+    /// so after a restart it never pokes or connects to a peer, which must
+    /// then reconnect by itself for what it queued (rds-sink's role; a
+    /// smaller address with 8 paths once waited for ever on a lane above
+    /// 0, `tests/tests/mprds_restart.rs`).
+    pub sink: Option<usize>,
 }
 
 impl Params {
@@ -61,7 +67,11 @@ impl Params {
         let send_gap = (100 + r.below(1500)) * US;
         let fault_gap = (1 + r.below(10)) * MS;
         let restarts = [0, 1, 1, 2, 3][r.below(5) as usize];
-        Params { seed, nodes, addrs, socks, handshake, work, send_gap, fault_gap, restarts }
+        // From a stream of its own: the other parameters stay those the
+        // seed always had.
+        let mut r2 = Rng::new(seed ^ 0x5111_c0de_0000_0000);
+        let sink = (r2.below(3) == 0).then(|| r2.below(nodes as u64) as usize);
+        Params { seed, nodes, addrs, socks, handshake, work, send_gap, fault_gap, restarts, sink }
     }
 }
 
@@ -373,7 +383,7 @@ impl Sim {
                 self.nodes[n].socks[s].send_sched = true;
                 self.sched(self.now + d, Ev::AppSend { n, inc, s });
             } else if self.phase == Phase::Drain {
-                self.nodes[n].socks[s].finals = self.dsts.clone();
+                self.nodes[n].socks[s].finals = if self.p.sink == Some(n) { Vec::new() } else { self.dsts.clone() };
                 self.nodes[n].socks[s].send_sched = true;
                 self.sched(self.now, Ev::AppSend { n, inc, s });
             }
