@@ -3,17 +3,19 @@
 # command, one run, about 5 minutes (under 10), every load bounded by a size
 # or a time. It
 #   1. runs scripts/setup.sh and builds rds-gen, rds-sink, rds-stress,
-#      rds-scale and perf-chart in release;
+#      rds-scale, librdspreload.so and perf-chart in release;
 #   2. on the host loopback (in a private network namespace when run as
 #      root): ours against raw TCP (qperf tcp_bw/tcp_lat on 127.0.0.1;
-#      qperf is apt-installed if missing), scripts/perf/host.sh;
+#      qperf is apt-installed if missing; ours with the same qperf under the
+#      LD_PRELOAD shim, and with our tools), scripts/perf/host.sh;
 #   3. scale, on the host loopback (in a private network namespace when
 #      run as root): one serving node with a fixed number of threads and
 #      256 peer nodes (idle memory per peer, 256 active peers against 1),
 #      and a multipath run (8 paths, CPU per thread), scripts/perf/scale.sh
 #      with rds-scale;
 #   4. in the VM rig (one guest, two network namespaces joined by veth, one
-#      boot): raw TCP and the kernel's RDS-TCP with qperf, ours with
+#      boot): raw TCP and the kernel's RDS-TCP with qperf, ours with the
+#      same qperf under the LD_PRELOAD shim (both sides), and with
 #      rds-gen/rds-sink and rds-stress, scripts/perf/guest.sh;
 #   5. writes docs/perf.md (scripts/perf/report.py): absolutes, ratios,
 #      the targets of issue 14, the commit, the date, the machine and the
@@ -42,6 +44,8 @@ echo "== setup and release build"
 "$here/scripts/setup.sh"
 export PATH="$HOME/.cargo/bin:$PATH"
 cargo build --release -q -p rds-tools --bin rds-gen --bin rds-sink --bin rds-stress --bin rds-scale
+# librdspreload.so: ours through the same qperf as the kernel's.
+cargo build --release -q -p rds-preload
 chart_status=drawn
 cargo build --release -q -p perf-chart || chart_status="not drawn: perf-chart did not build"
 bin="$(cargo metadata --format-version 1 --no-deps \
@@ -121,7 +125,11 @@ touch "$work/vm.txt"
     echo "cmd B: qperf &"
     echo "cmd A: qperf -v -t $qt -m 64 B \${KIND}_lat"
     echo "cmd A: qperf -v -t $qt -m SIZE B \${KIND}_bw      # SIZE = 64, 1024, 8192, 65536"
-    echo "cmd # ours (in the VM before rds_tcp is loaded):"
+    echo "cmd # ours through the same qperf, both sides under the shim (in the VM before rds_tcp is loaded):"
+    echo "cmd B: LD_PRELOAD=librdspreload.so qperf &"
+    echo "cmd A: LD_PRELOAD=librdspreload.so qperf -v -t $qt -m 64 B rds_lat"
+    echo "cmd A: LD_PRELOAD=librdspreload.so qperf -v -t $qt -m SIZE B rds_bw      # SIZE = 64, 1024, 8192, 65536"
+    echo "cmd # ours with our tools (in the VM before rds_tcp is loaded):"
     echo "cmd B: rds-stress -r B -p 4000 &"
     echo "cmd A: rds-stress -r A -s B -p 4000 -t 1 -d 1 -q 64 -a 64 -T $st -z"
     echo "cmd B: rds-stress -r B -p 4100 &"

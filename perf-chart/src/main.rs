@@ -115,6 +115,9 @@ fn colour(name: &str) -> RGBColor {
         RGBColor(90, 110, 140)
     } else if n.contains("kernel") {
         RGBColor(230, 130, 30)
+    } else if n.contains("ours") && (n.contains("rds-gen") || n.contains("tools")) {
+        // Ours measured with our own tools: a lighter shade of ours.
+        RGBColor(150, 210, 160)
     } else if n.contains("ours") {
         RGBColor(40, 160, 80)
     } else {

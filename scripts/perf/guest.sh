@@ -2,8 +2,10 @@
 # Runs inside one VM rig guest (scripts/perf.sh starts it with vmrig run):
 # two network namespaces joined by veth (netpair), then in this order
 #   1. raw TCP with qperf (tcp_lat, tcp_bw),
-#   2. ours: rds-stress and rds-gen/rds-sink (before rds_tcp is loaded:
-#      once loaded, the kernel listens on *:16385 in every namespace),
+#   2. ours: the same qperf (rds_lat, rds_bw) with both sides under the
+#      LD_PRELOAD shim, then our tools rds-stress and rds-gen/rds-sink
+#      (before rds_tcp is loaded: once loaded, the kernel listens on
+#      *:16385 in every namespace),
 #   3. modprobe rds_tcp, the kernel's RDS-TCP with qperf (rds_lat, rds_bw).
 # 1 and 2 alternate PERF_ROUNDS times (default 2), then 3 runs as many times;
 # the report keeps the best figure of each.
@@ -13,6 +15,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=scripts/perf/lib.sh
 . "$here/lib.sh"
 BIN=$1
+SHIM=$BIN/librdspreload.so
 ON_A=(ip netns exec ns1)
 ON_B=(ip netns exec ns2)
 ADDR_A=10.99.0.1
@@ -32,6 +35,8 @@ echo "R vm_nproc $(nproc)"
 for round in $(seq "$ROUNDS"); do
     echo "perf: [vm] round $round: raw TCP (qperf)" >&2
     qperf_suite raw tcp
+    echo "perf: [vm] round $round: ours (qperf under the shim)" >&2
+    shim_suite
     echo "perf: [vm] round $round: ours (rds-stress, rds-gen/rds-sink)" >&2
     ours_suite
 done

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The host loopback part of scripts/perf.sh: ours (127.0.0.1 -> 127.0.0.2)
+# The host loopback part of scripts/perf.sh: ours (127.0.0.1 -> 127.0.0.2;
+# qperf under the LD_PRELOAD shim, then our tools)
 # against raw TCP with qperf on 127.0.0.1 when qperf is installed. perf.sh
 # runs it inside a private network namespace (unshare -n) when it can.
 # PERF_ROUNDS times (default 2); the report keeps the best figure of each.
@@ -9,6 +10,7 @@ here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=scripts/perf/lib.sh
 . "$here/lib.sh"
 BIN=$1
+SHIM=$BIN/librdspreload.so
 ON_A=()
 ON_B=()
 ADDR_A=127.0.0.1
@@ -30,6 +32,10 @@ for round in $(seq "$ROUNDS"); do
     else
         echo "perf: [host] qperf is not installed: no raw TCP figures on the host" >&2
         echo "R host_noqperf 1"
+    fi
+    if command -v qperf >/dev/null 2>&1; then
+        echo "perf: [host] round $round: ours (qperf under the shim, 127.0.0.1 -> 127.0.0.2)" >&2
+        shim_suite
     fi
     echo "perf: [host] round $round: ours (rds-stress, rds-gen/rds-sink)" >&2
     ours_suite

@@ -86,6 +86,22 @@ qperf_suite() {
     cleanup_pids
 }
 
+# shim_suite: ours through the same qperf as the kernel's (rds_lat, rds_bw),
+# server and client both under LD_PRELOAD=$SHIM (librdspreload.so), keys
+# shim_*. Skipped, with a line on stderr, when the shim was not built.
+shim_suite() {
+    if [ -z "${SHIM:-}" ] || [ ! -f "$SHIM" ]; then
+        echo "perf: no librdspreload.so: ours through qperf not measured" >&2
+        return 0
+    fi
+    local save_a=("${ON_A[@]}") save_b=("${ON_B[@]}")
+    ON_A=("${save_a[@]}" env LD_PRELOAD="$SHIM")
+    ON_B=("${save_b[@]}" env LD_PRELOAD="$SHIM")
+    qperf_suite shim rds
+    ON_A=("${save_a[@]}")
+    ON_B=("${save_b[@]}")
+}
+
 # ours_bw SIZE TOTAL PORT: rds-gen on A -> rds-sink on B, the whole transfer
 # (connection set-up included) timed from rds-gen's start to its exit, which
 # waits until the peer acknowledged everything. --no-digest: no SHA-256 of
