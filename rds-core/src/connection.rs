@@ -83,6 +83,40 @@ pub(crate) struct Connection {
 }
 
 impl Connection {
+    /// A connection as `rds_conn_create` makes it: `slots` paths, none up,
+    /// and the negotiated path count `npaths` (0 while the handshake is
+    /// still to answer, on multipath transports; else 1).
+    pub(crate) fn new(
+        id: ConnId,
+        laddr: IpAddr,
+        faddr: IpAddr,
+        kind: TransportKind,
+        tos: u8,
+        slots: usize,
+        npaths: u8,
+    ) -> Connection {
+        Connection {
+            id,
+            laddr,
+            faddr,
+            kind,
+            tos,
+            paths: (0..slots).map(|_| Path::new()).collect(),
+            npaths,
+            ping_triggered: false,
+            peer_gen: 0,
+            with_sport_idx: false,
+            map_queued: false,
+            peer_gen_maps: false,
+            heard: false,
+            ups: 0,
+            gen_up_seq: 0,
+            maps_rx: 0,
+            gc_at: None,
+            evicted: false,
+        }
+    }
+
     pub fn path_id(&self, index: usize) -> PathId {
         PathId { conn: self.id, index: index as u8 }
     }
@@ -414,26 +448,8 @@ mod tests {
     use std::net::Ipv4Addr;
 
     fn conn(id: u32) -> Connection {
-        Connection {
-            id: ConnId(id),
-            laddr: Ipv4Addr::new(10, 0, 0, 1).into(),
-            faddr: Ipv4Addr::new(10, 0, 1, (id % 250) as u8).into(),
-            kind: TransportKind::Tcp,
-            tos: 0,
-            paths: Vec::new(),
-            npaths: 1,
-            ping_triggered: false,
-            peer_gen: 0,
-            with_sport_idx: false,
-            map_queued: false,
-            peer_gen_maps: false,
-            heard: false,
-            ups: 0,
-            gen_up_seq: 0,
-            maps_rx: 0,
-            gc_at: None,
-            evicted: false,
-        }
+        let faddr = Ipv4Addr::new(10, 0, 1, (id % 250) as u8).into();
+        Connection::new(ConnId(id), Ipv4Addr::new(10, 0, 0, 1).into(), faddr, TransportKind::Tcp, 0, 0, 1)
     }
 
     fn ids(t: &ConnTable) -> Vec<u32> {

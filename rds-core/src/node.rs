@@ -425,27 +425,8 @@ impl Node {
         let caps = self.caps_of(kind);
         let n = if caps.mp_capable { usize::from(self.ep.cfg.npaths.clamp(1, 8)) } else { 1 };
         let id = self.conns.next_id();
-        let paths = (0..n).map(|_| Path::new()).collect();
-        self.conns.insert(Connection {
-            id,
-            laddr,
-            faddr,
-            kind,
-            tos,
-            paths,
-            npaths: if caps.mp_capable { 0 } else { 1 },
-            ping_triggered: false,
-            peer_gen: 0,
-            with_sport_idx: false,
-            map_queued: false,
-            peer_gen_maps: false,
-            heard: false,
-            ups: 0,
-            gen_up_seq: 0,
-            maps_rx: 0,
-            gc_at: None,
-            evicted: false,
-        });
+        let npaths = if caps.mp_capable { 0 } else { 1 };
+        self.conns.insert(Connection::new(id, laddr, faddr, kind, tos, n, npaths));
         let key = (laddr, faddr, kind, tos);
         if let Some(m) = self.memos.remove(&key) {
             self.memo_order.retain(|k| *k != key);
