@@ -39,35 +39,30 @@ fn task_times(stat: &str) -> Option<(String, u64)> {
     Some((name, ut + st))
 }
 
+/// (name, CPU time in ms) of the /proc stat file at `path`.
+fn stat_cpu_ms(path: impl AsRef<std::path::Path>) -> Option<(String, u64)> {
+    let (name, ticks) = task_times(&std::fs::read_to_string(path).ok()?)?;
+    Some((name, ticks * 1000 / clk_tck()))
+}
+
 /// CPU time of the whole process (threads that ended included), ms.
 pub fn process_cpu_ms() -> u64 {
-    std::fs::read_to_string("/proc/self/stat")
-        .ok()
-        .as_deref()
-        .and_then(task_times)
-        .map_or(0, |(_, t)| t * 1000 / clk_tck())
+    stat_cpu_ms("/proc/self/stat").map_or(0, |(_, ms)| ms)
 }
 
 /// CPU time of the calling thread, ms.
 pub fn thread_cpu_ms() -> u64 {
-    std::fs::read_to_string("/proc/thread-self/stat")
-        .ok()
-        .as_deref()
-        .and_then(task_times)
-        .map_or(0, |(_, t)| t * 1000 / clk_tck())
+    stat_cpu_ms("/proc/thread-self/stat").map_or(0, |(_, ms)| ms)
 }
 
 /// CPU time of each thread of this process, milliseconds, by thread id.
 pub fn task_cpu_ms() -> Vec<(u32, String, u64)> {
-    let tck = clk_tck();
     let mut v = Vec::new();
     if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
         for e in dir.flatten() {
             let Some(tid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else { continue };
-            if let Some((name, ticks)) =
-                std::fs::read_to_string(e.path().join("stat")).ok().as_deref().and_then(task_times)
-            {
-                v.push((tid, name, ticks * 1000 / tck));
+            if let Some((name, ms)) = stat_cpu_ms(e.path().join("stat")) {
+                v.push((tid, name, ms));
             }
         }
     }
