@@ -84,14 +84,7 @@ impl Proc {
                 None => std::thread::sleep(Duration::from_millis(20)),
             }
         };
-        let mut out = String::new();
-        let mut err = String::new();
-        if let Some(mut o) = child.stdout.take() {
-            let _ = o.read_to_string(&mut out);
-        }
-        if let Some(mut e) = child.stderr.take() {
-            let _ = e.read_to_string(&mut err);
-        }
+        let (out, err) = output(&mut child);
         (code, out, err)
     }
 
@@ -99,16 +92,21 @@ impl Proc {
         let mut child = self.child.take().expect("child");
         let _ = child.kill();
         let _ = child.wait();
-        let mut out = String::new();
-        let mut err = String::new();
-        if let Some(mut o) = child.stdout.take() {
-            let _ = o.read_to_string(&mut out);
-        }
-        if let Some(mut e) = child.stderr.take() {
-            let _ = e.read_to_string(&mut err);
-        }
-        (out, err)
+        output(&mut child)
     }
+}
+
+/// What an ended child wrote: (stdout, stderr).
+fn output(child: &mut Child) -> (String, String) {
+    let mut out = String::new();
+    let mut err = String::new();
+    if let Some(mut o) = child.stdout.take() {
+        let _ = o.read_to_string(&mut out);
+    }
+    if let Some(mut e) = child.stderr.take() {
+        let _ = e.read_to_string(&mut err);
+    }
+    (out, err)
 }
 
 impl Drop for Proc {
