@@ -58,21 +58,18 @@ if ! command -v qperf >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
 fi
 
 echo "== host loopback: ours against raw TCP"
+# A private network namespace for the host parts where we can make one.
+private_net=()
 if [ "$(id -u)" = 0 ] && unshare -n true 2>/dev/null; then
-    host_cmd=(unshare -n bash "$here/scripts/perf/host.sh" "$bin")
+    private_net=(unshare -n)
 else
-    echo "perf: not root: the host part uses the machine's own loopback" >&2
-    host_cmd=(bash "$here/scripts/perf/host.sh" "$bin")
+    echo "perf: not root: the host and scale parts use the machine's own loopback" >&2
 fi
+host_cmd=("${private_net[@]}" bash "$here/scripts/perf/host.sh" "$bin")
 timeout 400 "${host_cmd[@]}" | tee "$work/host.txt" || echo "perf: WARNING: the host part failed (status $?)" >&2
 
 echo "== scale on the host loopback: 256 peers, 8 paths"
-if [ "$(id -u)" = 0 ] && unshare -n true 2>/dev/null; then
-    scale_cmd=(unshare -n bash "$here/scripts/perf/scale.sh" "$bin")
-else
-    echo "perf: not root: the scale part uses the machine's own loopback" >&2
-    scale_cmd=(bash "$here/scripts/perf/scale.sh" "$bin")
-fi
+scale_cmd=("${private_net[@]}" bash "$here/scripts/perf/scale.sh" "$bin")
 scale_status=ran
 timeout 400 "${scale_cmd[@]}" | tee "$work/scale.txt" || scale_status="failed (status $?)"
 grep -q '^R scale_done' "$work/scale.txt" || scale_status="did not finish (${scale_status})"
