@@ -253,10 +253,17 @@ pub unsafe fn sendmsg(e: &Entry, m: &msghdr, flags: c_int) -> Result<usize, Errn
         [one] if !one.iov_base.is_null() => unsafe { std::slice::from_raw_parts(one.iov_base.cast(), one.iov_len) },
         [_] => &[],
         many => {
+            // At most one byte past the largest message: enough for the
+            // send to refuse a longer one with EMSGSIZE, without copying
+            // (and allocating for) all of it first.
             let mut v = Vec::with_capacity(many.iter().map(|i| i.iov_len).sum::<usize>().min(MAX_MSG + 1));
             for i in many.iter().filter(|i| i.iov_len > 0) {
-                // SAFETY: as above.
-                v.extend_from_slice(unsafe { std::slice::from_raw_parts(i.iov_base.cast::<u8>(), i.iov_len) });
+                let take = i.iov_len.min(MAX_MSG + 1 - v.len());
+                // SAFETY: as above (a prefix of the checked iovec).
+                v.extend_from_slice(unsafe { std::slice::from_raw_parts(i.iov_base.cast::<u8>(), take) });
+                if v.len() > MAX_MSG {
+                    break;
+                }
             }
             gathered = v;
             &gathered

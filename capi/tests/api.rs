@@ -252,6 +252,34 @@ fn bad_arguments_give_the_kernels_errno() {
     rds_close(fd);
 }
 
+/// A message gathered from several iovecs above RDS_MAX_MSG_SIZE (1 MiB)
+/// is EMSGSIZE, however long the iovecs are (the gather stops one byte
+/// past the limit).
+#[test]
+fn gathered_message_above_1_mib_is_emsgsize() {
+    let fd = bound("127.0.0.1:4125");
+    let (to, tl) = sa("127.0.0.2:4126");
+    let half = vec![7u8; 1 << 19];
+    let one = [1u8];
+    let send_iov = |parts: &[&[u8]]| {
+        let mut iov: Vec<libc::iovec> =
+            parts.iter().map(|p| libc::iovec { iov_base: p.as_ptr() as *mut c_void, iov_len: p.len() }).collect();
+        // SAFETY: zeroed plain data.
+        let mut m: libc::msghdr = unsafe { zeroed() };
+        m.msg_name = (&to as *const libc::sockaddr_storage) as *mut c_void;
+        m.msg_namelen = tl;
+        m.msg_iov = iov.as_mut_ptr();
+        m.msg_iovlen = iov.len() as _;
+        set_errno(0);
+        (rds_sendmsg(fd, &m, libc::MSG_DONTWAIT), errno())
+    };
+    // Zeroed: mapped lazily, so the test itself does not hold 1 GiB.
+    let big = vec![0u8; 1 << 30];
+    assert_eq!(send_iov(&[&half, &half, &one]), (-1, libc::EMSGSIZE), "1 MiB + 1 byte");
+    assert_eq!(send_iov(&[&half, &big, &big, &half]), (-1, libc::EMSGSIZE), "2 GiB + 1 MiB");
+    rds_close(fd);
+}
+
 fn send_flags(fd: c_int, flags: c_int) -> isize {
     let (s, l) = sa("127.0.0.1:4121");
     rds_sendto(fd, b"x".as_ptr().cast(), 1, flags, (&s as *const libc::sockaddr_storage).cast::<sockaddr>(), l)
