@@ -64,13 +64,18 @@
 //! tracked. The kernel learns of acks in `sk_write_space`; we poll
 //! `SIOCOUTQ` instead: every 256 KiB a transmitting thread writes, at each
 //! readable or writable event of a connection with messages awaiting their
-//! ack (one left with none is no longer watched until it sends again), and
-//! on a reactor timer (a `timerfd`, finer than epoll's milliseconds). The
-//! timer first fires [`TcpConfig::ack_poll_min`] after a message starts the
-//! wait, or [`TcpConfig::ack_poll_max`] when the connection had a readable
-//! event within that long (its events poll the acks: in request/response
-//! traffic the reply brings the request's ack, and the timer is only the
-//! fallback for a peer that falls silent), then backs off from the minimum
+//! ack (one left with none is no longer watched until it sends again), at
+//! each readable event of another path of the same RDS connection (a reply
+//! comes on the lane of the answering socket's port, not always the
+//! request's), and on a reactor timer (a `timerfd`, finer than epoll's
+//! milliseconds). A connection whose transmit state a writing thread holds
+//! is skipped rather than waited for. The timer first fires
+//! [`TcpConfig::ack_poll_min`] after a message starts the wait, or
+//! [`TcpConfig::ack_poll_max`] when the path, or another path of its
+//! connection while it was watched, had a readable event within that long
+//! (those events poll the acks: in request/response traffic the reply
+//! brings the request's ack, and the timer is only the fallback for a peer
+//! that falls silent), then backs off from the minimum
 //! to the maximum while nothing changes. A transmitting thread that starts
 //! the wait for acks arms that timer itself rather than waking the reactor.
 //! The timer is only ever moved earlier, never later (a deadline that went
@@ -134,7 +139,9 @@
 //!
 //! Before a path above 0 is read, path 0 of the same connection is read
 //! until it is drained (or the budget: the other path then waits for a later
-//! pass, counted in `tcp_rx_lane_deferred`). A socket's messages move from
+//! pass, counted in `tcp_rx_lane_deferred`), unless path 0 had no readable
+//! event since its last pass drained it (`tcp_rx_path0_skipped`: no read
+//! that could only return `EAGAIN`). A socket's messages move from
 //! path 0 to its own lane once the path-0 ones are acked, and an ack says
 //! our TCP has the bytes, not that we read them; this keeps the lane's
 //! first message behind them, whatever order readiness is reported in.

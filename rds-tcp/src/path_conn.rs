@@ -87,6 +87,14 @@ pub(crate) struct PathConn {
     /// of a watched connection at each of its events, so one that receives
     /// needs its ack timer only as a fallback.
     pub last_rx_event: AtomicU64,
+    /// Bytes may wait in the socket: a readable event came since the last
+    /// read pass that drained it (set by the reactor when it takes the
+    /// event, before it handles any event of that batch; cleared when a
+    /// pass starts, set again when one stops before draining). Lets the
+    /// reactor skip the read of path 0 that would only return `EAGAIN`
+    /// before it reads a lane (`Reactor::path0_read`). Starts set: a new
+    /// connection is read once whatever its events say.
+    pub rx_unread: AtomicBool,
 }
 
 impl PathConn {
@@ -121,6 +129,7 @@ impl PathConn {
             last_send: AtomicU64::new(0),
             send_run: AtomicU32::new(0),
             last_rx_event: AtomicU64::new(0),
+            rx_unread: AtomicBool::new(true),
         }
     }
 

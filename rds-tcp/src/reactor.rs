@@ -167,6 +167,9 @@ struct Reactor {
     /// The batch of received messages handed to the sink, kept for its
     /// capacity (the sink drains it).
     rx_batch: Vec<rds_core::RxMessage>,
+    /// Watched paths of the connection an event came for (reused, see
+    /// `poll_siblings`).
+    siblings: Vec<Arc<PathConn>>,
     /// Listeners whose accept failed for lack of resources (EMFILE,
     /// ENOBUFS...), retried at this time.
     accept_retry: Option<Instant>,
@@ -207,6 +210,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         flushes: Vec::new(),
         rbuf: vec![0; RBUF],
         rx_batch: Vec::new(),
+        siblings: Vec::new(),
         accept_retry: None,
         next_stall_sweep: None,
         accept_backoff: ACCEPT_BACKOFF_MIN,
@@ -230,6 +234,15 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
             r.stop();
             return;
         }
+        // Paths that started awaiting acks while we waited: an event below
+        // may bring their acks (`poll_siblings`).
+        {
+            let inner = r.inner.clone();
+            let mut t = inner.reactors[r.idx].timer.lock();
+            if !t.watch_in.is_empty() {
+                r.adopt_watch_in(&mut t, Instant::now());
+            }
+        }
         // Connection events, lower path indexes first.
         ready.clear();
         let mut accept_on = Vec::new();
@@ -251,6 +264,9 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
                         let wr = ev.is_writable() || ev.is_write_closed() || ev.is_error();
                         // The peer's FIN or a reset: read even a paused path.
                         let end = ev.is_read_closed() || ev.is_error();
+                        if rd {
+                            c.rx_unread.store(true, SeqCst);
+                        }
                         ready.push((c.info.id.index, c.clone(), rd, wr, end));
                     }
                 }
@@ -306,20 +322,12 @@ impl Reactor {
     /// milliseconds) when it is less than [`COARSE`] away, else epoll's
     /// own timeout.
     fn timeout(&mut self) -> Option<Duration> {
-        let handle = &self.inner.reactors[self.idx];
+        let inner = self.inner.clone();
+        let handle = &inner.reactors[self.idx];
         let mut t = handle.timer.lock();
         let now = Instant::now();
         if !t.watch_in.is_empty() {
-            for c in std::mem::take(&mut t.watch_in) {
-                if c.state() != CLOSED && !self.watch.iter().any(|w| Arc::ptr_eq(w, &c)) {
-                    self.watch.push(c);
-                }
-            }
-            self.ack_interval = self.inner.cfg.ack_poll_min;
-            let at = t.at.unwrap_or(later(now, self.ack_interval));
-            if self.next_ack_poll.is_none_or(|x| x > at) {
-                self.next_ack_poll = Some(at);
-            }
+            self.adopt_watch_in(&mut t, now);
         }
         self.flushes.append(&mut t.flush_in);
         if self.watch.is_empty() {
@@ -353,6 +361,21 @@ impl Reactor {
             return Some(Duration::ZERO);
         }
         if at - now >= COARSE || !t.arm_at(at, now) { Some(at - now) } else { None }
+    }
+
+    /// Takes the paths transmitting threads started watching into
+    /// `self.watch`, with the ack timer they armed.
+    fn adopt_watch_in(&mut self, t: &mut TimerShared, now: Instant) {
+        for c in std::mem::take(&mut t.watch_in) {
+            if c.state() != CLOSED && !self.watch.iter().any(|w| Arc::ptr_eq(w, &c)) {
+                self.watch.push(c);
+            }
+        }
+        self.ack_interval = self.inner.cfg.ack_poll_min;
+        let at = t.at.unwrap_or(later(now, self.ack_interval));
+        if self.next_ack_poll.is_none_or(|x| x > at) {
+            self.next_ack_poll = Some(at);
+        }
     }
 
     /// Runs queued commands; false on Stop.
@@ -525,6 +548,9 @@ impl Reactor {
                 }
                 if conn.state() != CLOSED {
                     self.poll_one(conn);
+                }
+                if readable {
+                    self.poll_siblings(conn);
                 }
             }
             _ => {}

@@ -27,6 +27,10 @@ pub(crate) struct Stats {
     /// connection still had more than the read budget (ours; see
     /// `Reactor::path0_read`).
     pub rx_lane_deferred: AtomicU64,
+    /// Reads of path 0 before a lane skipped because path 0 had no
+    /// readable event since it was last drained (ours; see
+    /// `Reactor::path0_read`).
+    pub rx_path0_skipped: AtomicU64,
     /// Connections reset because a partly received message made no
     /// progress for [`crate::TcpConfig::rx_frame_timeout`].
     pub rx_frame_stalled: AtomicU64,
@@ -65,6 +69,7 @@ impl Stats {
             ("tcp_rx_partial_discarded", self.rx_partial_discarded.load(Relaxed)),
             ("tcp_tx_partial", self.tx_partial.load(Relaxed)),
             ("tcp_rx_lane_deferred", self.rx_lane_deferred.load(Relaxed)),
+            ("tcp_rx_path0_skipped", self.rx_path0_skipped.load(Relaxed)),
             ("tcp_rx_frame_stalled", self.rx_frame_stalled.load(Relaxed)),
             ("tcp_rx_paused", self.rx_paused.load(Relaxed)),
             ("tcp_deferred_expired", self.deferred_expired.load(Relaxed)),

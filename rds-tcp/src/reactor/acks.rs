@@ -2,9 +2,12 @@
 //! their TCP ack, `SIOCOUTQ` polled on the reactor's timer (backing off
 //! while nothing changes) and after every event of a connection; a
 //! connection that an event leaves with nothing unacked is no longer
-//! watched.
+//! watched. A connection whose transmit state a writing thread holds is
+//! skipped, not waited for (the writer polls as it writes; the timer
+//! keeps it watched).
 
 use std::sync::Arc;
+use std::sync::atomic::Ordering::SeqCst;
 use std::time::Instant;
 
 use rds_core::types::later;
@@ -34,7 +37,10 @@ impl Reactor {
         let mut progress = false;
         let mut reports = Vec::new();
         self.watch.retain(|c| {
-            let mut tx = c.tx.lock();
+            // A thread writing holds the transmit state across its `writev`
+            // (and polls the acks itself as it writes): not worth waiting
+            // for, the next tick polls this one.
+            let Some(mut tx) = c.tx.try_lock() else { return true };
             let (seq, advanced) = tx.poll_acks(&c.stream);
             progress |= advanced;
             if let Some(s) = seq {
@@ -67,7 +73,10 @@ impl Reactor {
     /// the ack timer is not needed at all.
     pub(super) fn poll_one(&mut self, conn: &Arc<PathConn>) {
         let (seq, advanced, done) = {
-            let mut tx = conn.tx.lock();
+            // Busy: a thread is writing (holding it across `writev`); the
+            // ack timer or the next event polls instead of the reactor
+            // waiting for it.
+            let Some(mut tx) = conn.tx.try_lock() else { return };
             if !tx.watched {
                 return;
             }
@@ -88,4 +97,38 @@ impl Reactor {
             sink.acked(conn.info.id, conn.info.inst, s);
         }
     }
+
+    /// After a readable event on `conn`, polls the acks of the other
+    /// watched paths of the same RDS connection. A reply need not come on
+    /// the path its request went on: each socket sends on the lane of its
+    /// own port, so qperf's request goes on one lane and the answer comes
+    /// back on another. Polling only the path with the event left the
+    /// request's path to the ack timer: a `timerfd_settime`, a reactor
+    /// wake-up, a timerfd read and an ioctl per message. Its readable event
+    /// also marks those paths as answered (`last_rx_event`), so the next
+    /// message on them arms the ack timer at `ack_poll_max`, a fallback,
+    /// instead of `ack_poll_min`. Skipped when more than
+    /// [`SIBLING_SCAN_MAX`] paths are watched (the scan is linear; the
+    /// timer still polls them).
+    pub(super) fn poll_siblings(&mut self, conn: &Arc<PathConn>) {
+        if self.watch.len() > SIBLING_SCAN_MAX {
+            return;
+        }
+        let id = conn.info.id;
+        let mut sib = std::mem::take(&mut self.siblings);
+        sib.extend(self.watch.iter().filter(|c| c.info.id.conn == id.conn && c.info.id.index != id.index).cloned());
+        if !sib.is_empty() {
+            let now = crate::path_conn::now_ns();
+            for c in &sib {
+                c.last_rx_event.store(now, SeqCst);
+                self.poll_one(c);
+            }
+        }
+        sib.clear();
+        self.siblings = sib;
+    }
 }
+
+/// The most watched paths `poll_siblings` scans for the paths of one
+/// connection.
+const SIBLING_SCAN_MAX: usize = 64;

@@ -85,13 +85,21 @@ fn rx_msg(f: Frame, ts: Option<u64>) -> RxMessage {
 
 impl Reactor {
     /// Before another path of a connection is read, its path 0 is read
-    /// until it is drained (mostly one read that returns `EAGAIN`: path 0
-    /// rarely carries data once the lanes are up, but only a system call
-    /// can tell whether bytes arrived since its last event). A socket moves from path 0 to its own lane once its
+    /// until it is drained, unless no readable event came for path 0 since
+    /// its last pass drained it (`PathConn::rx_unread`): once the lanes are
+    /// up path 0 rarely carries data, and a read that could only return
+    /// `EAGAIN` cost one system call per message received on a lane. A
+    /// socket moves from path 0 to its own lane once its
     /// path-0 messages are acked, and our TCP acks what it queued, not what
     /// we read: the peer's first message on the lane may arrive while its
     /// last path-0 message still waits in our socket, and whatever order
     /// readiness is reported in, the path-0 bytes must be delivered first.
+    /// The flag cannot miss them: our TCP acked those bytes, so their
+    /// readable event was queued in epoll before the lane's first byte was
+    /// even sent, and epoll reports ready descriptors in the order they
+    /// became ready: path 0's event comes in the lane's batch or an
+    /// earlier one, and the reactor sets the flags of a whole batch before
+    /// it handles any of its events.
     /// Returns false when path 0 stopped at the read budget: `conn` is then
     /// read on a later pass (after path 0 again).
     pub(super) fn path0_read(&mut self, conn: &Arc<PathConn>) -> bool {
@@ -101,6 +109,10 @@ impl Reactor {
         }
         let p0 = self.inner.paths.lock().get(&rds_core::PathId { conn: id.conn, index: 0 }).cloned();
         let Some(p0) = p0.filter(|p| matches!(p.state(), UP | DRAINING)) else { return true };
+        if !p0.rx_unread.load(SeqCst) {
+            inc(&self.inner.stats.rx_path0_skipped);
+            return true;
+        }
         if self.inner.rx_paused(p0.info.id) {
             // Path 0's bytes wait in its socket: the lanes wait behind them
             // (path 0's resume reads them all again).
@@ -134,6 +146,8 @@ impl Reactor {
             inc(&self.inner.stats.rx_paused);
             return false;
         }
+        // This pass drains the socket unless it stops early (below).
+        conn.rx_unread.store(false, SeqCst);
         let budget = self.inner.cfg.read_budget;
         // A short read drained the socket (module docs), unless the end
         // came with the event: then read on to EOF or the error.
@@ -215,8 +229,10 @@ impl Reactor {
         batch.clear();
         self.rx_batch = batch;
         match end {
-            ReadEnd::Drained | ReadEnd::Paused => {}
+            ReadEnd::Drained => {}
+            ReadEnd::Paused => conn.rx_unread.store(true, SeqCst),
             ReadEnd::Budget => {
+                conn.rx_unread.store(true, SeqCst);
                 self.rx_more.push(conn.clone());
                 return true;
             }
