@@ -1,14 +1,17 @@
 //! sendmsg / recvmsg over a `msghdr`: iovecs, addresses, control messages,
 //! flags, and blocking by waiting on the socket's real descriptor.
 //!
-//! Blocking: a receive with no timeout waits in a blocking
-//! `recv(MSG_PEEK)` of one byte on the readiness descriptor (readable
-//! exactly when the socket is), so a signal handler installed with
-//! SA_RESTART restarts the wait and one without makes it fail with EINTR,
-//! as the kernel's `rds_recvmsg`. A receive with SO_RCVTIMEO and every
-//! blocking send wait in `poll`, which a signal always interrupts (EINTR
-//! even with SA_RESTART: the kernel would restart those). A timed-out wait
-//! is ETIMEDOUT, as the kernel's RDS says (not EAGAIN).
+//! Blocking: a receive waits in `poll` on the readiness descriptor
+//! (readable exactly when the socket is) and on the TCP connections its
+//! next message will likely come on, which it reads itself
+//! ([`rds_sock::RdsSocket::wait_readable`]). `poll` is never restarted
+//! after a signal handler: a receive with no timeout restarts its wait
+//! itself when every signal with a handler has SA_RESTART, and fails with
+//! EINTR otherwise, as the kernel's `rds_recvmsg` does for the signal that
+//! came (a process with handlers of both kinds sees EINTR for either). A
+//! receive with SO_RCVTIMEO and every blocking send fail with EINTR on any
+//! signal (the kernel would restart those with SA_RESTART). A timed-out
+//! wait is ETIMEDOUT, as the kernel's RDS says (not EAGAIN).
 
 use std::mem::size_of;
 use std::net::SocketAddr;
@@ -66,20 +69,21 @@ unsafe fn iovecs<'a>(iov: *const libc::iovec, n: usize) -> Result<&'a [libc::iov
     Ok(v)
 }
 
-/// Waits until `fd` is readable (see the module docs).
-fn wait_readable(fd: RawFd, deadline: Option<Instant>) -> Result<(), Errno> {
-    let Some(d) = deadline else {
-        let mut b = 0u8;
-        // SAFETY: reads at most one byte into `b`; MSG_PEEK leaves it queued.
-        let r = unsafe { libc::recv(fd, (&mut b as *mut u8).cast(), 1, libc::MSG_PEEK) };
-        return match r {
-            r if r > 0 => Ok(()),
-            // The engine is gone: the next receive says so (ESHUTDOWN).
-            0 => Ok(()),
-            _ => Err(crate::last_errno()),
-        };
-    };
-    poll_until(fd, libc::POLLIN, Some(d))
+/// Every signal that has a handler has SA_RESTART (the synchronous fault
+/// signals excepted: they interrupt no wait).
+fn handlers_restart() -> bool {
+    (1..libc::SIGRTMAX()).all(|sig| {
+        if matches!(sig, libc::SIGSEGV | libc::SIGBUS | libc::SIGILL | libc::SIGFPE | libc::SIGKILL | libc::SIGSTOP) {
+            return true;
+        }
+        // SAFETY: sigaction only reads the current action into `old`.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: a null new action only queries; `old` is valid for writes.
+        if unsafe { libc::sigaction(sig, std::ptr::null(), &mut old) } != 0 {
+            return true;
+        }
+        old.sa_sigaction == libc::SIG_DFL || old.sa_sigaction == libc::SIG_IGN || old.sa_flags & libc::SA_RESTART != 0
+    })
 }
 
 /// poll() for `events` until `deadline`: ETIMEDOUT after it, EINTR on a
@@ -444,10 +448,19 @@ fn put_cmsgs(e: &Entry, meta: &RecvMeta, ctl: &mut Ctl) {
 pub fn recv(e: &Entry, buf: &mut [u8], flags: c_int) -> Result<RecvMeta, Errno> {
     let rf = RecvFlags { peek: flags & libc::MSG_PEEK != 0, trunc: flags & libc::MSG_TRUNC != 0, dontwait: true };
     let blocking = flags & libc::MSG_DONTWAIT == 0 && !e.nonblock.load(std::sync::atomic::Ordering::Relaxed);
+    if !blocking {
+        return e.sock.recv_msg(buf, rf).map_err(io_errno);
+    }
+    // Waits in poll on the socket's descriptor and on the TCP connections
+    // its next message will likely come on, which it reads itself
+    // (`RdsSocket::recv_msg_wait`). A signal interrupts that poll; with no
+    // timeout the wait then restarts when every signal with a handler has
+    // SA_RESTART (where the kernel's `rds_recvmsg` would be restarted),
+    // else fails with EINTR (see the module docs).
     let deadline = deadline(*e.rcvtimeo.lock());
     loop {
-        match e.sock.recv_msg(buf, rf).map_err(io_errno) {
-            Err(libc::EAGAIN) if blocking => wait_readable(e.base, deadline)?,
+        match e.sock.recv_msg_wait(buf, rf, deadline).map_err(io_errno) {
+            Err(libc::EINTR) if deadline.is_none() && handlers_restart() => continue,
             r => return r,
         }
     }

@@ -11,7 +11,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, Weak};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -64,6 +64,27 @@ pub(crate) struct SockShared {
     /// only once somebody asked for it.
     fd: ReadyFd,
     fd_active: AtomicBool,
+    /// (local, peer) address of the last message received: where a
+    /// blocked receiver expects the next one from
+    /// ([`crate::RdsSocket::wait_readable`]).
+    pub(crate) rx_hint: Mutex<Option<(IpAddr, IpAddr)>>,
+    /// The thread (its [`thread_token`]) reading the socket's connections
+    /// itself in a blocking receive, 0 when none: a wake-up it causes for
+    /// this socket leaves the descriptor alone (`deferred`), since the
+    /// receive that follows takes the message; that receive brings the
+    /// descriptor up to date ([`Inner::refresh_fd`]). A raise and a clear,
+    /// two system calls per message, saved.
+    pub(crate) assist_by: AtomicU64,
+    pub(crate) deferred: AtomicBool,
+}
+
+/// A number for the calling thread, never 0.
+pub(crate) fn thread_token() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static TOKEN: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    TOKEN.with(|t| *t)
 }
 
 impl SockShared {
@@ -73,6 +94,9 @@ impl SockShared {
             cond: Condvar::new(),
             fd: ReadyFd::new()?,
             fd_active: AtomicBool::new(false),
+            rx_hint: Mutex::new(None),
+            assist_by: AtomicU64::new(0),
+            deferred: AtomicBool::new(false),
         })
     }
 
@@ -80,7 +104,12 @@ impl SockShared {
         *self.events.lock() += 1;
         self.cond.notify_all();
         if self.fd_active.load(Ordering::Acquire) {
-            self.fd.update(seq, readable, writable);
+            let by = self.assist_by.load(Ordering::SeqCst);
+            if by != 0 && by == thread_token() {
+                self.deferred.store(true, Ordering::SeqCst);
+            } else {
+                self.fd.update(seq, readable, writable);
+            }
         }
     }
 
@@ -175,6 +204,12 @@ impl Inner {
         }
     }
 
+    /// The TCP paths of an address pair for a blocked receiver to read
+    /// itself ([`rds_tcp::RxAssist`]).
+    pub(crate) fn rx_assist(&self, laddr: IpAddr, faddr: IpAddr) -> Option<rds_tcp::RxAssist> {
+        self.tcp.rx_assist(laddr, faddr)
+    }
+
     fn transport(&self, kind: TransportKind) -> &dyn RdsTransport {
         match kind {
             TransportKind::Tcp => &*self.tcp,
@@ -204,6 +239,17 @@ impl Inner {
             }
             st.timer_deadline = None;
         }
+    }
+
+    /// Brings a socket's readiness descriptor up to date (after a wake-up
+    /// left it alone: [`SockShared::deferred`]).
+    pub(crate) fn refresh_fd(&self, sh: &SockShared, s: SockId) {
+        let (seq, r) = {
+            let mut st = self.state.lock();
+            st.seq += 1;
+            (st.seq, st.node.readiness(s))
+        };
+        sh.fd.update(seq, r.readable, r.writable);
     }
 
     /// The readiness descriptor of a socket; the first call starts keeping

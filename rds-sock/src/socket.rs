@@ -244,6 +244,12 @@ impl RdsSocket {
             match self.run(|n| n.recv(self.id, flags.peek)) {
                 Ok(Received::Data(inc)) if !flags.peek => {
                     self.rdma_unuse(&inc.header);
+                    let hint = Some((inc.to.ip(), inc.from.ip()));
+                    let mut h = self.shared.rx_hint.lock();
+                    if *h != hint {
+                        *h = hint;
+                    }
+                    drop(h);
                     return Ok(Received::Data(inc));
                 }
                 Err(Errno::EAGAIN) if blocking => {
@@ -461,6 +467,95 @@ impl RdsSocket {
     /// The socket's id in its engine.
     pub fn id(&self) -> SockId {
         self.id
+    }
+
+    /// `recvmsg` that blocks until `deadline` (`None`: without end; past
+    /// it, `ETIMEDOUT`) whatever the socket's own blocking mode and
+    /// timeout; a signal makes it fail with `EINTR` (it waits in `poll`,
+    /// which no signal restarts; calling it again restarts the wait). The
+    /// C ABI's blocking receive.
+    ///
+    /// While it waits it polls, beside the socket's descriptor, the TCP
+    /// connections of the address pair its last message came over, and
+    /// reads what arrives on them itself ([`rds_tcp::RxAssist`]): a message
+    /// then wakes one thread, this one, instead of the reactor and then
+    /// this one, and moves the descriptor neither up nor down when this
+    /// receive takes it.
+    pub fn recv_msg_wait(&self, buf: &mut [u8], flags: RecvFlags, deadline: Option<Instant>) -> io::Result<RecvMeta> {
+        let flags = RecvFlags { dontwait: true, ..flags };
+        let r = loop {
+            match self.recv_msg(buf, flags) {
+                Err(e) if e.raw_os_error() == Some(Errno::EAGAIN.0) => {
+                    if let Err(e) = self.wait_readable(deadline) {
+                        break Err(e);
+                    }
+                }
+                r => break r,
+            }
+        };
+        if self.shared.deferred.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            self.engine.inner.refresh_fd(&self.shared, self.id);
+        }
+        r
+    }
+
+    /// Waits until the socket may be readable: its descriptor is
+    /// readable, or this thread read and delivered messages itself (see
+    /// [`RdsSocket::recv_msg_wait`]).
+    fn wait_readable(&self, deadline: Option<Instant>) -> io::Result<()> {
+        let fd = self.as_raw_fd();
+        let hint = *self.shared.rx_hint.lock();
+        let mut assist = hint.and_then(|(l, f)| self.engine.inner.rx_assist(l, f));
+        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(9);
+        let mut idx: Vec<usize> = Vec::with_capacity(8);
+        loop {
+            fds.clear();
+            idx.clear();
+            fds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+            if let Some(a) = &assist {
+                for (i, afd) in a.fds() {
+                    fds.push(libc::pollfd { fd: afd, events: libc::POLLIN, revents: 0 });
+                    idx.push(i);
+                }
+            }
+            let ms = match deadline {
+                None => -1,
+                Some(d) => {
+                    let left = d.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        return Err(err(Errno::ETIMEDOUT));
+                    }
+                    // Rounded up: never a busy loop of zero timeouts.
+                    left.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int
+                }
+            };
+            // SAFETY: `fds` is a valid array of `fds.len()` pollfds.
+            let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            if fds[0].revents != 0 {
+                return Ok(());
+            }
+            let mut read = false;
+            if let Some(a) = &mut assist {
+                let by = &self.shared.assist_by;
+                by.store(crate::engine::thread_token(), std::sync::atomic::Ordering::SeqCst);
+                for (k, p) in fds[1..].iter().enumerate() {
+                    if p.revents != 0 {
+                        read |= a.read(idx[k]);
+                    }
+                }
+                by.store(0, std::sync::atomic::Ordering::SeqCst);
+            }
+            if read {
+                return Ok(());
+            }
+            if r == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(err(Errno::ETIMEDOUT));
+            }
+            self.live()?;
+        }
     }
 }
 

@@ -124,6 +124,18 @@
 //! [`DownReason::Closed`] is reported: a message whose bytes our TCP acked
 //! is never dropped.
 //!
+//! An application thread about to block in a receive may read
+//! connections itself ([`RxAssist`], through
+//! `rds_sock::RdsSocket::recv_msg_wait`, the C ABI's blocking receive):
+//! it polls the up paths of the address pair of its last message beside
+//! its socket's descriptor, and reads and delivers what arrives, so a
+//! message wakes one thread instead of the reactor and then the receiver.
+//! While a connection has such a thread the reactor leaves its readable
+//! events to it (`tcp_rx_assist_left`; its passes: `tcp_rx_assist_reads`);
+//! one reader at a time per connection, path 0 before a lane, and the end
+//! of the stream is the reactor's (the `assist` module says how nothing is
+//! lost or reordered).
+//!
 //! Memory per connection is bounded by what arrived: a partial payload's
 //! buffer grows with the bytes received (never to a hostile `h_len` up
 //! front), and a partial message that gets no byte for
@@ -164,11 +176,14 @@
 // Unsafe is confined to sys.rs (FFI); every block says why it is sound.
 #![deny(clippy::undocumented_unsafe_blocks)]
 
+mod assist;
 mod path_conn;
 mod reactor;
 mod stats;
 mod sys;
 mod xmit;
+
+pub use assist::{ASSIST_MAX_PATHS, RxAssist};
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};

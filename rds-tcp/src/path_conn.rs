@@ -95,6 +95,15 @@ pub(crate) struct PathConn {
     /// before it reads a lane (`Reactor::path0_read`). Starts set: a new
     /// connection is read once whatever its events say.
     pub rx_unread: AtomicBool,
+    /// A thread is reading the connection (the reactor, or an application
+    /// thread in a blocking receive, `crate::assist`): one reader at a
+    /// time keeps the stream's messages in order, and a connection is
+    /// only closed once the read in progress delivered what it read.
+    pub rx_busy: AtomicBool,
+    /// Application threads blocked in a receive that poll this
+    /// connection and read it themselves (`crate::assist`); while there
+    /// is one, the reactor leaves its readable events to them.
+    pub assist: AtomicU32,
 }
 
 impl PathConn {
@@ -130,6 +139,8 @@ impl PathConn {
             send_run: AtomicU32::new(0),
             last_rx_event: AtomicU64::new(0),
             rx_unread: AtomicBool::new(true),
+            rx_busy: AtomicBool::new(false),
+            assist: AtomicU32::new(0),
         }
     }
 

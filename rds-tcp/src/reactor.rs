@@ -39,7 +39,7 @@ use crate::{Inner, down_reason};
 mod accept;
 mod acks;
 mod connect;
-mod read;
+pub(crate) mod read;
 mod timer;
 
 use accept::{ACCEPT_BACKOFF_MIN, Deferred, reserve};
@@ -75,6 +75,12 @@ pub(crate) enum Cmd {
     Unlisten(IpAddr),
     /// The core resumed reading the path: read what waits in its socket.
     RxResume(rds_core::PathId),
+    /// An assisting application thread left this connection unread or
+    /// stopped early (`crate::assist`): read it.
+    RxRead(Arc<PathConn>),
+    /// An assisting thread's read found the end of the stream or an error
+    /// (true: a protocol error): read the rest, close it.
+    RxFailed(Arc<PathConn>, bool),
     Stop,
 }
 
@@ -220,7 +226,9 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
     };
     let mut events = Events::with_capacity(1024);
     // Reused from one pass to the next (no allocation per event).
-    let mut ready: Vec<(u8, Arc<PathConn>, bool, bool, bool)> = Vec::new();
+    // (path index, connection, readable, writable, end, read left to an
+    // assisting thread)
+    let mut ready: Vec<(u8, Arc<PathConn>, bool, bool, bool, bool)> = Vec::new();
     loop {
         let timeout = r.timeout();
         if let Err(e) = r.poll.poll(&mut events, timeout) {
@@ -264,10 +272,18 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
                         let wr = ev.is_writable() || ev.is_write_closed() || ev.is_error();
                         // The peer's FIN or a reset: read even a paused path.
                         let end = ev.is_read_closed() || ev.is_error();
+                        let mut left = false;
                         if rd {
                             c.rx_unread.store(true, SeqCst);
+                            // A thread blocked in a receive polls it and
+                            // reads it itself (`crate::assist`); the end
+                            // of the stream is still ours.
+                            if !end && c.assist.load(SeqCst) > 0 {
+                                inc(&r.inner.stats.rx_assist_left);
+                                left = true;
+                            }
                         }
-                        ready.push((c.info.id.index, c.clone(), rd, wr, end));
+                        ready.push((c.info.id.index, c.clone(), rd, wr, end, left));
                     }
                 }
             }
@@ -275,13 +291,14 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         for c in std::mem::take(&mut r.rx_more) {
             if let Some(e) = ready.iter_mut().find(|e| Arc::ptr_eq(&e.1, &c)) {
                 e.2 = true;
+                e.5 = false;
             } else {
-                ready.push((c.info.id.index, c, true, false, false));
+                ready.push((c.info.id.index, c, true, false, false, false));
             }
         }
         ready.sort_by_key(|e| e.0);
-        for (_, c, rd, wr, end) in ready.drain(..) {
-            r.conn_event(&c, rd, wr, end);
+        for (_, c, rd, wr, end, left) in ready.drain(..) {
+            r.conn_event(&c, rd, wr, end, left);
         }
         for tok in accept_on {
             r.accept_all(tok);
@@ -411,7 +428,20 @@ impl Reactor {
                         }
                     }
                 }
-                Cmd::Failed(conn) => {
+                Cmd::RxRead(c) => {
+                    if c.reactor == self.idx
+                        && matches!(c.state(), UP | DRAINING)
+                        && !self.rx_more.iter().any(|x| Arc::ptr_eq(x, &c))
+                    {
+                        self.rx_more.push(c);
+                    }
+                }
+                Cmd::RxFailed(c, true) => {
+                    if c.state() != CLOSED {
+                        self.close_conn(&c, DownReason::ProtocolError, true);
+                    }
+                }
+                Cmd::RxFailed(conn, false) | Cmd::Failed(conn) => {
                     if conn.state() != CLOSED {
                         self.read_conn(&conn, true);
                         if conn.state() != CLOSED {
@@ -515,7 +545,11 @@ impl Reactor {
     /// `end`: the peer's FIN or an error came with the event; a paused path
     /// is read then too (to its end: what is left in the socket, bounded by
     /// its receive buffer), so that it notices the end and goes down.
-    fn conn_event(&mut self, conn: &Arc<PathConn>, readable: bool, writable: bool, end: bool) {
+    ///
+    /// `left`: a thread blocked in a receive reads it (`crate::assist`):
+    /// everything else about the event (acks, the writable side) is still
+    /// handled here.
+    fn conn_event(&mut self, conn: &Arc<PathConn>, readable: bool, writable: bool, end: bool, left: bool) {
         if end {
             conn.rx_ending.store(true, SeqCst);
         }
@@ -542,7 +576,7 @@ impl Reactor {
                         self.inner.xmit(conn);
                     }
                 }
-                if readable && self.path0_read(conn) {
+                if readable && !left && self.path0_read(conn) {
                     inc(&self.inner.stats.data_ready_calls);
                     self.read_conn(conn, end);
                 }
@@ -559,6 +593,13 @@ impl Reactor {
 
     /// Closes a connection (reset when `rst`) and reports it down.
     fn close_conn(&mut self, conn: &Arc<PathConn>, why: DownReason, rst: bool) {
+        if conn.state() == CLOSED {
+            return;
+        }
+        // A blocked receiver reading it (`crate::assist`) delivers what it
+        // read before the path goes down; the read side is then kept: no
+        // pass starts on a closed connection.
+        read::acquire_rx(conn, true);
         let (acked, was_up) = {
             let mut tx = conn.tx.lock();
             let prev = conn.state.swap(CLOSED, SeqCst);

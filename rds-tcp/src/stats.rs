@@ -31,6 +31,10 @@ pub(crate) struct Stats {
     /// readable event since it was last drained (ours; see
     /// `Reactor::path0_read`).
     pub rx_path0_skipped: AtomicU64,
+    /// Read passes made by application threads blocked in a receive
+    /// (`crate::assist`), and readable events the reactor left to them.
+    pub rx_assist_reads: AtomicU64,
+    pub rx_assist_left: AtomicU64,
     /// Connections reset because a partly received message made no
     /// progress for [`crate::TcpConfig::rx_frame_timeout`].
     pub rx_frame_stalled: AtomicU64,
@@ -70,6 +74,8 @@ impl Stats {
             ("tcp_tx_partial", self.tx_partial.load(Relaxed)),
             ("tcp_rx_lane_deferred", self.rx_lane_deferred.load(Relaxed)),
             ("tcp_rx_path0_skipped", self.rx_path0_skipped.load(Relaxed)),
+            ("tcp_rx_assist_reads", self.rx_assist_reads.load(Relaxed)),
+            ("tcp_rx_assist_left", self.rx_assist_left.load(Relaxed)),
             ("tcp_rx_frame_stalled", self.rx_frame_stalled.load(Relaxed)),
             ("tcp_rx_paused", self.rx_paused.load(Relaxed)),
             ("tcp_deferred_expired", self.deferred_expired.load(Relaxed)),

@@ -321,6 +321,8 @@ fn listener_and_address_checks() {
             "tcp_tx_partial",
             "tcp_rx_lane_deferred",
             "tcp_rx_path0_skipped",
+            "tcp_rx_assist_reads",
+            "tcp_rx_assist_left",
             "tcp_rx_frame_stalled",
             "tcp_rx_paused",
             "tcp_deferred_expired",
@@ -614,8 +616,8 @@ fn an_answer_on_another_lane_acks_the_request() {
         ack_poll_max: Duration::from_secs(30),
         ..TcpConfig::default()
     };
-    let a = Host::with_config(ip("127.0.17.1"), slow(17108), node_config(81));
-    let b = Host::with_config(ip("127.0.17.2"), slow(17108), node_config(82));
+    let a = Host::with_config(ip("127.0.38.1"), slow(17117), node_config(81));
+    let b = Host::with_config(ip("127.0.38.2"), slow(17117), node_config(82));
     let d = deadline(30);
     // Lanes 1 (a's port 7001) and 2 (b's port 4002) once 8 paths are up.
     let sa = a.socket(7001);
@@ -628,9 +630,12 @@ fn an_answer_on_another_lane_acks_the_request() {
             (0..8).all(|i| n.path_state(PathId { conn: c, index: i }) == Some(PathState::Up))
         });
     }
-    for i in 1..=20u64 {
+    for i in 1..=3u64 {
         a.send(sa, SocketAddr::new(b.addr, 4002), &Payload::new(pattern(i, 64)), d);
         assert_eq!(index_of(&b.recv(sb, d).payload), i);
+        // Past the peer's delayed ACK (40 ms to 200 ms): by the answer the
+        // request's bytes are acked, though no event on lane 1 says so.
+        std::thread::sleep(Duration::from_millis(300));
         b.send(sb, SocketAddr::new(a.addr, 7001), &Payload::new(pattern(1000 + i, 64)), d);
         assert_eq!(index_of(&a.recv(sa, d).payload), 1000 + i);
         // The answer came on lane 2; the request went on lane 1.

@@ -61,7 +61,7 @@ impl Flow {
 /// Single paths cut, from either side, every 30-230 ms.
 #[test]
 fn all_to_all_100k_with_paths_cut_mid_message() {
-    run(addr_block(46), false);
+    run(addr_block(46), false, false);
 }
 
 /// Also whole connections (all 8 paths of a node pair at once), which makes
@@ -72,10 +72,20 @@ fn all_to_all_100k_with_paths_cut_mid_message() {
 /// 6.1 kernel such cuts do lose and duplicate: docs/interop.md, "resetall").
 #[test]
 fn all_to_all_100k_with_whole_connections_cut() {
-    run(addr_block(47), true);
+    run(addr_block(47), true, false);
 }
 
-fn run(ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + 'static, whole_cuts: bool) {
+/// Single paths cut as above, the receivers in the C ABI's blocking
+/// receive (`RdsSocket::recv_msg_wait`), which reads the TCP connections
+/// itself while it waits (`rds_tcp::RxAssist`): the reactor and the
+/// receiving threads share the reading, and still every datagram arrives
+/// once and in order.
+#[test]
+fn all_to_all_100k_read_by_the_receivers_with_paths_cut() {
+    run(addr_block(48), false, true);
+}
+
+fn run(ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + 'static, whole_cuts: bool, assisted: bool) {
     let t0 = Instant::now();
     let engines: Vec<Engine> = (0..NODES)
         .map(|_| {
@@ -125,8 +135,19 @@ fn run(ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + 'static, whole_cuts: 
         receivers.push(std::thread::spawn(move || -> Result<Vec<(u64, u64, [u8; 32])>, String> {
             let mut flows: Vec<Flow> = (0..SOCKS).map(|_| Flow::new()).collect();
             let total: u64 = want.iter().sum();
-            for got in 0..total {
-                let (p, from) = s.recv_payload().map_err(|e| format!("sock {dst} after {got}: {e}"))?;
+            let mut buf = if assisted { vec![0u8; MAX] } else { Vec::new() };
+            let mut got = 0;
+            while got < total {
+                let (p, from) = if assisted {
+                    let m = s
+                        .recv_msg_wait(&mut buf, rds_sock::RecvFlags::default(), None)
+                        .map_err(|e| format!("sock {dst} after {got}: {e}"))?;
+                    let Some(from) = m.from else { continue };
+                    (rds_core::Payload::copy_from(&buf[..m.len]), from)
+                } else {
+                    s.recv_payload().map_err(|e| format!("sock {dst} after {got}: {e}"))?
+                };
+                got += 1;
                 let src = *index_of.get(&from).ok_or_else(|| format!("unknown sender {from}"))?;
                 let f = &mut flows[src];
                 if f.n >= want[src] {
@@ -242,6 +263,11 @@ fn run(ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + 'static, whole_cuts: 
     assert!(resets >= u64::from(cuts), "{resets} path resets for {cuts} cuts");
     assert!(rx_partial >= 1 && tx_partial >= 1, "no cut landed inside a message");
     assert_eq!(flushed, 0, "nobody restarted: nothing may be flushed");
+    if assisted {
+        let (reads, left) = (sum("tcp_rx_assist_reads"), sum("tcp_rx_assist_left"));
+        eprintln!("faults: the receivers made {reads} read passes; the reactors left them {left} events");
+        assert!(reads > 0 && left > 0, "the receivers never read a connection themselves");
+    }
     for e in &engines {
         let r = e.shutdown(Duration::from_secs(1));
         assert_eq!(r.messages(), 0, "{r:?}");

@@ -26,12 +26,12 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use rds_core::wire::Frame;
-use rds_core::{DownReason, RxMessage};
+use rds_core::{DownReason, RxMessage, TransportSink};
 
 use super::Reactor;
-use crate::down_reason;
 use crate::path_conn::{DRAINING, PathConn, UP};
 use crate::stats::inc;
+use crate::{Inner, down_reason};
 
 /// Read buffer of a reactor.
 pub(super) const RBUF: usize = 256 << 10;
@@ -49,7 +49,7 @@ const BATCH_MSGS: usize = 1024;
 const BATCH_BYTES: usize = 4 << 20;
 
 /// How reading a connection ended.
-enum ReadEnd {
+pub(crate) enum ReadEnd {
     /// `EAGAIN`, or a short read: read everything there was.
     Drained,
     /// The fairness budget ran out; more may be readable.
@@ -140,99 +140,33 @@ impl Reactor {
     /// the reading after that batch: the overshoot is one batch.
     pub(super) fn read_conn(&mut self, conn: &Arc<PathConn>, force: bool) -> bool {
         let Some(sink) = self.inner.sink() else { return false };
-        let (id, inst) = (conn.info.id, conn.info.inst);
+        let id = conn.info.id;
         let force = force || conn.rx_ending.load(SeqCst);
         if !force && self.inner.rx_paused(id) {
             inc(&self.inner.stats.rx_paused);
             return false;
         }
-        // This pass drains the socket unless it stops early (below).
-        conn.rx_unread.store(false, SeqCst);
-        let budget = self.inner.cfg.read_budget;
-        // A short read drained the socket (module docs), unless the end
-        // came with the event: then read on to EOF or the error.
-        let short_drains = !force;
+        // One reader at a time (`PathConn::rx_busy`): an application thread
+        // reading it in a blocking receive (`crate::assist`) finishes its
+        // pass first. A connection that is ending is waited for (its
+        // bytes are read before it closes); otherwise it is read on the
+        // next pass.
+        if !acquire_rx(conn, force) {
+            if !self.rx_more.iter().any(|c| Arc::ptr_eq(c, conn)) {
+                self.rx_more.push(conn.clone());
+            }
+            return true;
+        }
         // The reactor's batch, for its capacity (a nested call, should
         // there be one, starts an empty one).
         let mut batch: Vec<RxMessage> = std::mem::take(&mut self.rx_batch);
-        batch.clear();
-        let mut batch_bytes = 0usize;
-        let mut total = 0usize;
-        let end = loop {
-            if total >= budget {
-                break ReadEnd::Budget;
-            }
-            let step = {
-                let mut rx = conn.rx.lock();
-                let dec = &mut rx.decoder;
-                if dec.payload_remaining() >= DIRECT_MIN {
-                    let mut offered = 0;
-                    let res = dec.read_direct(DIRECT_MAX, |buf| {
-                        offered = buf.len();
-                        (&conn.stream).read(buf)
-                    });
-                    match res {
-                        Ok((0, _)) => Err(ReadEnd::Eof),
-                        Ok((n, f)) => {
-                            if let Some(f) = f {
-                                batch_bytes += f.payload.len();
-                                batch.push(rx_msg(f, rx_time_ns()));
-                            }
-                            Ok((n, n < offered))
-                        }
-                        Err(e) => ReadEnd::of_error(&e).map(|n| (n, false)),
-                    }
-                } else {
-                    match (&conn.stream).read(&mut self.rbuf) {
-                        Ok(0) => Err(ReadEnd::Eof),
-                        Ok(n) => {
-                            let ts = rx_time_ns();
-                            let fed = dec.feed(&self.rbuf[..n], &mut |f| {
-                                batch_bytes += f.payload.len();
-                                batch.push(rx_msg(f, ts));
-                            });
-                            match fed {
-                                Ok(()) => Ok((n, n < self.rbuf.len())),
-                                Err(_) => Err(ReadEnd::Protocol),
-                            }
-                        }
-                        Err(e) => ReadEnd::of_error(&e).map(|n| (n, false)),
-                    }
-                }
-            };
-            let short = match step {
-                Ok((n, short)) => {
-                    total += n;
-                    short
-                }
-                Err(end) => break end,
-            };
-            if batch.len() >= BATCH_MSGS || batch_bytes >= BATCH_BYTES {
-                sink.received(id, inst, &mut batch);
-                batch.clear();
-                batch_bytes = 0;
-                if !force && self.inner.rx_paused(id) {
-                    break ReadEnd::Paused;
-                }
-            }
-            if short && short_drains {
-                inc(&self.inner.stats.rx_short_reads);
-                break ReadEnd::Drained;
-            }
-        };
-        if total > 0 {
-            conn.rx.lock().progress_at = Instant::now();
-        }
-        if !batch.is_empty() {
-            sink.received(id, inst, &mut batch);
-        }
+        let end = read_pass(&self.inner, &*sink, conn, &mut self.rbuf, &mut batch, force);
+        conn.rx_busy.store(false, SeqCst);
         batch.clear();
         self.rx_batch = batch;
         match end {
-            ReadEnd::Drained => {}
-            ReadEnd::Paused => conn.rx_unread.store(true, SeqCst),
+            ReadEnd::Drained | ReadEnd::Paused => {}
             ReadEnd::Budget => {
-                conn.rx_unread.store(true, SeqCst);
                 self.rx_more.push(conn.clone());
                 return true;
             }
@@ -265,4 +199,116 @@ impl Reactor {
             self.close_conn(&c, DownReason::ProtocolError, true);
         }
     }
+}
+
+/// Takes `conn`'s read side (`PathConn::rx_busy`); with `wait`, waits for a
+/// reader in another thread to finish its pass (a pass never blocks).
+pub(crate) fn acquire_rx(conn: &PathConn, wait: bool) -> bool {
+    loop {
+        if !conn.rx_busy.swap(true, SeqCst) {
+            return true;
+        }
+        if !wait {
+            return false;
+        }
+        std::thread::yield_now();
+    }
+}
+
+/// One read pass on `conn`, whose read side the caller holds: reads and
+/// delivers until drained (a short read or `EAGAIN`, unless `force`: the
+/// connection is ending and is read to its end), the budget, a pause, the
+/// end or an error; every complete message read is handed to the sink
+/// before it returns. Clears `rx_unread` first and sets it again when it
+/// stops before the socket is drained.
+pub(crate) fn read_pass(
+    inner: &Inner,
+    sink: &dyn TransportSink,
+    conn: &PathConn,
+    rbuf: &mut [u8],
+    batch: &mut Vec<RxMessage>,
+    force: bool,
+) -> ReadEnd {
+    let (id, inst) = (conn.info.id, conn.info.inst);
+    conn.rx_unread.store(false, SeqCst);
+    let budget = inner.cfg.read_budget;
+    // A short read drained the socket (module docs), unless the end
+    // came with the event: then read on to EOF or the error.
+    let short_drains = !force;
+    batch.clear();
+    let mut batch_bytes = 0usize;
+    let mut total = 0usize;
+    let end = loop {
+        if total >= budget {
+            break ReadEnd::Budget;
+        }
+        let step = {
+            let mut rx = conn.rx.lock();
+            let dec = &mut rx.decoder;
+            if dec.payload_remaining() >= DIRECT_MIN {
+                let mut offered = 0;
+                let res = dec.read_direct(DIRECT_MAX, |buf| {
+                    offered = buf.len();
+                    (&conn.stream).read(buf)
+                });
+                match res {
+                    Ok((0, _)) => Err(ReadEnd::Eof),
+                    Ok((n, f)) => {
+                        if let Some(f) = f {
+                            batch_bytes += f.payload.len();
+                            batch.push(rx_msg(f, rx_time_ns()));
+                        }
+                        Ok((n, n < offered))
+                    }
+                    Err(e) => ReadEnd::of_error(&e).map(|n| (n, false)),
+                }
+            } else {
+                match (&conn.stream).read(rbuf) {
+                    Ok(0) => Err(ReadEnd::Eof),
+                    Ok(n) => {
+                        let ts = rx_time_ns();
+                        let fed = dec.feed(&rbuf[..n], &mut |f| {
+                            batch_bytes += f.payload.len();
+                            batch.push(rx_msg(f, ts));
+                        });
+                        match fed {
+                            Ok(()) => Ok((n, n < rbuf.len())),
+                            Err(_) => Err(ReadEnd::Protocol),
+                        }
+                    }
+                    Err(e) => ReadEnd::of_error(&e).map(|n| (n, false)),
+                }
+            }
+        };
+        let short = match step {
+            Ok((n, short)) => {
+                total += n;
+                short
+            }
+            Err(end) => break end,
+        };
+        if batch.len() >= BATCH_MSGS || batch_bytes >= BATCH_BYTES {
+            sink.received(id, inst, batch);
+            batch.clear();
+            batch_bytes = 0;
+            if !force && inner.rx_paused(id) {
+                break ReadEnd::Paused;
+            }
+        }
+        if short && short_drains {
+            inc(&inner.stats.rx_short_reads);
+            break ReadEnd::Drained;
+        }
+    };
+    if total > 0 {
+        conn.rx.lock().progress_at = Instant::now();
+    }
+    if !batch.is_empty() {
+        sink.received(id, inst, batch);
+    }
+    batch.clear();
+    if matches!(end, ReadEnd::Budget | ReadEnd::Paused) {
+        conn.rx_unread.store(true, SeqCst);
+    }
+    end
 }

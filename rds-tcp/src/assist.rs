@@ -1,0 +1,221 @@
+//! Receive in the blocked reader's thread ([`RxAssist`]).
+//!
+//! Without it a message crosses two threads on its way in: the reactor
+//! wakes on the readable event, reads and delivers, and wakes the
+//! application's thread, which then takes the message. The kernel's RDS
+//! delivers from its TCP receive callback and wakes the reader once. A
+//! thread about to block in a receive can instead poll the TCP
+//! connections the next message will likely come on (the paths of the
+//! address pair of its last message) beside its own readiness descriptor,
+//! and read and deliver what arrives itself: one wake-up, no hand-over.
+//!
+//! The rules that keep every message once and in order:
+//! - One reader per connection at a time (`PathConn::rx_busy`); a thread
+//!   that finds the reactor reading leaves the connection to it.
+//! - While a connection has an assisting thread (`PathConn::assist`), the
+//!   reactor leaves its readable events to that thread (it still handles
+//!   the writable side, acks and the end of the stream: an event that
+//!   brought the peer's FIN or an error is read by the reactor as
+//!   always). A thread that stops assisting a connection whose event the
+//!   reactor left (`rx_unread`) reads it once more if it may, and hands it
+//!   back (`Cmd::RxRead`) if the flag is still set after it decremented
+//!   `assist`; the reactor sets the flag before it looks at `assist`, so
+//!   one of the two always reads.
+//! - A lane is read after path 0 of the same connection, as the reactor
+//!   does (`Reactor::path0_read`): the thread reads path 0 first (it
+//!   cannot tell from readiness alone whether path-0 bytes wait); when
+//!   path 0 is busy, paused or not among its connections, the lane is left
+//!   to the reactor.
+//! - A pass that stops early (the budget, a pause) hands the connection to
+//!   the reactor; the end of the stream, an error or a protocol error too
+//!   (`Cmd::RxFailed`: the reactor reads it to its end and closes it).
+//!   The reactor closes a connection only after the pass in progress
+//!   delivered what it read.
+//! - Connections that are not up, or ending, are left to the reactor; so
+//!   is everything when the transport has more than [`ASSIST_MAX_PATHS`]
+//!   paths (finding the pair's paths is a linear scan).
+
+use std::cell::RefCell;
+use std::net::IpAddr;
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::Arc;
+use std::sync::atomic::Ordering::SeqCst;
+
+use rds_core::RxMessage;
+
+use crate::path_conn::{PathConn, UP};
+use crate::reactor::Cmd;
+use crate::reactor::read::{ReadEnd, acquire_rx, read_pass};
+use crate::stats::inc;
+use crate::{Inner, TcpTransport};
+
+/// Above this many paths in the transport, no thread assists (the scan for
+/// an address pair's paths would cost more than it saves).
+pub const ASSIST_MAX_PATHS: usize = 64;
+
+/// Read buffer of an assisting thread.
+const ABUF: usize = 64 << 10;
+
+thread_local! {
+    static BUF: RefCell<(Vec<u8>, Vec<RxMessage>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// The connections of one address pair a thread about to block in a
+/// receive polls and reads itself (module docs). Dropping it hands back
+/// what it did not read.
+pub struct RxAssist {
+    inner: Arc<Inner>,
+    /// Up paths of the pair, path 0 first; `None` once given back.
+    conns: Vec<Option<Arc<PathConn>>>,
+}
+
+impl std::fmt::Debug for RxAssist {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RxAssist").field("paths", &self.conns.iter().flatten().count()).finish()
+    }
+}
+
+impl TcpTransport {
+    /// The up paths from `laddr` to `faddr` for a blocked receiver to poll
+    /// and read itself (module docs); `None` when there is none or the
+    /// transport has more than [`ASSIST_MAX_PATHS`] paths.
+    pub fn rx_assist(&self, laddr: IpAddr, faddr: IpAddr) -> Option<RxAssist> {
+        if self.inner.is_closed() {
+            return None;
+        }
+        let mut conns: Vec<Arc<PathConn>> = {
+            let paths = self.inner.paths.lock();
+            if paths.len() > ASSIST_MAX_PATHS {
+                return None;
+            }
+            paths
+                .values()
+                .filter(|c| c.info.laddr == laddr && c.info.faddr == faddr && c.state() == UP)
+                .cloned()
+                .collect()
+        };
+        if conns.is_empty() {
+            return None;
+        }
+        conns.sort_by_key(|c| c.info.id.index);
+        for c in &conns {
+            c.assist.fetch_add(1, SeqCst);
+        }
+        Some(RxAssist { inner: self.inner.clone(), conns: conns.into_iter().map(Some).collect() })
+    }
+}
+
+impl RxAssist {
+    /// The descriptors still to poll for reading, with their index.
+    pub fn fds(&self) -> impl Iterator<Item = (usize, RawFd)> + '_ {
+        self.conns.iter().enumerate().filter_map(|(i, c)| c.as_ref().map(|c| (i, c.stream.as_raw_fd())))
+    }
+
+    /// Reads connection `i` (path 0 of its connection first) and delivers
+    /// what it holds. False when it read nothing: the connection was left
+    /// to the reactor and is no longer polled.
+    pub fn read(&mut self, i: usize) -> bool {
+        match self.try_read(i) {
+            Some(read) => read,
+            None => {
+                self.hand_back(i);
+                false
+            }
+        }
+    }
+
+    /// [`RxAssist::read`]; `None` when this thread may not read it now
+    /// (busy, paused, ending, path 0 not readable here), the caller then
+    /// hands it back.
+    fn try_read(&mut self, i: usize) -> Option<bool> {
+        let c = self.conns.get(i).cloned().flatten()?;
+        let sink = self.inner.sink()?;
+        if !self.readable(&c) {
+            return None;
+        }
+        BUF.with(|b| {
+            let mut b = b.borrow_mut();
+            let (buf, batch) = &mut *b;
+            if buf.len() < ABUF {
+                buf.resize(ABUF, 0);
+            }
+            if c.info.id.index != 0 {
+                let p0 = self.conns.iter().flatten().find(|p| p.info.id.index == 0).cloned();
+                let p0 = p0.filter(|p| self.readable(p))?;
+                if !acquire_rx(&p0, false) {
+                    return None;
+                }
+                let end = read_pass(&self.inner, &*sink, &p0, buf, batch, false);
+                p0.rx_busy.store(false, SeqCst);
+                inc(&self.inner.stats.rx_assist_reads);
+                if !matches!(end, ReadEnd::Drained) {
+                    self.ended(&p0, end);
+                    self.hand_back(i);
+                    return Some(true);
+                }
+            }
+            if !acquire_rx(&c, false) {
+                // The reactor is reading it: its pass delivers.
+                return None;
+            }
+            let end = read_pass(&self.inner, &*sink, &c, buf, batch, false);
+            c.rx_busy.store(false, SeqCst);
+            inc(&self.inner.stats.rx_assist_reads);
+            if !matches!(end, ReadEnd::Drained) {
+                self.ended(&c, end);
+            }
+            Some(true)
+        })
+    }
+
+    /// Up, not ending, not paused: this thread may read it.
+    fn readable(&self, c: &PathConn) -> bool {
+        c.state() == UP && !c.rx_ending.load(SeqCst) && !self.inner.rx_paused(c.info.id)
+    }
+
+    /// A pass that did not drain the connection: the reactor goes on.
+    fn ended(&mut self, c: &Arc<PathConn>, end: ReadEnd) {
+        if let Some(i) = self.conns.iter().position(|x| x.as_ref().is_some_and(|x| Arc::ptr_eq(x, c))) {
+            self.release(i);
+        }
+        let r = &self.inner.reactors[c.reactor];
+        match end {
+            ReadEnd::Drained => {}
+            ReadEnd::Budget | ReadEnd::Paused => r.send(Cmd::RxRead(c.clone())),
+            ReadEnd::Eof | ReadEnd::Error => r.send(Cmd::RxFailed(c.clone(), false)),
+            ReadEnd::Protocol => r.send(Cmd::RxFailed(c.clone(), true)),
+        }
+    }
+
+    /// Stops assisting connection `i`; an event the reactor left to us
+    /// since our last read goes back to it.
+    fn hand_back(&mut self, i: usize) {
+        if let Some(c) = self.release(i) {
+            if c.rx_unread.load(SeqCst) {
+                self.inner.reactors[c.reactor].send(Cmd::RxRead(c));
+            }
+        }
+    }
+
+    fn release(&mut self, i: usize) -> Option<Arc<PathConn>> {
+        let c = self.conns.get_mut(i)?.take()?;
+        c.assist.fetch_sub(1, SeqCst);
+        Some(c)
+    }
+}
+
+impl Drop for RxAssist {
+    /// Hands every connection back. One whose event the reactor left to
+    /// us since our last read (mostly one for bytes we already took) is
+    /// read once more here when we may (one `read` that finds nothing,
+    /// where handing it back costs a command, a reactor wake-up and that
+    /// same `read` there).
+    fn drop(&mut self) {
+        for i in 0..self.conns.len() {
+            if self.conns[i].as_ref().is_some_and(|c| c.rx_unread.load(SeqCst)) {
+                let _ = self.try_read(i);
+            }
+            self.hand_back(i);
+        }
+    }
+}
