@@ -40,10 +40,23 @@ for round in $(seq "$ROUNDS"); do
     echo "perf: [vm] round $round: ours (rds-stress, rds-gen/rds-sink)" >&2
     ours_suite
 done
+# Why the latencies differ: guest idle share, CPU time and context
+# switches per round trip of raw TCP, ours under the shim, then the kernel.
+echo "perf: [vm] where a round trip's time goes (raw TCP, ours under the shim)" >&2
+why_lat raw tcp_lat
+if [ -f "$SHIM" ]; then
+    ON_A=(ip netns exec ns1 env LD_PRELOAD="$SHIM")
+    ON_B=(ip netns exec ns2 env LD_PRELOAD="$SHIM")
+    why_lat shim rds_lat
+    ON_A=(ip netns exec ns1)
+    ON_B=(ip netns exec ns2)
+fi
 modprobe rds_tcp || { echo "perf: modprobe rds_tcp failed" >&2; exit 1; }
 for round in $(seq "$ROUNDS"); do
     echo "perf: [vm] round $round: kernel RDS-TCP (qperf)" >&2
     qperf_suite kern rds
 done
+echo "perf: [vm] where a round trip's time goes (kernel RDS-TCP)" >&2
+why_lat kern rds_lat
 netpair down
 echo "R vm_done 1"

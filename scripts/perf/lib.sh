@@ -158,3 +158,54 @@ ours_suite() {
     ours_bw 8192 "$TOTAL_8K" 4202
     ours_bw 65536 "$TOTAL_64K" 4203
 }
+
+# why_snap PID...: "idle total cpu switches" now: the guest's idle and total
+# CPU ticks (/proc/stat), and of every thread of the PIDs their CPU ticks
+# (utime + stime) and context switches (voluntary + involuntary).
+why_snap() {
+    local idle total cpu=0 sw=0 p t
+    read -r idle total < <(awk '/^cpu / { s = 0; for (i = 2; i <= NF; i++) s += $i; print $5 + $6, s }' /proc/stat)
+    for p in "$@"; do
+        for t in /proc/"$p"/task/*; do
+            [ -r "$t/stat" ] || continue
+            cpu=$((cpu + $(sed 's/.*) //' "$t/stat" | awk '{ print $12 + $13 }')))
+            sw=$((sw + $(awk '/^(non)?voluntary_ctxt_switches/ { s += $2 } END { print s + 0 }' "$t/status")))
+        done
+    done
+    echo "$idle $total $cpu $sw"
+}
+
+# why_lat KIND TEST: why a latency is what it is. One more qperf TEST
+# (tcp_lat or rds_lat, 64 B, 6 s) from A against a qperf server on B; over
+# 2 s in its middle: the share of the guest's CPU time that was idle, and
+# the CPU time and context switches of both qperf processes (all their
+# threads) per round trip. Keys ${PREFIX}why_KIND_{lat,idle,cpu,switches}.
+why_lat() {
+    local kind=$1 test=$2 client a b t0 t1 out lat hz
+    hz=100 # USER_HZ: /proc reports CPU time in 1/100 s on Linux
+    qperf_server_start
+    timeout 30 "${ON_A[@]}" qperf -t 1 -m 64 "$ADDR_B" "$test" >/dev/null 2>&1 || true
+    "${ON_A[@]}" qperf -v -t 6 -m 64 "$ADDR_B" "$test" >/tmp/perf-why.$$ 2>&1 &
+    client=$!
+    PIDS+=("$client")
+    sleep 2
+    a=$(why_snap "$client" "$QPERF_PID"); t0=$(now_ns)
+    sleep 2
+    b=$(why_snap "$client" "$QPERF_PID"); t1=$(now_ns)
+    wait "$client" || true
+    qperf_server_stop
+    cleanup_pids
+    out=$(cat /tmp/perf-why.$$); rm -f /tmp/perf-why.$$
+    lat=$(echo "$out" | awk '$1 == "latency" { v = $3; u = $4; if (u == "ms") v *= 1000; if (u == "ns") v /= 1000; print v }')
+    if [ -z "$lat" ]; then
+        echo "perf: why_lat $kind: qperf $test failed: $(echo "$out" | tr '\n' ' ')" >&2
+        return 0
+    fi
+    echo "$a $b $t0 $t1 $lat $hz" | awk -v k="${PREFIX}why_${kind}" '{
+        rt = ($10 - $9) / 1000 / (2 * $11)
+        printf "R %s_lat %s us\n", k, $11
+        printf "R %s_idle %.0f %%\n", k, 100 * ($5 - $1) / ($6 - $2)
+        printf "R %s_cpu %.0f us\n", k, ($7 - $3) * 1e6 / $12 / rt
+        printf "R %s_switches %.1f /rt\n", k, ($8 - $4) / rt
+    }'
+}

@@ -179,6 +179,7 @@ def main():
       f"{fmt(num(vm, 'vm_ours_64_d1_txcall', 'lat'), 'lat')} per send call; with 16 in "
       f"flight: round trip {fmt(num(vm, 'vm_ours_64_d16_rtt', 'lat'), 'lat')}.")
     w("")
+    why_section(w, vm)
     w("## Host loopback (no kernel RDS on the host)")
     w("")
     if "host_noqperf" in host:
@@ -255,6 +256,49 @@ def main():
     with open(os.path.splitext(out)[0] + ".json", "w") as f:
         json.dump(chart_figures(meta, vrows, vm_rows("host_", host, False)), f, indent=1)
         f.write("\n")
+
+
+def why_section(w, vm):
+    """Where a round trip's time goes in the VM rig (guest.sh's why_lat):
+    one more qperf latency run each for raw TCP, ours under the shim and
+    the kernel, measured over 2 s in its middle."""
+    kinds = [("raw", "raw TCP (`tcp_lat`)"), ("kern", "kernel RDS-TCP (`rds_lat`)"),
+             ("shim", "ours (`rds_lat`, shim)")]
+    if not any(f"vm_why_{k}_lat" in vm for k, _ in kinds):
+        return
+    w("### Where a round trip's time goes (VM rig)")
+    w("")
+    w("One more qperf 64 B latency run of each, 6 s; over 2 s in its middle, the share "
+      "of the guest's CPU time that was idle (`/proc/stat`), and the CPU time and the "
+      "context switches of the two qperf processes, every thread (`/proc/PID/task/*`), "
+      "per round trip (the kernel's own receive work, in softirq, is not in its column).")
+    w("")
+    w("| | " + " | ".join(n for _, n in kinds) + " |")
+    w("|---|" + "---|" * len(kinds))
+    for key, label in (("lat", "one-way latency in this run"), ("idle", "guest CPUs idle"),
+                       ("cpu", "CPU time of both processes per round trip"),
+                       ("switches", "context switches per round trip")):
+        cells = []
+        for k, _ in kinds:
+            v = vm.get(f"vm_why_{k}_{key}")
+            cells.append(f"{v[0][0]} {v[0][1]}".replace(" /rt", "").strip() if v else "not measured")
+        w(f"| {label} | " + " | ".join(cells) + " |")
+    w("")
+    w("Ours under the shim: qperf's blocking receive polls the TCP connections its "
+      "last message came over beside its socket's descriptor and reads and delivers "
+      "what arrives itself (`rds_tcp::RxAssist`), so a message wakes the receiver once, "
+      "as the kernel's RDS does from its TCP receive callback. The engine's reactor "
+      "thread is still woken by the same bytes (epoll) and leaves the reading to the "
+      "receiver: off the message's path, but a context switch and system calls of CPU "
+      "time per message on the guest's two vCPUs. A program that polls the descriptor "
+      "(our rds-stress above) still gets each message from the reactor: two wake-ups. "
+      "Under TCG emulation each system call and each context switch costs several "
+      "microseconds of CPU; per message and side the kernel's qperf makes a recvmsg "
+      "and a sendmsg, ours a poll, a read of path 0 before the lane, the read and the "
+      "send in the receiving thread plus the reactor's epoll_wait and ack ioctl: the "
+      "CPU time per round trip above is where the latency goes when the guest is not "
+      "idle.")
+    w("")
 
 
 def pct(v):
