@@ -76,6 +76,11 @@ pub(crate) struct SockShared {
     /// two system calls per message, saved.
     pub(crate) assist_by: AtomicU64,
     pub(crate) deferred: AtomicBool,
+    /// Blocking waits left that do not read connections themselves: set
+    /// when one read delivered a stream (more than one message), which
+    /// the reactor reads better, reading ahead while the receiver works
+    /// through the queue ([`crate::RdsSocket::recv_msg_wait`]).
+    pub(crate) assist_skip: AtomicU32,
 }
 
 /// A number for the calling thread, never 0.
@@ -97,6 +102,7 @@ impl SockShared {
             rx_hint: Mutex::new(None),
             assist_by: AtomicU64::new(0),
             deferred: AtomicBool::new(false),
+            assist_skip: AtomicU32::new(0),
         })
     }
 

@@ -13,6 +13,10 @@ use crate::engine::{Engine, SockShared};
 
 mod rdma;
 
+/// Blocking waits that leave the reading to the reactor after one of
+/// them read a stream ([`RdsSocket::recv_msg_wait`]).
+const STREAM_SKIP: u32 = 64;
+
 /// Flags of one `recvmsg` call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecvFlags {
@@ -480,7 +484,10 @@ impl RdsSocket {
     /// reads what arrives on them itself ([`rds_tcp::RxAssist`]): a message
     /// then wakes one thread, this one, instead of the reactor and then
     /// this one, and moves the descriptor neither up nor down when this
-    /// receive takes it.
+    /// receive takes it. When such a read takes a stream (more than one
+    /// message, or 16 KiB or more), the next 64 waits leave the reading to
+    /// the reactor, which reads ahead while this thread works through the
+    /// queue.
     pub fn recv_msg_wait(&self, buf: &mut [u8], flags: RecvFlags, deadline: Option<Instant>) -> io::Result<RecvMeta> {
         let flags = RecvFlags { dontwait: true, ..flags };
         let r = loop {
@@ -503,9 +510,16 @@ impl RdsSocket {
     /// readable, or this thread read and delivered messages itself (see
     /// [`RdsSocket::recv_msg_wait`]).
     fn wait_readable(&self, deadline: Option<Instant>) -> io::Result<()> {
+        use std::sync::atomic::Ordering::Relaxed;
         let fd = self.as_raw_fd();
-        let hint = *self.shared.rx_hint.lock();
-        let mut assist = hint.and_then(|(l, f)| self.engine.inner.rx_assist(l, f));
+        let skip = &self.shared.assist_skip;
+        let mut assist = if skip.load(Relaxed) > 0 {
+            skip.fetch_sub(1, Relaxed);
+            None
+        } else {
+            let hint = *self.shared.rx_hint.lock();
+            hint.and_then(|(l, f)| self.engine.inner.rx_assist(l, f))
+        };
         let mut fds: Vec<libc::pollfd> = Vec::with_capacity(9);
         let mut idx: Vec<usize> = Vec::with_capacity(8);
         loop {
@@ -547,6 +561,10 @@ impl RdsSocket {
                     }
                 }
                 by.store(0, std::sync::atomic::Ordering::SeqCst);
+                if a.read_a_stream() {
+                    // A stream: leave the next waits to the reactor.
+                    skip.store(STREAM_SKIP, Relaxed);
+                }
             }
             if read {
                 return Ok(());

@@ -53,6 +53,9 @@ use crate::{Inner, TcpTransport};
 /// an address pair's paths would cost more than it saves).
 pub const ASSIST_MAX_PATHS: usize = 64;
 
+/// Bytes one wait's reads take for a stream ([`RxAssist::read_a_stream`]).
+pub const ASSIST_STREAM_BYTES: usize = 16 << 10;
+
 /// Read buffer of an assisting thread.
 const ABUF: usize = 64 << 10;
 
@@ -67,6 +70,9 @@ pub struct RxAssist {
     inner: Arc<Inner>,
     /// Up paths of the pair, path 0 first; `None` once given back.
     conns: Vec<Option<Arc<PathConn>>>,
+    /// Messages its reads delivered (to any socket), and bytes they read.
+    delivered: usize,
+    bytes: usize,
 }
 
 impl std::fmt::Debug for RxAssist {
@@ -101,7 +107,12 @@ impl TcpTransport {
         for c in &conns {
             c.assist.fetch_add(1, SeqCst);
         }
-        Some(RxAssist { inner: self.inner.clone(), conns: conns.into_iter().map(Some).collect() })
+        Some(RxAssist {
+            inner: self.inner.clone(),
+            conns: conns.into_iter().map(Some).collect(),
+            delivered: 0,
+            bytes: 0,
+        })
     }
 }
 
@@ -145,8 +156,10 @@ impl RxAssist {
                 if !acquire_rx(&p0, false) {
                     return None;
                 }
-                let end = read_pass(&self.inner, &*sink, &p0, buf, batch, false);
+                let (end, n, bytes) = read_pass(&self.inner, &*sink, &p0, buf, batch, false);
                 p0.rx_busy.store(false, SeqCst);
+                self.delivered += n;
+                self.bytes += bytes;
                 inc(&self.inner.stats.rx_assist_reads);
                 if !matches!(end, ReadEnd::Drained) {
                     self.ended(&p0, end);
@@ -158,14 +171,23 @@ impl RxAssist {
                 // The reactor is reading it: its pass delivers.
                 return None;
             }
-            let end = read_pass(&self.inner, &*sink, &c, buf, batch, false);
+            let (end, n, bytes) = read_pass(&self.inner, &*sink, &c, buf, batch, false);
             c.rx_busy.store(false, SeqCst);
+            self.delivered += n;
+            self.bytes += bytes;
             inc(&self.inner.stats.rx_assist_reads);
             if !matches!(end, ReadEnd::Drained) {
                 self.ended(&c, end);
             }
             Some(true)
         })
+    }
+
+    /// Whether its reads so far look like a stream: more than one message,
+    /// or [`ASSIST_STREAM_BYTES`] or more. The reactor reads a stream better: it
+    /// reads ahead while the receiver works through what is queued.
+    pub fn read_a_stream(&self) -> bool {
+        self.delivered > 1 || self.bytes >= ASSIST_STREAM_BYTES
     }
 
     /// Up, not ending, not paused: this thread may read it.

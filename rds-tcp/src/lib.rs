@@ -65,13 +65,13 @@
 //! `SIOCOUTQ` instead: every 256 KiB a transmitting thread writes, at each
 //! readable or writable event of a connection with messages awaiting their
 //! ack (one left with none is no longer watched until it sends again), at
-//! each readable event of another path of the same RDS connection (a reply
-//! comes on the lane of the answering socket's port, not always the
+//! each readable event of a lane (not path 0) of the same RDS connection (a
+//! reply comes on the lane of the answering socket's port, not always the
 //! request's), and on a reactor timer (a `timerfd`, finer than epoll's
 //! milliseconds). A connection whose transmit state a writing thread holds
-//! is skipped rather than waited for. The timer first fires
+//! is skipped at an event rather than waited for. The timer first fires
 //! [`TcpConfig::ack_poll_min`] after a message starts the wait, or
-//! [`TcpConfig::ack_poll_max`] when the path, or another path of its
+//! [`TcpConfig::ack_poll_max`] when the path, or a lane (not path 0) of its
 //! connection while it was watched, had a readable event within that long
 //! (those events poll the acks: in request/response traffic the reply
 //! brings the request's ack, and the timer is only the fallback for a peer
@@ -183,7 +183,7 @@ mod stats;
 mod sys;
 mod xmit;
 
-pub use assist::{ASSIST_MAX_PATHS, RxAssist};
+pub use assist::{ASSIST_MAX_PATHS, ASSIST_STREAM_BYTES, RxAssist};
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};

@@ -2,9 +2,9 @@
 //! their TCP ack, `SIOCOUTQ` polled on the reactor's timer (backing off
 //! while nothing changes) and after every event of a connection; a
 //! connection that an event leaves with nothing unacked is no longer
-//! watched. A connection whose transmit state a writing thread holds is
-//! skipped, not waited for (the writer polls as it writes; the timer
-//! keeps it watched).
+//! watched. At an event, a connection whose transmit state a writing
+//! thread holds is skipped, not waited for (the writer polls as it
+//! writes; the timer, which does wait, keeps it watched).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::SeqCst;
@@ -37,10 +37,10 @@ impl Reactor {
         let mut progress = false;
         let mut reports = Vec::new();
         self.watch.retain(|c| {
-            // A thread writing holds the transmit state across its `writev`
-            // (and polls the acks itself as it writes): not worth waiting
-            // for, the next tick polls this one.
-            let Some(mut tx) = c.tx.try_lock() else { return true };
+            // Waits for a thread writing (it holds the transmit state across
+            // its `writev`): skipping would back the timer off while a
+            // stream's sender fills its send buffer and waits for acks.
+            let mut tx = c.tx.lock();
             let (seq, advanced) = tx.poll_acks(&c.stream);
             progress |= advanced;
             if let Some(s) = seq {
@@ -73,10 +73,12 @@ impl Reactor {
     /// the ack timer is not needed at all.
     pub(super) fn poll_one(&mut self, conn: &Arc<PathConn>) {
         let (seq, advanced, done) = {
-            // Busy: a thread is writing (holding it across `writev`); the
-            // ack timer or the next event polls instead of the reactor
-            // waiting for it.
-            let Some(mut tx) = conn.tx.try_lock() else { return };
+            // Busy: a thread is writing (holding it across `writev`); it
+            // polls after its write instead of the reactor waiting for it.
+            let Some(mut tx) = conn.tx.try_lock() else {
+                conn.ack_wanted.store(true, SeqCst);
+                return;
+            };
             if !tx.watched {
                 return;
             }
@@ -104,25 +106,28 @@ impl Reactor {
     /// own port, so qperf's request goes on one lane and the answer comes
     /// back on another. Polling only the path with the event left the
     /// request's path to the ack timer: a `timerfd_settime`, a reactor
-    /// wake-up, a timerfd read and an ioctl per message. Its readable event
-    /// also marks those paths as answered (`last_rx_event`), so the next
+    /// wake-up, a timerfd read and an ioctl per message. The event also
+    /// marks those paths as answered (`last_rx_event`), so the next
     /// message on them arms the ack timer at `ack_poll_max`, a fallback,
-    /// instead of `ack_poll_min`. Skipped when more than
+    /// instead of `ack_poll_min`. Only events on a lane do this, not on
+    /// path 0: in a stream the receiver's congestion updates come there,
+    /// and the streaming lane, its acks then polled every 4 ms, starved
+    /// its sender (qperf rds_bw 64 KiB on loopback: a third of its
+    /// bandwidth; the polls alone still cost a fifth). Skipped when more
+    /// than
     /// [`SIBLING_SCAN_MAX`] paths are watched (the scan is linear; the
     /// timer still polls them).
     pub(super) fn poll_siblings(&mut self, conn: &Arc<PathConn>) {
-        if self.watch.len() > SIBLING_SCAN_MAX {
+        let id = conn.info.id;
+        if id.index == 0 || self.watch.len() > SIBLING_SCAN_MAX {
             return;
         }
-        let id = conn.info.id;
         let mut sib = std::mem::take(&mut self.siblings);
         sib.extend(self.watch.iter().filter(|c| c.info.id.conn == id.conn && c.info.id.index != id.index).cloned());
-        if !sib.is_empty() {
-            let now = crate::path_conn::now_ns();
-            for c in &sib {
-                c.last_rx_event.store(now, SeqCst);
-                self.poll_one(c);
-            }
+        let now = crate::path_conn::now_ns();
+        for c in &sib {
+            c.last_rx_event.store(now, SeqCst);
+            self.poll_one(c);
         }
         sib.clear();
         self.siblings = sib;

@@ -160,7 +160,7 @@ impl Reactor {
         // The reactor's batch, for its capacity (a nested call, should
         // there be one, starts an empty one).
         let mut batch: Vec<RxMessage> = std::mem::take(&mut self.rx_batch);
-        let end = read_pass(&self.inner, &*sink, conn, &mut self.rbuf, &mut batch, force);
+        let (end, _, _) = read_pass(&self.inner, &*sink, conn, &mut self.rbuf, &mut batch, force);
         conn.rx_busy.store(false, SeqCst);
         batch.clear();
         self.rx_batch = batch;
@@ -220,7 +220,8 @@ pub(crate) fn acquire_rx(conn: &PathConn, wait: bool) -> bool {
 /// connection is ending and is read to its end), the budget, a pause, the
 /// end or an error; every complete message read is handed to the sink
 /// before it returns. Clears `rx_unread` first and sets it again when it
-/// stops before the socket is drained.
+/// stops before the socket is drained. Returns how it ended, the number
+/// of messages it delivered and the bytes it read.
 pub(crate) fn read_pass(
     inner: &Inner,
     sink: &dyn TransportSink,
@@ -228,7 +229,7 @@ pub(crate) fn read_pass(
     rbuf: &mut [u8],
     batch: &mut Vec<RxMessage>,
     force: bool,
-) -> ReadEnd {
+) -> (ReadEnd, usize, usize) {
     let (id, inst) = (conn.info.id, conn.info.inst);
     conn.rx_unread.store(false, SeqCst);
     let budget = inner.cfg.read_budget;
@@ -238,6 +239,7 @@ pub(crate) fn read_pass(
     batch.clear();
     let mut batch_bytes = 0usize;
     let mut total = 0usize;
+    let mut delivered = 0usize;
     let end = loop {
         if total >= budget {
             break ReadEnd::Budget;
@@ -288,6 +290,7 @@ pub(crate) fn read_pass(
             Err(end) => break end,
         };
         if batch.len() >= BATCH_MSGS || batch_bytes >= BATCH_BYTES {
+            delivered += batch.len();
             sink.received(id, inst, batch);
             batch.clear();
             batch_bytes = 0;
@@ -304,11 +307,12 @@ pub(crate) fn read_pass(
         conn.rx.lock().progress_at = Instant::now();
     }
     if !batch.is_empty() {
+        delivered += batch.len();
         sink.received(id, inst, batch);
     }
     batch.clear();
     if matches!(end, ReadEnd::Budget | ReadEnd::Paused) {
         conn.rx_unread.store(true, SeqCst);
     }
-    end
+    (end, delivered, total)
 }
