@@ -215,3 +215,61 @@ fn duration_settings_at_their_maximum_do_not_overflow() {
     e1.shutdown(Duration::from_millis(100));
     e2.shutdown(Duration::ZERO);
 }
+
+/// The C ABI's blocking receive (`recv_msg_wait`) reads the TCP connection
+/// itself and leaves the descriptor alone for the datagram it takes; the
+/// other datagrams of a burst its read delivered with the first must
+/// still show on the descriptor (POLLIN) when it returns, and none may
+/// show once the queue is empty: the descriptor stays exact.
+#[test]
+fn the_descriptor_stays_exact_around_a_receive_that_reads_the_connection() {
+    use rds_sock::RecvFlags;
+    const BURST: u8 = 8;
+    let ip = addr_block(43);
+    let Pair { e1: _e1, e2, a, b } = pair(ip, 4009);
+    let poll_in = |ms: i32| {
+        let mut p = libc::pollfd { fd: b.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, ms) };
+        r == 1 && p.revents & libc::POLLIN != 0
+    };
+    let mut buf = [0u8; 64];
+    // The first datagram tells b's receive which connection to read.
+    a.send_to(b"first", sa(ip(2), 4009)).unwrap();
+    let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), None).unwrap();
+    assert_eq!(&buf[..m.len], b"first");
+    let counter = |name: &str| e2.counters().into_iter().find(|c| c.0 == name).map_or(0, |c| c.1);
+    let reads = counter("tcp_rx_assist_reads");
+    for round in 0..100u8 {
+        assert!(!poll_in(0), "round {round}: readable with nothing queued");
+        let sender = {
+            let a = &a;
+            let to = sa(ip(2), 4009);
+            move || {
+                std::thread::sleep(Duration::from_millis(20));
+                // A burst: the receiver's read mostly takes several.
+                for k in 1..=BURST {
+                    a.send_to(&[round, k], to).unwrap();
+                }
+            }
+        };
+        std::thread::scope(|s| {
+            s.spawn(sender);
+            let m = b
+                .recv_msg_wait(
+                    &mut buf,
+                    RecvFlags::default(),
+                    Some(std::time::Instant::now() + Duration::from_secs(10)),
+                )
+                .unwrap();
+            assert_eq!(&buf[..m.len], &[round, 1]);
+        });
+        for k in 2..=BURST {
+            assert!(poll_in(5000), "round {round}: datagram {k} does not show on the descriptor");
+            let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), None).unwrap();
+            assert_eq!(&buf[..m.len], &[round, k]);
+        }
+    }
+    assert!(!poll_in(0), "readable with nothing queued");
+    assert!(counter("tcp_rx_assist_reads") > reads, "the receive never read the connection itself");
+}
