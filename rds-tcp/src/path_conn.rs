@@ -104,10 +104,6 @@ pub(crate) struct PathConn {
     /// connection and read it themselves (`crate::assist`); while there
     /// is one, the reactor leaves its readable events to them.
     pub assist: AtomicU32,
-    /// The reactor wanted the acks polled at an event while a writing
-    /// thread held the transmit state: that thread polls them after its
-    /// write instead of the reactor waiting for it.
-    pub ack_wanted: AtomicBool,
 }
 
 impl PathConn {
@@ -145,7 +141,6 @@ impl PathConn {
             rx_unread: AtomicBool::new(true),
             rx_busy: AtomicBool::new(false),
             assist: AtomicU32::new(0),
-            ack_wanted: AtomicBool::new(false),
         }
     }
 

@@ -168,9 +168,8 @@ impl Inner {
                 sent += tx.written - before;
                 // Acks only free send-buffer space; the reactor's ack timer
                 // polls them too. Ask the kernel (an ioctl) once per
-                // ACK_POLL_BYTES written, not after every write, and when
-                // the reactor wanted them at an event while we wrote.
-                let acked = if tx.written_since_poll() >= ACK_POLL_BYTES || conn.ack_wanted.swap(false, SeqCst) {
+                // ACK_POLL_BYTES written, not after every write.
+                let acked = if tx.written_since_poll() >= ACK_POLL_BYTES {
                     let (acked, advanced) = tx.poll_acks(&conn.stream);
                     if advanced {
                         inc(&self.stats.write_space_calls);

@@ -73,12 +73,9 @@ impl Reactor {
     /// the ack timer is not needed at all.
     pub(super) fn poll_one(&mut self, conn: &Arc<PathConn>) {
         let (seq, advanced, done) = {
-            // Busy: a thread is writing (holding it across `writev`); it
-            // polls after its write instead of the reactor waiting for it.
-            let Some(mut tx) = conn.tx.try_lock() else {
-                conn.ack_wanted.store(true, SeqCst);
-                return;
-            };
+            // Busy: a thread is writing (holding it across `writev`); the
+            // next event or the ack timer (which waits) polls instead.
+            let Some(mut tx) = conn.tx.try_lock() else { return };
             if !tx.watched {
                 return;
             }
