@@ -181,6 +181,19 @@ why_snap() {
 # the CPU time and context switches of both qperf processes (all their
 # threads) per round trip. Keys ${PREFIX}why_KIND_{lat,idle,cpu,switches}.
 why_lat() {
+    local kind=$1 test=$2 try
+    # qperf's server sometimes refuses the next connection for a moment
+    # (qperf_run's comment): up to three attempts, the server restarted
+    # for each.
+    for try in 1 2 3; do
+        why_lat_once "$kind" "$test" && return 0
+        echo "perf: why_lat $kind: attempt $try failed" >&2
+        sleep 2
+    done
+    return 0
+}
+
+why_lat_once() {
     local kind=$1 test=$2 client a b t0 t1 out lat hz
     hz=100 # USER_HZ: /proc reports CPU time in 1/100 s on Linux
     qperf_server_start
@@ -199,7 +212,7 @@ why_lat() {
     lat=$(echo "$out" | awk '$1 == "latency" { v = $3; u = $4; if (u == "ms") v *= 1000; if (u == "ns") v /= 1000; print v }')
     if [ -z "$lat" ]; then
         echo "perf: why_lat $kind: qperf $test failed: $(echo "$out" | tr '\n' ' ')" >&2
-        return 0
+        return 1
     fi
     echo "$a $b $t0 $t1 $lat $hz" | awk -v k="${PREFIX}why_${kind}" '{
         rt = ($10 - $9) / 1000 / (2 * $11)
