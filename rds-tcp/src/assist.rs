@@ -41,7 +41,7 @@ use std::os::fd::{AsRawFd, RawFd};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::SeqCst;
 
-use rds_core::RxMessage;
+use rds_core::{RxMessage, TransportSink};
 
 use crate::path_conn::{PathConn, UP};
 use crate::reactor::Cmd;
@@ -153,34 +153,40 @@ impl RxAssist {
             if c.info.id.index != 0 {
                 let p0 = self.conns.iter().flatten().find(|p| p.info.id.index == 0).cloned();
                 let p0 = p0.filter(|p| self.readable(p))?;
-                if !acquire_rx(&p0, false) {
-                    return None;
-                }
-                let (end, n, bytes) = read_pass(&self.inner, &*sink, &p0, buf, batch, false);
-                p0.rx_busy.store(false, SeqCst);
-                self.delivered += n;
-                self.bytes += bytes;
-                inc(&self.inner.stats.rx_assist_reads);
+                let end = self.pass(&p0, &*sink, buf, batch)?;
                 if !matches!(end, ReadEnd::Drained) {
                     self.ended(&p0, end);
                     self.hand_back(i);
                     return Some(true);
                 }
             }
-            if !acquire_rx(&c, false) {
-                // The reactor is reading it: its pass delivers.
-                return None;
-            }
-            let (end, n, bytes) = read_pass(&self.inner, &*sink, &c, buf, batch, false);
-            c.rx_busy.store(false, SeqCst);
-            self.delivered += n;
-            self.bytes += bytes;
-            inc(&self.inner.stats.rx_assist_reads);
+            // `None`: the reactor is reading it, and its pass delivers.
+            let end = self.pass(&c, &*sink, buf, batch)?;
             if !matches!(end, ReadEnd::Drained) {
                 self.ended(&c, end);
             }
             Some(true)
         })
+    }
+
+    /// One read pass on `c` when its read side is free (else `None`),
+    /// counted.
+    fn pass(
+        &mut self,
+        c: &PathConn,
+        sink: &dyn TransportSink,
+        buf: &mut [u8],
+        batch: &mut Vec<RxMessage>,
+    ) -> Option<ReadEnd> {
+        if !acquire_rx(c, false) {
+            return None;
+        }
+        let (end, n, bytes) = read_pass(&self.inner, sink, c, buf, batch, false);
+        c.rx_busy.store(false, SeqCst);
+        self.delivered += n;
+        self.bytes += bytes;
+        inc(&self.inner.stats.rx_assist_reads);
+        Some(end)
     }
 
     /// Whether its reads so far look like a stream: more than one message,
