@@ -4,7 +4,7 @@
 //! Blocking: a receive waits in `poll` on the readiness descriptor
 //! (readable exactly when the socket is) and on the TCP connections its
 //! next message will likely come on, which it reads itself
-//! ([`rds_sock::RdsSocket::wait_readable`]). `poll` is never restarted
+//! ([`rds_sock::RdsSocket::recv_msg_wait`]). `poll` is never restarted
 //! after a signal handler: a receive with no timeout restarts its wait
 //! itself when every signal with a handler has SA_RESTART, and fails with
 //! EINTR otherwise, as the kernel's `rds_recvmsg` does for the signal that

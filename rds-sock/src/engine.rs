@@ -66,7 +66,7 @@ pub(crate) struct SockShared {
     fd_active: AtomicBool,
     /// (local, peer) address of the last message received: where a
     /// blocked receiver expects the next one from
-    /// ([`crate::RdsSocket::wait_readable`]).
+    /// ([`crate::RdsSocket::recv_msg_wait`]).
     pub(crate) rx_hint: Mutex<Option<(IpAddr, IpAddr)>>,
     /// The thread (its [`thread_token`]) reading the socket's connections
     /// itself in a blocking receive, 0 when none: a wake-up it causes for
@@ -247,8 +247,9 @@ impl Inner {
         }
     }
 
-    /// Brings a socket's readiness descriptor up to date (after a wake-up
-    /// left it alone: [`SockShared::deferred`]).
+    /// Brings a socket's readiness descriptor up to date: when it starts
+    /// being kept in sync, and after a wake-up left it alone
+    /// ([`SockShared::deferred`]).
     pub(crate) fn refresh_fd(&self, sh: &SockShared, s: SockId) {
         let (seq, r) = {
             let mut st = self.state.lock();
@@ -262,12 +263,7 @@ impl Inner {
     /// it in sync with the socket.
     pub(crate) fn ready_fd(&self, sh: &SockShared, s: SockId) -> i32 {
         if !sh.fd_active.swap(true, Ordering::AcqRel) {
-            let (seq, r) = {
-                let mut st = self.state.lock();
-                st.seq += 1;
-                (st.seq, st.node.readiness(s))
-            };
-            sh.fd.update(seq, r.readable, r.writable);
+            self.refresh_fd(sh, s);
         }
         sh.fd.raw()
     }

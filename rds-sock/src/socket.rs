@@ -248,12 +248,7 @@ impl RdsSocket {
             match self.run(|n| n.recv(self.id, flags.peek)) {
                 Ok(Received::Data(inc)) if !flags.peek => {
                     self.rdma_unuse(&inc.header);
-                    let hint = Some((inc.to.ip(), inc.from.ip()));
-                    let mut h = self.shared.rx_hint.lock();
-                    if *h != hint {
-                        *h = hint;
-                    }
-                    drop(h);
+                    *self.shared.rx_hint.lock() = Some((inc.to.ip(), inc.from.ip()));
                     return Ok(Received::Data(inc));
                 }
                 Err(Errno::EAGAIN) if blocking => {
