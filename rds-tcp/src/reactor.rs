@@ -244,13 +244,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         }
         // Paths that started awaiting acks while we waited: an event below
         // may bring their acks (`poll_siblings`).
-        {
-            let inner = r.inner.clone();
-            let mut t = inner.reactors[r.idx].timer.lock();
-            if !t.watch_in.is_empty() {
-                r.adopt_watch_in(&mut t, Instant::now());
-            }
-        }
+        r.adopt_watch_in(Instant::now());
         // Connection events, lower path indexes first.
         ready.clear();
         let mut accept_on = Vec::new();
@@ -339,13 +333,10 @@ impl Reactor {
     /// milliseconds) when it is less than [`COARSE`] away, else epoll's
     /// own timeout.
     fn timeout(&mut self) -> Option<Duration> {
-        let inner = self.inner.clone();
-        let handle = &inner.reactors[self.idx];
-        let mut t = handle.timer.lock();
         let now = Instant::now();
-        if !t.watch_in.is_empty() {
-            self.adopt_watch_in(&mut t, now);
-        }
+        self.adopt_watch_in(now);
+        let handle = &self.inner.reactors[self.idx];
+        let mut t = handle.timer.lock();
         self.flushes.append(&mut t.flush_in);
         if self.watch.is_empty() {
             self.next_ack_poll = None;
@@ -382,14 +373,21 @@ impl Reactor {
 
     /// Takes the paths transmitting threads started watching into
     /// `self.watch`, with the ack timer they armed.
-    fn adopt_watch_in(&mut self, t: &mut TimerShared, now: Instant) {
-        for c in std::mem::take(&mut t.watch_in) {
+    fn adopt_watch_in(&mut self, now: Instant) {
+        let (incoming, armed) = {
+            let mut t = self.inner.reactors[self.idx].timer.lock();
+            (std::mem::take(&mut t.watch_in), t.at)
+        };
+        if incoming.is_empty() {
+            return;
+        }
+        for c in incoming {
             if c.state() != CLOSED && !self.watch.iter().any(|w| Arc::ptr_eq(w, &c)) {
                 self.watch.push(c);
             }
         }
         self.ack_interval = self.inner.cfg.ack_poll_min;
-        let at = t.at.unwrap_or(later(now, self.ack_interval));
+        let at = armed.unwrap_or(later(now, self.ack_interval));
         if self.next_ack_poll.is_none_or(|x| x > at) {
             self.next_ack_poll = Some(at);
         }
@@ -422,18 +420,13 @@ impl Reactor {
                             Vec::new()
                         };
                         for c in std::iter::once(c).chain(lanes) {
-                            if !self.rx_more.iter().any(|x| Arc::ptr_eq(x, &c)) {
-                                self.rx_more.push(c);
-                            }
+                            self.read_next_pass(c);
                         }
                     }
                 }
                 Cmd::RxRead(c) => {
-                    if c.reactor == self.idx
-                        && matches!(c.state(), UP | DRAINING)
-                        && !self.rx_more.iter().any(|x| Arc::ptr_eq(x, &c))
-                    {
-                        self.rx_more.push(c);
+                    if c.reactor == self.idx && matches!(c.state(), UP | DRAINING) {
+                        self.read_next_pass(c);
                     }
                 }
                 Cmd::RxFailed(c, true) => {

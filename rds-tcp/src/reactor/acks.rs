@@ -111,9 +111,8 @@ impl Reactor {
     /// and the streaming lane, its acks then polled every 4 ms, starved
     /// its sender (qperf rds_bw 64 KiB on loopback: a third of its
     /// bandwidth; the polls alone still cost a fifth). Skipped when more
-    /// than
-    /// [`SIBLING_SCAN_MAX`] paths are watched (the scan is linear; the
-    /// timer still polls them).
+    /// than [`SIBLING_SCAN_MAX`] paths are watched (the scan is linear;
+    /// the timer still polls them).
     pub(super) fn poll_siblings(&mut self, conn: &Arc<PathConn>) {
         let id = conn.info.id;
         if id.index == 0 || self.watch.len() > SIBLING_SCAN_MAX {

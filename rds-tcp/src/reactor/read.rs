@@ -128,6 +128,13 @@ impl Reactor {
         true
     }
 
+    /// Queues `conn` to be read on the next pass (`rx_more`), once.
+    pub(super) fn read_next_pass(&mut self, conn: Arc<PathConn>) {
+        if !self.rx_more.iter().any(|c| Arc::ptr_eq(c, &conn)) {
+            self.rx_more.push(conn);
+        }
+    }
+
     /// Reads and delivers until drained (a short read or `EAGAIN`), the budget, the end or an error;
     /// closes the connection at the end of the stream or on an error.
     /// Returns true when it stopped at the budget (`conn` is then queued in
@@ -152,9 +159,7 @@ impl Reactor {
         // bytes are read before it closes); otherwise it is read on the
         // next pass.
         if !acquire_rx(conn, force) {
-            if !self.rx_more.iter().any(|c| Arc::ptr_eq(c, conn)) {
-                self.rx_more.push(conn.clone());
-            }
+            self.read_next_pass(conn.clone());
             return true;
         }
         // The reactor's batch, for its capacity (a nested call, should
