@@ -186,7 +186,27 @@ impl RxAssist {
         self.delivered += n;
         self.bytes += bytes;
         inc(&self.inner.stats.rx_assist_reads);
+        if bytes > 0 {
+            self.mark_answered(c);
+        }
         Some(end)
+    }
+
+    /// Bytes came in on `c`: record it as the reactor does for a readable
+    /// event. Every path of the pair counts as answered (`last_rx_event`),
+    /// so the next message sent on one, a request whose answer came on
+    /// another lane, arms the ack timer at `ack_poll_max`, a fallback,
+    /// instead of `ack_poll_min`: without it each request of a
+    /// request/response exchange cost a timer wake-up of the reactor
+    /// (its readable events, which poll the siblings' acks, are left to
+    /// this thread). The reactor's `last_rx` keeps its send coalescing
+    /// from mistaking the exchange for a one-way stream.
+    fn mark_answered(&self, c: &PathConn) {
+        let now = crate::path_conn::now_ns();
+        for p in self.conns.iter().flatten() {
+            p.last_rx_event.store(now, SeqCst);
+        }
+        self.inner.reactors[c.reactor].last_rx.store(now, SeqCst);
     }
 
     /// Whether its reads so far look like a stream: more than one message,

@@ -62,13 +62,19 @@
 //! [`TransportSink::acked`] reports the highest sequence number whose end
 //! is covered. Congestion-map updates (sequence 0) are written but never
 //! tracked. The kernel learns of acks in `sk_write_space`; we poll
-//! `SIOCOUTQ` instead: every 256 KiB a transmitting thread writes, at each
+//! `SIOCOUTQ` instead: every 32 KiB a transmitting thread writes (a sender
+//! that filled its socket's send buffer finds the room its own writes'
+//! acks made, mostly without waiting for the reactor), at each
 //! readable or writable event of a connection with messages awaiting their
 //! ack (one left with none is no longer watched until it sends again), at
 //! each readable event of a lane (not path 0) of the same RDS connection (a
 //! reply comes on the lane of the answering socket's port, not always the
 //! request's), and on a reactor timer (a `timerfd`, finer than epoll's
-//! milliseconds). A connection whose transmit state a writing thread holds
+//! milliseconds). Writable events come only while a write waits for room
+//! in the TCP socket (the registration asks for them on demand: with them
+//! on, each acknowledged segment woke the reactor). A thread that reads in
+//! a blocking receive (`RxAssist`) marks the pair's paths as answered, as
+//! the reactor's readable events do. A connection whose transmit state a writing thread holds
 //! is skipped at an event rather than waited for. The timer first fires
 //! [`TcpConfig::ack_poll_min`] after a message starts the wait, or
 //! [`TcpConfig::ack_poll_max`] when the path, or a lane (not path 0) of its

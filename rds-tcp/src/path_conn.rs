@@ -62,6 +62,9 @@ pub(crate) struct PathConn {
     pub wait_writable: AtomicBool,
     /// Writable events seen (closes the race between EAGAIN and the event).
     pub wr_gen: AtomicU64,
+    /// Whether the reactor's registration includes writable events
+    /// (`Inner::want_writable`; the lock orders its changes).
+    pub w_interest: Mutex<bool>,
     /// Why the connection is being closed, when the core asked.
     pub requested: Mutex<Option<DownReason>>,
     /// The peer's FIN or an error was seen: the connection is ending, so
@@ -128,6 +131,7 @@ impl PathConn {
             again: AtomicBool::new(false),
             wait_writable: AtomicBool::new(false),
             wr_gen: AtomicU64::new(0),
+            w_interest: Mutex::new(true),
             requested: Mutex::new(None),
             rx_ending: AtomicBool::new(false),
             tx: Mutex::new(TxState::default()),

@@ -90,6 +90,9 @@ pub(crate) struct ReactorHandle {
     /// connections (write coalescing: a stream is one-way).
     pub last_rx: std::sync::atomic::AtomicU64,
     waker: Waker,
+    /// The reactor's registry, for a writing thread to add writable events
+    /// to a connection's registration (`Inner::want_writable`).
+    pub registry: mio::Registry,
     cmds: Mutex<Vec<Cmd>>,
     timer: Mutex<TimerShared>,
 }
@@ -103,6 +106,7 @@ impl ReactorHandle {
         Ok(ReactorHandle {
             last_rx: std::sync::atomic::AtomicU64::new(0),
             waker: Waker::new(poll.registry(), WAKER)?,
+            registry: poll.registry().try_clone()?,
             cmds: Mutex::new(Vec::new()),
             timer: Mutex::new(TimerShared { fd, at: None, watch_in: Vec::new(), flush_in: Vec::new() }),
         })
@@ -568,6 +572,7 @@ impl Reactor {
                     if conn.wait_writable.swap(false, SeqCst) {
                         self.inner.xmit(conn);
                     }
+                    self.inner.drop_writable(conn);
                 }
                 if readable && !left && self.path0_read(conn) {
                     inc(&self.inner.stats.data_ready_calls);

@@ -22,8 +22,11 @@
 //! its message queued, and the next send after the window (or the reactor,
 //! through its timer, at the window's end) writes everything queued at
 //! once (`tcp_tx_coalesced` counts those sends). A message sent after a
-//! pause, a reply and request/response traffic go out immediately. On `EAGAIN` the connection waits for the
-//! reactor's next writable event, which resumes transmission there; a
+//! pause, a reply and request/response traffic go out immediately. On
+//! `EAGAIN` the connection waits for the reactor's next writable event,
+//! which resumes transmission there (the reactor's registration of a
+//! connection asks for writable events only while a write waits:
+//! [`Inner::want_writable`]); a
 //! message interrupted by `EAGAIN` is finished before anything else. An
 //! application thread hands over to the reactor after
 //! [`crate::TcpConfig::inline_limit`] bytes. No lock of the transport is
@@ -39,6 +42,8 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::SeqCst;
 
+use mio::Interest;
+use mio::unix::SourceFd;
 use rds_core::wire::HEADER_LEN;
 use rds_core::{Payload, TxMessage};
 
@@ -128,6 +133,47 @@ impl Inner {
         if conn.last_rx_event.load(SeqCst) != 0 && u128::from(since) < max.as_nanos() { max } else { min }
     }
 
+    /// Adds writable events to the reactor's registration of `conn`, for
+    /// a write that hit `EAGAIN` (after `wait_writable` is set). Adding
+    /// them makes epoll look at the socket once more, so room that came
+    /// back since the `EAGAIN` still brings an event.
+    ///
+    /// A connection is registered for writable events only while a write
+    /// waits for room ([`Inner::drop_writable`] takes them off again):
+    /// with them on, every segment the peer acknowledges wakes the
+    /// reactor with `EPOLLOUT` (the socket's write-space callback), a
+    /// wake-up per message sent for nothing in request/response traffic.
+    pub(crate) fn want_writable(&self, conn: &PathConn) {
+        let mut w = conn.w_interest.lock();
+        if !*w {
+            let fd = conn.stream.as_raw_fd();
+            let r = self.reactors[conn.reactor].registry.reregister(
+                &mut SourceFd(&fd),
+                conn.token,
+                Interest::READABLE | Interest::WRITABLE,
+            );
+            // An error: the reactor deregistered it (it is closing).
+            *w = r.is_ok();
+        }
+    }
+
+    /// After a writable event: no write waits for room, so writable events
+    /// come off the registration (see [`Inner::want_writable`]; the lock
+    /// orders this against a writer adding them back).
+    pub(crate) fn drop_writable(&self, conn: &PathConn) {
+        let mut w = conn.w_interest.lock();
+        if *w && !conn.wait_writable.load(SeqCst) {
+            let fd = conn.stream.as_raw_fd();
+            if self.reactors[conn.reactor]
+                .registry
+                .reregister(&mut SourceFd(&fd), conn.token, Interest::READABLE)
+                .is_ok()
+            {
+                *w = false;
+            }
+        }
+    }
+
     /// One transmitter's work: write what is queued, pull more, repeat.
     fn xmit_round(&self, conn: &Arc<PathConn>, on_reactor: bool) -> Round {
         let Some(sink) = self.sink() else { return Round::Dead };
@@ -188,6 +234,7 @@ impl Inner {
                 Ok(WriteRes::WouldBlock) => {
                     inc(&self.stats.sndbuf_full);
                     conn.wait_writable.store(true, SeqCst);
+                    self.want_writable(conn);
                     // A writable event between our EAGAIN and the flag would
                     // be lost: if one came, take the flag back and retry.
                     if conn.wr_gen.load(SeqCst) != wgen && conn.wait_writable.swap(false, SeqCst) {
@@ -239,7 +286,7 @@ impl Inner {
 const COALESCE_RUN: u32 = 16;
 
 /// Bytes a transmitting thread writes between two polls of the acks.
-const ACK_POLL_BYTES: u64 = 256 << 10;
+const ACK_POLL_BYTES: u64 = 32 << 10;
 
 /// Slices a `writev` builds on the stack (8 messages); more go in a vector.
 const IOV_STACK: usize = 16;

@@ -594,6 +594,10 @@ fn paused_path_holds_the_sender_back_and_resumes() {
     }
     tx.join().unwrap();
     a.wait_for(d, "all acked", |n| n.snd_bytes(sa) == 0);
+    // The sender's writes found its TCP socket full and went on when room
+    // came back: the writable events its registration asks for only while
+    // a write waits (`Inner::want_writable`) arrived.
+    assert!(a.counter("tcp_sndbuf_full") >= 1, "the sender's TCP socket never filled");
     assert!(b.with(|n| n.recv(sb, false)).is_err(), "nothing extra");
     let c = b.with(|n| n.counters().clone());
     assert_eq!(c.recv_drop_over_limit, 0);

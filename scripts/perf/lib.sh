@@ -159,27 +159,48 @@ ours_suite() {
     ours_bw 65536 "$TOTAL_64K" 4203
 }
 
-# why_snap PID...: "idle total cpu switches" now: the guest's idle and total
-# CPU ticks (/proc/stat), and of every thread of the PIDs their CPU ticks
-# (utime + stime) and context switches (voluntary + involuntary).
+# why_snap PID...: "idle total cpu switches user engine wakes" now: the
+# guest's idle and total CPU ticks (/proc/stat); and of every thread of the
+# PIDs and of their child processes (qperf's server forks one per test):
+# their CPU ticks (utime + stime), context switches (voluntary +
+# involuntary), user-space CPU ticks, and the CPU ticks and voluntary
+# context switches (wake-ups) of the threads not named qperf (ours: the
+# engine's reactor and timer threads).
 why_snap() {
-    local idle total cpu=0 sw=0 p t
+    local idle total cpu=0 sw=0 user=0 eng=0 wakes=0 p t st comm
     read -r idle total < <(awk '/^cpu / { s = 0; for (i = 2; i <= NF; i++) s += $i; print $5 + $6, s }' /proc/stat)
-    for p in "$@"; do
+    for p in "$@" $(why_children "$@"); do
         for t in /proc/"$p"/task/*; do
             [ -r "$t/stat" ] || continue
-            cpu=$((cpu + $(sed 's/.*) //' "$t/stat" | awk '{ print $12 + $13 }')))
+            read -r st < <(sed 's/.*) //' "$t/stat" | awk '{ print $12, $13 }')
+            read -r comm <"$t/comm"
+            cpu=$((cpu + ${st% *} + ${st#* }))
+            user=$((user + ${st% *}))
             sw=$((sw + $(awk '/^(non)?voluntary_ctxt_switches/ { s += $2 } END { print s + 0 }' "$t/status")))
+            if [ "$comm" != qperf ]; then
+                eng=$((eng + ${st% *} + ${st#* }))
+                wakes=$((wakes + $(awk '/^voluntary_ctxt_switches/ { print $2 }' "$t/status")))
+            fi
         done
     done
-    echo "$idle $total $cpu $sw"
+    echo "$idle $total $cpu $sw $user $eng $wakes"
+}
+
+# why_children PID...: the PIDs of their child processes (from /proc, as
+# the guest has no pgrep).
+why_children() {
+    local p
+    for p in "$@"; do
+        awk -v p="$p" '$4 == p { print $1 }' /proc/[0-9]*/stat 2>/dev/null
+    done
 }
 
 # why_lat KIND TEST: why a latency is what it is. One more qperf TEST
 # (tcp_lat or rds_lat, 64 B, 6 s) from A against a qperf server on B; over
 # 2 s in its middle: the share of the guest's CPU time that was idle, and
 # the CPU time and context switches of both qperf processes (all their
-# threads) per round trip. Keys ${PREFIX}why_KIND_{lat,idle,cpu,switches}.
+# threads, the server's forked child included) per round trip. Keys
+# ${PREFIX}why_KIND_{lat,idle,cpu,user,engine,wakes,switches}.
 why_lat() {
     local kind=$1 test=$2 try
     # qperf's server sometimes refuses the next connection for a moment
@@ -214,11 +235,16 @@ why_lat_once() {
         echo "perf: why_lat $kind: qperf $test failed: $(echo "$out" | tr '\n' ' ')" >&2
         return 1
     fi
+    # a, b: idle total cpu switches user engine wakes ($1-$7, $8-$14)
     echo "$a $b $t0 $t1 $lat $hz" | awk -v k="${PREFIX}why_${kind}" '{
-        rt = ($10 - $9) / 1000 / (2 * $11)
-        printf "R %s_lat %s us\n", k, $11
-        printf "R %s_idle %.0f %%\n", k, 100 * ($5 - $1) / ($6 - $2)
-        printf "R %s_cpu %.0f us\n", k, ($7 - $3) * 1e6 / $12 / rt
-        printf "R %s_switches %.1f /rt\n", k, ($8 - $4) / rt
+        rt = ($16 - $15) / 1000 / (2 * $17)
+        tick = 1e6 / $18 / rt
+        printf "R %s_lat %s us\n", k, $17
+        printf "R %s_idle %.0f %%\n", k, 100 * ($8 - $1) / ($9 - $2)
+        printf "R %s_cpu %.0f us\n", k, ($10 - $3) * tick
+        printf "R %s_user %.0f us\n", k, ($12 - $5) * tick
+        printf "R %s_engine %.0f us\n", k, ($13 - $6) * tick
+        printf "R %s_wakes %.1f /rt\n", k, ($14 - $7) / rt
+        printf "R %s_switches %.1f /rt\n", k, ($11 - $4) / rt
     }'
 }

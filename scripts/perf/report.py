@@ -270,14 +270,20 @@ def why_section(w, vm):
     w("")
     w("One more qperf 64 B latency run of each, 6 s; over 2 s in its middle, the share "
       "of the guest's CPU time that was idle (`/proc/stat`), and the CPU time and the "
-      "context switches of the two qperf processes, every thread (`/proc/PID/task/*`), "
-      "per round trip (the kernel's own receive work, in softirq, is not in its column).")
+      "context switches of the two qperf processes, every thread of each and of the "
+      "server's forked child (`/proc/PID/task/*`), per round trip. The kernel's RDS "
+      "works inside qperf's system calls and in softirq, which is counted only when it "
+      "runs in qperf's context; ours works in qperf's thread and in the engine's "
+      "threads (reactor, timer), shown apart.")
     w("")
     w("| | " + " | ".join(n for _, n in kinds) + " |")
     w("|---|" + "---|" * len(kinds))
     for key, label in (("lat", "one-way latency in this run"), ("idle", "guest CPUs idle"),
                        ("cpu", "CPU time of both processes per round trip"),
-                       ("switches", "context switches per round trip")):
+                       ("user", "of which in user space"),
+                       ("engine", "of which in threads other than qperf's (our engine's)"),
+                       ("switches", "context switches per round trip"),
+                       ("wakes", "wake-ups of threads other than qperf's per round trip")):
         cells = []
         for k, _ in kinds:
             v = vm.get(f"vm_why_{k}_{key}")
