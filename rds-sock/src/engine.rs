@@ -68,6 +68,10 @@ pub(crate) struct SockShared {
     /// blocked receiver expects the next one from
     /// ([`crate::RdsSocket::recv_msg_wait`]).
     pub(crate) rx_hint: Mutex<Option<(IpAddr, IpAddr)>>,
+    /// The TCP connection the last assisted read delivered on
+    /// ([`rds_tcp::RxAssist::lane`]; 0: none): the next blocking wait
+    /// takes its readable events off the reactor.
+    pub(crate) rx_lane: AtomicU64,
     /// The thread (its [`thread_token`]) reading the socket's connections
     /// itself in a blocking receive, 0 when none: a wake-up it causes for
     /// this socket leaves the descriptor alone (`deferred`), since the
@@ -100,6 +104,7 @@ impl SockShared {
             fd: ReadyFd::new()?,
             fd_active: AtomicBool::new(false),
             rx_hint: Mutex::new(None),
+            rx_lane: AtomicU64::new(0),
             assist_by: AtomicU64::new(0),
             deferred: AtomicBool::new(false),
             assist_skip: AtomicU32::new(0),
@@ -212,8 +217,8 @@ impl Inner {
 
     /// The TCP paths of an address pair for a blocked receiver to read
     /// itself ([`rds_tcp::RxAssist`]).
-    pub(crate) fn rx_assist(&self, laddr: IpAddr, faddr: IpAddr) -> Option<rds_tcp::RxAssist> {
-        self.tcp.rx_assist(laddr, faddr)
+    pub(crate) fn rx_assist(&self, laddr: IpAddr, faddr: IpAddr, lane: u64) -> Option<rds_tcp::RxAssist> {
+        self.tcp.rx_assist(laddr, faddr, lane)
     }
 
     fn transport(&self, kind: TransportKind) -> &dyn RdsTransport {

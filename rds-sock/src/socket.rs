@@ -513,7 +513,8 @@ impl RdsSocket {
             None
         } else {
             let hint = *self.shared.rx_hint.lock();
-            hint.and_then(|(l, f)| self.engine.inner.rx_assist(l, f))
+            let lane = self.shared.rx_lane.load(Relaxed);
+            hint.and_then(|(l, f)| self.engine.inner.rx_assist(l, f, lane))
         };
         let mut fds: Vec<libc::pollfd> = Vec::with_capacity(9);
         let mut idx: Vec<usize> = Vec::with_capacity(8);
@@ -556,6 +557,9 @@ impl RdsSocket {
                     }
                 }
                 by.store(0, std::sync::atomic::Ordering::SeqCst);
+                if a.lane() != 0 {
+                    self.shared.rx_lane.store(a.lane(), Relaxed);
+                }
                 if a.read_a_stream() {
                     // A stream: leave the next waits to the reactor.
                     skip.store(STREAM_SKIP, Relaxed);

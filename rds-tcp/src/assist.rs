@@ -34,6 +34,16 @@
 //! - Connections that are not up, or ending, are left to the reactor; so
 //!   is everything when the transport has more than [`ASSIST_MAX_PATHS`]
 //!   paths (finding the pair's paths is a linear scan).
+//!
+//! The connection the caller's last message came on (its `lane`, from
+//! [`RxAssist::lane`] of the wait before) is taken off the reactor's
+//! registration for readable events while the thread assists
+//! (`PathConn::quiet`): the bytes that answer a request then wake this
+//! thread alone, where the reactor was woken too, only to leave them. The
+//! registration gets them back when the thread stops assisting, and epoll
+//! then reports bytes that came meanwhile, so the reactor reads what
+//! nobody took. The other paths of the pair stay registered: their events
+//! are left to the thread as above.
 
 use std::cell::RefCell;
 use std::net::IpAddr;
@@ -73,6 +83,10 @@ pub struct RxAssist {
     /// Messages its reads delivered (to any socket), and bytes they read.
     delivered: usize,
     bytes: usize,
+    /// The connection it took readable events off the reactor for.
+    quiet: Option<usize>,
+    /// The last connection a read of its delivered messages on (0: none).
+    lane: u64,
 }
 
 impl std::fmt::Debug for RxAssist {
@@ -84,8 +98,10 @@ impl std::fmt::Debug for RxAssist {
 impl TcpTransport {
     /// The up paths from `laddr` to `faddr` for a blocked receiver to poll
     /// and read itself (module docs); `None` when there is none or the
-    /// transport has more than [`ASSIST_MAX_PATHS`] paths.
-    pub fn rx_assist(&self, laddr: IpAddr, faddr: IpAddr) -> Option<RxAssist> {
+    /// transport has more than [`ASSIST_MAX_PATHS`] paths. `lane` is
+    /// [`RxAssist::lane`] of the caller's previous wait (0: none): that
+    /// connection's bytes stop waking the reactor while this assists.
+    pub fn rx_assist(&self, laddr: IpAddr, faddr: IpAddr, lane: u64) -> Option<RxAssist> {
         if self.inner.is_closed() {
             return None;
         }
@@ -107,13 +123,27 @@ impl TcpTransport {
         for c in &conns {
             c.assist.fetch_add(1, SeqCst);
         }
+        let quiet = (lane != 0).then(|| conns.iter().position(|c| lane_of(c) == lane)).flatten();
+        if let Some(i) = quiet {
+            let c = &conns[i];
+            c.quiet.fetch_add(1, SeqCst);
+            self.inner.refresh_quiet(c);
+        }
         Some(RxAssist {
             inner: self.inner.clone(),
             conns: conns.into_iter().map(Some).collect(),
             delivered: 0,
             bytes: 0,
+            quiet,
+            lane: 0,
         })
     }
+}
+
+/// A connection's number for [`RxAssist::lane`] (its reactor token, unique
+/// in the transport and never 0).
+fn lane_of(c: &PathConn) -> u64 {
+    c.token.0 as u64
 }
 
 impl RxAssist {
@@ -188,8 +218,44 @@ impl RxAssist {
         inc(&self.inner.stats.rx_assist_reads);
         if bytes > 0 {
             self.mark_answered(c);
+            self.poll_acks(sink);
+        }
+        if n > 0 {
+            self.lane = lane_of(c);
         }
         Some(end)
+    }
+
+    /// The connection its reads last delivered messages on (0: none), for
+    /// the caller's next [`TcpTransport::rx_assist`].
+    pub fn lane(&self) -> u64 {
+        self.lane
+    }
+
+    /// Polls the acks of the pair's paths with messages awaiting theirs, as
+    /// the reactor does at a readable event (`poll_one`, `poll_siblings`):
+    /// an answer acks its request, which went on another lane when the
+    /// answering socket's port maps to another. Left to the reactor's ack
+    /// timer, a request/response exchange kept it polling every
+    /// `ack_poll_min` (each poll found the last request acked, progress).
+    /// A path whose transmit state a writing thread holds is skipped (the
+    /// writer polls as it writes).
+    fn poll_acks(&self, sink: &dyn TransportSink) {
+        for p in self.conns.iter().flatten() {
+            let (seq, advanced) = {
+                let Some(mut tx) = p.tx.try_lock() else { continue };
+                if !tx.has_unacked() {
+                    continue;
+                }
+                tx.poll_acks(&p.stream)
+            };
+            if advanced {
+                inc(&self.inner.stats.write_space_calls);
+            }
+            if let Some(s) = seq {
+                sink.acked(p.info.id, p.info.inst, s);
+            }
+        }
     }
 
     /// Bytes came in on `c`: record it as the reactor does for a readable
@@ -247,6 +313,11 @@ impl RxAssist {
 
     fn release(&mut self, i: usize) -> Option<Arc<PathConn>> {
         let c = self.conns.get_mut(i)?.take()?;
+        if self.quiet == Some(i) {
+            self.quiet = None;
+            c.quiet.fetch_sub(1, SeqCst);
+            self.inner.refresh_quiet(&c);
+        }
         c.assist.fetch_sub(1, SeqCst);
         Some(c)
     }

@@ -41,6 +41,16 @@ pub(crate) fn instant_of(ns: u64) -> std::time::Instant {
     rds_core::types::later(*EPOCH.get_or_init(std::time::Instant::now), std::time::Duration::from_nanos(ns))
 }
 
+/// The events a connection's registration with its reactor asks for.
+/// Registered for both; writable events come off once the connection is
+/// up and no write waits for room, readable ones while an assisting thread
+/// reads the connection itself.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) struct Registered {
+    pub readable: bool,
+    pub writable: bool,
+}
+
 /// One TCP connection serving one instance of one RDS path (the kernel's
 /// `rds_tcp_connection`, one per `rds_conn_path`): the socket, its state,
 /// the transmit and receive state, and the flags the transmitting threads
@@ -62,9 +72,13 @@ pub(crate) struct PathConn {
     pub wait_writable: AtomicBool,
     /// Writable events seen (closes the race between EAGAIN and the event).
     pub wr_gen: AtomicU64,
-    /// Whether the reactor's registration includes writable events
-    /// (`Inner::want_writable`; the lock orders its changes).
-    pub w_interest: Mutex<bool>,
+    /// What the reactor's registration of the socket asks for (the lock
+    /// orders its changes; `Inner::want_writable`, `Inner::refresh_quiet`).
+    pub interest: Mutex<Registered>,
+    /// Assisting threads that took this connection's readable events off
+    /// the reactor's registration (`crate::assist`): while there is one the
+    /// reactor is not woken by its bytes at all.
+    pub quiet: AtomicU32,
     /// Why the connection is being closed, when the core asked.
     pub requested: Mutex<Option<DownReason>>,
     /// The peer's FIN or an error was seen: the connection is ending, so
@@ -131,7 +145,8 @@ impl PathConn {
             again: AtomicBool::new(false),
             wait_writable: AtomicBool::new(false),
             wr_gen: AtomicU64::new(0),
-            w_interest: Mutex::new(true),
+            interest: Mutex::new(Registered { readable: true, writable: true }),
+            quiet: AtomicU32::new(0),
             requested: Mutex::new(None),
             rx_ending: AtomicBool::new(false),
             tx: Mutex::new(TxState::default()),

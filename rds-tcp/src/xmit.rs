@@ -47,7 +47,7 @@ use mio::unix::SourceFd;
 use rds_core::wire::HEADER_LEN;
 use rds_core::{Payload, TxMessage};
 
-use crate::path_conn::{self, PathConn, UP};
+use crate::path_conn::{self, PathConn, Registered, UP};
 use crate::reactor::{self, Cmd};
 use crate::stats::inc;
 use crate::{Inner, sys};
@@ -144,33 +144,51 @@ impl Inner {
     /// reactor with `EPOLLOUT` (the socket's write-space callback), a
     /// wake-up per message sent for nothing in request/response traffic.
     pub(crate) fn want_writable(&self, conn: &PathConn) {
-        let mut w = conn.w_interest.lock();
-        if !*w {
-            let fd = conn.stream.as_raw_fd();
-            let r = self.reactors[conn.reactor].registry.reregister(
-                &mut SourceFd(&fd),
-                conn.token,
-                Interest::READABLE | Interest::WRITABLE,
-            );
-            // An error: the reactor deregistered it (it is closing).
-            *w = r.is_ok();
-        }
+        let mut reg = conn.interest.lock();
+        let want = Registered { writable: true, ..*reg };
+        self.register_as(conn, &mut reg, want);
     }
 
     /// After a writable event: no write waits for room, so writable events
     /// come off the registration (see [`Inner::want_writable`]; the lock
     /// orders this against a writer adding them back).
     pub(crate) fn drop_writable(&self, conn: &PathConn) {
-        let mut w = conn.w_interest.lock();
-        if *w && !conn.wait_writable.load(SeqCst) {
-            let fd = conn.stream.as_raw_fd();
-            if self.reactors[conn.reactor]
-                .registry
-                .reregister(&mut SourceFd(&fd), conn.token, Interest::READABLE)
-                .is_ok()
-            {
-                *w = false;
-            }
+        let mut reg = conn.interest.lock();
+        if reg.writable && !conn.wait_writable.load(SeqCst) {
+            let want = Registered { writable: false, ..*reg };
+            self.register_as(conn, &mut reg, want);
+        }
+    }
+
+    /// Readable events on the registration exactly while no assisting
+    /// thread took them off (`PathConn::quiet`, `crate::assist`). Putting
+    /// them back makes epoll look at the socket once more: bytes that came
+    /// while they were off bring an event.
+    pub(crate) fn refresh_quiet(&self, conn: &PathConn) {
+        let mut reg = conn.interest.lock();
+        let want = Registered { readable: conn.quiet.load(SeqCst) == 0, ..*reg };
+        self.register_as(conn, &mut reg, want);
+    }
+
+    /// Changes the registration of `conn` to `want` (with the lock held).
+    /// An error leaves it as it was: the reactor deregistered it (it is
+    /// closing).
+    fn register_as(&self, conn: &PathConn, reg: &mut Registered, want: Registered) {
+        if *reg == want {
+            return;
+        }
+        let interest = match (want.readable, want.writable) {
+            (true, true) => Interest::READABLE | Interest::WRITABLE,
+            (true, false) => Interest::READABLE,
+            (false, true) => Interest::WRITABLE,
+            // Nothing: errors and hang-ups still come (epoll always
+            // reports them); priority data never comes on an RDS stream
+            // and is ignored if a peer sends it.
+            (false, false) => Interest::PRIORITY,
+        };
+        let fd = conn.stream.as_raw_fd();
+        if self.reactors[conn.reactor].registry.reregister(&mut SourceFd(&fd), conn.token, interest).is_ok() {
+            *reg = want;
         }
     }
 
