@@ -22,10 +22,16 @@
 //!   `assist`; the reactor sets the flag before it looks at `assist`, so
 //!   one of the two always reads.
 //! - A lane is read after path 0 of the same connection, as the reactor
-//!   does (`Reactor::path0_read`): the thread reads path 0 first (it
-//!   cannot tell from readiness alone whether path-0 bytes wait); when
-//!   path 0 is busy, paused or not among its connections, the lane is left
-//!   to the reactor.
+//!   does (`Reactor::path0_read`). The bytes that must go first (a
+//!   socket's last path-0 messages before it moved to its lane) were
+//!   acked by our TCP before the lane's first byte was even sent, so path
+//!   0 is readable in every poll round that finds the lane readable, and
+//!   the ready connections of a round are read in path order, path 0
+//!   first ([`RxAssist::fds`]; on drop, those the reactor left to us, in
+//!   the same order). No read of path 0 that could only find nothing
+//!   before each lane: that was a system call per message. When path 0 is
+//!   being read by the reactor (its pass may hold such bytes), paused or
+//!   not among its connections, the lane is left to the reactor.
 //! - A pass that stops early (the budget, a pause) hands the connection to
 //!   the reactor; the end of the stream, an error or a protocol error too
 //!   (`Cmd::RxFailed`: the reactor reads it to its end and closes it).
@@ -147,14 +153,17 @@ fn lane_of(c: &PathConn) -> u64 {
 }
 
 impl RxAssist {
-    /// The descriptors still to poll for reading, with their index.
+    /// The descriptors still to poll for reading, with their index, in path
+    /// order (path 0 first): read the ready ones of a round in this order.
     pub fn fds(&self) -> impl Iterator<Item = (usize, RawFd)> + '_ {
         self.conns.iter().enumerate().filter_map(|(i, c)| c.as_ref().map(|c| (i, c.stream.as_raw_fd())))
     }
 
-    /// Reads connection `i` (path 0 of its connection first) and delivers
-    /// what it holds. False when it read nothing: the connection was left
-    /// to the reactor and is no longer polled.
+    /// Reads connection `i` and delivers what it holds; call it for the
+    /// ready connections of a poll round in the order of
+    /// [`RxAssist::fds`] (path 0 before a lane). False when it read
+    /// nothing: the connection was left to the reactor and is no longer
+    /// polled.
     pub fn read(&mut self, i: usize) -> bool {
         match self.try_read(i) {
             Some(read) => read,
@@ -181,13 +190,12 @@ impl RxAssist {
                 buf.resize(ABUF, 0);
             }
             if c.info.id.index != 0 {
-                let p0 = self.conns.iter().flatten().find(|p| p.info.id.index == 0).cloned();
-                let p0 = p0.filter(|p| self.readable(p))?;
-                let end = self.pass(&p0, &*sink, buf, batch)?;
-                if !matches!(end, ReadEnd::Drained) {
-                    self.ended(&p0, end);
-                    self.hand_back(i);
-                    return Some(true);
+                // Path 0 went first in this round when it was ready (module
+                // docs); a pass of the reactor's on it may hold bytes that
+                // go before the lane's.
+                let p0 = self.conns.iter().flatten().find(|p| p.info.id.index == 0);
+                if !p0.is_some_and(|p| self.readable(p) && !p.rx_busy.load(SeqCst)) {
+                    return None;
                 }
             }
             // `None`: the reactor is reading it, and its pass delivers.

@@ -48,6 +48,8 @@ if [ -f "$SHIM" ]; then
     ON_A=(ip netns exec ns1 env LD_PRELOAD="$SHIM")
     ON_B=(ip netns exec ns2 env LD_PRELOAD="$SHIM")
     why_lat shim rds_lat
+    why_bw shim 1024
+    why_bw shim 65536
     ON_A=(ip netns exec ns1)
     ON_B=(ip netns exec ns2)
 fi
@@ -56,7 +58,9 @@ for round in $(seq "$ROUNDS"); do
     echo "perf: [vm] round $round: kernel RDS-TCP (qperf)" >&2
     qperf_suite kern rds
 done
-echo "perf: [vm] where a round trip's time goes (kernel RDS-TCP)" >&2
+echo "perf: [vm] where a round trip's and a message's time goes (kernel RDS-TCP)" >&2
 why_lat kern rds_lat
+why_bw kern 1024
+why_bw kern 65536
 netpair down
 echo "R vm_done 1"

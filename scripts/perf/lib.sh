@@ -202,24 +202,34 @@ why_children() {
 # threads, the server's forked child included) per round trip. Keys
 # ${PREFIX}why_KIND_{lat,idle,cpu,user,engine,wakes,switches}.
 why_lat() {
-    local kind=$1 test=$2 try
+    why_run "$1" "$2" 64 "why_$1"
+}
+
+# why_bw KIND SIZE: the same for a qperf rds_bw stream of SIZE-byte
+# messages, per message. Keys ${PREFIX}why_bwSIZE_KIND_{rate,idle,cpu,...}.
+why_bw() {
+    why_run "$1" rds_bw "$2" "why_bw$2_$1"
+}
+
+why_run() {
+    local kind=$1 test=$2 size=$3 key=$4 try
     # qperf's server sometimes refuses the next connection for a moment
     # (qperf_run's comment): up to three attempts, the server restarted
     # for each.
     for try in 1 2 3; do
-        why_lat_once "$kind" "$test" && return 0
-        echo "perf: why_lat $kind: attempt $try failed" >&2
+        why_once "$kind" "$test" "$size" "$key" && return 0
+        echo "perf: why $key: attempt $try failed" >&2
         sleep 2
     done
     return 0
 }
 
-why_lat_once() {
-    local kind=$1 test=$2 client a b t0 t1 out lat hz
+why_once() {
+    local kind=$1 test=$2 size=$3 key=$4 client a b t0 t1 out per hz
     hz=100 # USER_HZ: /proc reports CPU time in 1/100 s on Linux
     qperf_server_start
     timeout 30 "${ON_A[@]}" qperf -t 1 -m 64 "$ADDR_B" "$test" >/dev/null 2>&1 || true
-    "${ON_A[@]}" qperf -v -t 6 -m 64 "$ADDR_B" "$test" >/tmp/perf-why.$$ 2>&1 &
+    "${ON_A[@]}" qperf -v -t 6 -m "$size" "$ADDR_B" "$test" >/tmp/perf-why.$$ 2>&1 &
     client=$!
     PIDS+=("$client")
     sleep 2
@@ -230,21 +240,26 @@ why_lat_once() {
     qperf_server_stop
     cleanup_pids
     out=$(cat /tmp/perf-why.$$); rm -f /tmp/perf-why.$$
-    lat=$(echo "$out" | awk '$1 == "latency" { v = $3; u = $4; if (u == "ms") v *= 1000; if (u == "ns") v /= 1000; print v }')
-    if [ -z "$lat" ]; then
-        echo "perf: why_lat $kind: qperf $test failed: $(echo "$out" | tr '\n' ' ')" >&2
+    # The time per unit in us (a round trip; a message of a stream), what
+    # the run reported and its unit.
+    per=$(echo "$out" | awk '
+        $1 == "latency" { v = $3; u = $4; if (u == "ms") v *= 1000; if (u == "ns") v /= 1000; print 2 * v, "lat", v, "us" }
+        $1 == "msg_rate" { v = $3; u = $4; if (u ~ /^K/) v *= 1e3; if (u ~ /^M/) v *= 1e6; if (v > 0) print 1e6 / v, "rate", v / 1e3, "k/s" }')
+    if [ -z "$per" ]; then
+        echo "perf: why $key: qperf $test failed: $(echo "$out" | tr '\n' ' ')" >&2
         return 1
     fi
-    # a, b: idle total cpu switches user engine wakes ($1-$7, $8-$14)
-    echo "$a $b $t0 $t1 $lat $hz" | awk -v k="${PREFIX}why_${kind}" '{
-        rt = ($16 - $15) / 1000 / (2 * $17)
-        tick = 1e6 / $18 / rt
-        printf "R %s_lat %s us\n", k, $17
+    # a, b: idle total cpu switches user engine wakes ($1-$7, $8-$14); then
+    # t0 t1 ($15 $16); per: us per unit, what, value, unit ($17-$20); hz.
+    echo "$a $b $t0 $t1 $per $hz" | awk -v k="${PREFIX}${key}" '{
+        n = ($16 - $15) / 1000 / $17
+        tick = 1e6 / $21 / n
+        printf "R %s_%s %s %s\n", k, $18, $19, $20
         printf "R %s_idle %.0f %%\n", k, 100 * ($8 - $1) / ($9 - $2)
         printf "R %s_cpu %.0f us\n", k, ($10 - $3) * tick
         printf "R %s_user %.0f us\n", k, ($12 - $5) * tick
         printf "R %s_engine %.0f us\n", k, ($13 - $6) * tick
-        printf "R %s_wakes %.1f /rt\n", k, ($14 - $7) / rt
-        printf "R %s_switches %.1f /rt\n", k, ($11 - $4) / rt
+        printf "R %s_wakes %.2f /unit\n", k, ($14 - $7) / n
+        printf "R %s_switches %.2f /unit\n", k, ($11 - $4) / n
     }'
 }

@@ -287,23 +287,68 @@ def why_section(w, vm):
         cells = []
         for k, _ in kinds:
             v = vm.get(f"vm_why_{k}_{key}")
-            cells.append(f"{v[0][0]} {v[0][1]}".replace(" /rt", "").strip() if v else "not measured")
+            cells.append(f"{v[0][0]} {v[0][1]}".replace(" /unit", "").strip() if v else "not measured")
         w(f"| {label} | " + " | ".join(cells) + " |")
     w("")
     w("Ours under the shim: qperf's blocking receive polls the TCP connections its "
       "last message came over beside its socket's descriptor and reads and delivers "
       "what arrives itself (`rds_tcp::RxAssist`), so a message wakes the receiver once, "
-      "as the kernel's RDS does from its TCP receive callback. The engine's reactor "
-      "thread is still woken by the same bytes (epoll) and leaves the reading to the "
-      "receiver: off the message's path, but a context switch and system calls of CPU "
-      "time per message on the guest's two vCPUs. A program that polls the descriptor "
-      "(our rds-stress above) still gets each message from the reactor: two wake-ups. "
-      "Under TCG emulation each system call and each context switch costs several "
-      "microseconds of CPU; per message and side the kernel's qperf makes a recvmsg "
-      "and a sendmsg, ours a poll, a read of path 0 before the lane, the read and the "
-      "send in the receiving thread plus the reactor's epoll_wait and ack ioctl: the "
-      "CPU time per round trip above is where the latency goes when the guest is not "
-      "idle.")
+      "as the kernel's RDS does from its TCP receive callback. While it waits, the "
+      "connection its last message came on is off the reactor's epoll registration for "
+      "readable events, and writable events are registered only while a write waits for "
+      "room, so the exchange itself does not wake the engine's reactor thread: its ack "
+      "timer does (at most every 4 ms here), and so does an answer that comes before the "
+      "receiver waits (the reactor then reads it and hands it over: two wake-ups). A "
+      "program that polls the descriptor (our rds-stress above) gets every message from "
+      "the reactor. The rest of the gap is CPU time in qperf's own threads: the user-space "
+      "code of the shim and the engine per message (the row above; the kernel's qperf "
+      "spends almost none there) and more system calls per message and side than the "
+      "kernel's recvmsg and sendmsg (a poll, the reads of path 0 and of the lane, the "
+      "send, the descriptor's bookkeeping), each costing microseconds under TCG "
+      "emulation, where the kernel's RDS works inside those two calls and in softirq.")
+    w("")
+    bw_why_section(w, vm)
+
+
+def bw_why_section(w, vm):
+    """Where a stream message's time goes in the VM rig (guest.sh's
+    why_bw): one more qperf rds_bw run of 1 KiB and of 64 KiB messages,
+    ours under the shim and the kernel, per message."""
+    cols = [(f"vm_why_bw{size}_{k}", f"{name}, {label}")
+            for size, label in ((1024, "1 KiB"), (65536, "64 KiB"))
+            for k, name in (("kern", "kernel"), ("shim", "ours (shim)"))]
+    if not any(f"{c}_rate" in vm for c, _ in cols):
+        return
+    w("### Where a message's time goes in a stream (VM rig)")
+    w("")
+    w("One more qperf `rds_bw` run of 1 KiB and of 64 KiB messages, the kernel's RDS-TCP "
+      "and ours under the shim, measured as above, per message.")
+    w("")
+    w("| | " + " | ".join(n for _, n in cols) + " |")
+    w("|---|" + "---|" * len(cols))
+    for key, label in (("rate", "messages per second in this run"), ("idle", "guest CPUs idle"),
+                       ("cpu", "CPU time of both processes per message"),
+                       ("user", "of which in user space"),
+                       ("engine", "of which in threads other than qperf's (our engine's)"),
+                       ("switches", "context switches per message"),
+                       ("wakes", "wake-ups of threads other than qperf's per message")):
+        cells = []
+        for c, _ in cols:
+            v = vm.get(f"{c}_{key}")
+            cells.append(f"{v[0][0]} {v[0][1]}".replace(" /unit", "").strip() if v else "not measured")
+        w(f"| {label} | " + " | ".join(cells) + " |")
+    w("")
+    w("Ours copies each payload four times where the kernel's RDS copies it twice: the "
+      "send copies the caller's bytes into a pooled buffer, kept until TCP acknowledges "
+      "them (the copy that survives a reconnect; the kernel keeps its own pages and hands "
+      "them to TCP without copying), and `writev` copies that buffer into the socket; the "
+      "receive reads the socket into the engine's buffer and copies from there into "
+      "qperf's (the kernel's RDS keeps TCP's buffers and copies once, into the caller's). "
+      "The two extra copies are user-space CPU time, in the row above; the rest is system "
+      "calls (the sender's `writev`, the receiver's reads, the descriptor's bookkeeping) "
+      "and the engine's reactor thread, which reads a stream in its own thread, ahead of "
+      "the receiver (a receiver that read more than one message in a wait leaves the "
+      "next waits to it). On two vCPUs under emulation that CPU time is the bandwidth.")
     w("")
 
 
