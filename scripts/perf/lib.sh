@@ -242,9 +242,11 @@ why_once() {
     out=$(cat /tmp/perf-why.$$); rm -f /tmp/perf-why.$$
     # The time per unit in us (a round trip; a message of a stream), what
     # the run reported and its unit.
-    per=$(echo "$out" | awk '
-        $1 == "latency" { v = $3; u = $4; if (u == "ms") v *= 1000; if (u == "ns") v /= 1000; print 2 * v, "lat", v, "us" }
-        $1 == "msg_rate" { v = $3; u = $4; if (u ~ /^K/) v *= 1e3; if (u ~ /^M/) v *= 1e6; if (v > 0) print 1e6 / v, "rate", v / 1e3, "k/s" }')
+    # (qperf -v reports a msg_rate for latency tests too: the latency
+    # counts for *_lat, the message rate for *_bw.)
+    per=$(echo "$out" | awk -v lat="$([ "${test%_lat}" != "$test" ] && echo 1)" '
+        lat && $1 == "latency" { v = $3; u = $4; if (u == "ms") v *= 1000; if (u == "ns") v /= 1000; if (v > 0) print 2 * v, "lat", v, "us" }
+        !lat && $1 == "msg_rate" { v = $3; u = $4; if (u ~ /^K/) v *= 1e3; if (u ~ /^M/) v *= 1e6; if (v > 0) print 1e6 / v, "rate", v / 1e3, "k/s" }' | head -1)
     if [ -z "$per" ]; then
         echo "perf: why $key: qperf $test failed: $(echo "$out" | tr '\n' ' ')" >&2
         return 1
