@@ -296,16 +296,20 @@ def why_section(w, vm):
       "as the kernel's RDS does from its TCP receive callback. While it waits, the "
       "connection its last message came on is off the reactor's epoll registration for "
       "readable events, and writable events are registered only while a write waits for "
-      "room, so the exchange itself does not wake the engine's reactor thread: its ack "
-      "timer does (at most every 4 ms here), and so does an answer that comes before the "
-      "receiver waits (the reactor then reads it and hands it over: two wake-ups). A "
-      "program that polls the descriptor (our rds-stress above) gets every message from "
-      "the reactor. The rest of the gap is CPU time in qperf's own threads: the user-space "
-      "code of the shim and the engine per message (the row above; the kernel's qperf "
-      "spends almost none there) and more system calls per message and side than the "
-      "kernel's recvmsg and sendmsg (a poll, the reads of path 0 and of the lane, the "
-      "send, the descriptor's bookkeeping), each costing microseconds under TCG "
-      "emulation, where the kernel's RDS works inside those two calls and in softirq.")
+      "room (each acknowledged segment woke the reactor before), so the answer does not "
+      "wake the engine's reactor thread through epoll; its ack timer still does, at most "
+      "every 4 ms here. The engine's threads still count the wake-ups in the table (a "
+      "wake-up is a voluntary context switch: any sleep, in epoll_wait or on a lock, ours "
+      "or the kernel's socket lock that every read, write and ioctl of a TCP socket "
+      "takes); this run does not break them down, and a count of the client's reactor's "
+      "system calls over 2 s (perf stat, tracepoints) found about one epoll_wait per four "
+      "round trips. A program that polls the descriptor (our rds-stress above) gets every "
+      "message from the reactor. The rest of the gap is CPU time in qperf's own threads: "
+      "the user-space code of the shim and the engine per message (the row above; the "
+      "kernel's qperf spends almost none there) and more system calls per message and "
+      "side than the kernel's recvmsg and sendmsg (a poll, the read, the send, the "
+      "descriptor's bookkeeping), each costing microseconds under TCG emulation, where "
+      "the kernel's RDS works inside those two calls and in softirq.")
     w("")
     bw_why_section(w, vm)
 
