@@ -276,20 +276,8 @@ def why_section(w, vm):
       "runs in qperf's context; ours works in qperf's thread and in the engine's "
       "threads (reactor, timer), shown apart.")
     w("")
-    w("| | " + " | ".join(n for _, n in kinds) + " |")
-    w("|---|" + "---|" * len(kinds))
-    for key, label in (("lat", "one-way latency in this run"), ("idle", "guest CPUs idle"),
-                       ("cpu", "CPU time of both processes per round trip"),
-                       ("user", "of which in user space"),
-                       ("engine", "of which in threads other than qperf's (our engine's)"),
-                       ("switches", "context switches per round trip"),
-                       ("wakes", "wake-ups of threads other than qperf's per round trip")):
-        cells = []
-        for k, _ in kinds:
-            v = vm.get(f"vm_why_{k}_{key}")
-            cells.append(f"{v[0][0]} {v[0][1]}".replace(" /unit", "").strip() if v else "not measured")
-        w(f"| {label} | " + " | ".join(cells) + " |")
-    w("")
+    why_table(w, vm, [(f"vm_why_{k}", n) for k, n in kinds], ("lat", "one-way latency in this run"),
+              "round trip")
     w("Ours under the shim: qperf's blocking receive polls the TCP connections its "
       "last message came over beside its socket's descriptor and reads and delivers "
       "what arrives itself (`rds_tcp::RxAssist`), so a message wakes the receiver once, "
@@ -314,6 +302,26 @@ def why_section(w, vm):
     bw_why_section(w, vm)
 
 
+def why_table(w, vm, cols, first, per):
+    """A table of where the time goes (guest.sh's why_lat, why_bw): one
+    column per measured run, (key prefix, header); `first` is the run's own
+    figure, (key, label); `per` names the unit of the other rows."""
+    w("| | " + " | ".join(n for _, n in cols) + " |")
+    w("|---|" + "---|" * len(cols))
+    for key, label in (first, ("idle", "guest CPUs idle"),
+                       ("cpu", f"CPU time of both processes per {per}"),
+                       ("user", "of which in user space"),
+                       ("engine", "of which in threads other than qperf's (our engine's)"),
+                       ("switches", f"context switches per {per}"),
+                       ("wakes", f"wake-ups of threads other than qperf's per {per}")):
+        cells = []
+        for c, _ in cols:
+            v = vm.get(f"{c}_{key}")
+            cells.append(f"{v[0][0]} {v[0][1]}".replace(" /unit", "").strip() if v else "not measured")
+        w(f"| {label} | " + " | ".join(cells) + " |")
+    w("")
+
+
 def bw_why_section(w, vm):
     """Where a stream message's time goes in the VM rig (guest.sh's
     why_bw): one more qperf rds_bw run of 1 KiB and of 64 KiB messages,
@@ -328,20 +336,7 @@ def bw_why_section(w, vm):
     w("One more qperf `rds_bw` run of 1 KiB and of 64 KiB messages, the kernel's RDS-TCP "
       "and ours under the shim, measured as above, per message.")
     w("")
-    w("| | " + " | ".join(n for _, n in cols) + " |")
-    w("|---|" + "---|" * len(cols))
-    for key, label in (("rate", "messages per second in this run"), ("idle", "guest CPUs idle"),
-                       ("cpu", "CPU time of both processes per message"),
-                       ("user", "of which in user space"),
-                       ("engine", "of which in threads other than qperf's (our engine's)"),
-                       ("switches", "context switches per message"),
-                       ("wakes", "wake-ups of threads other than qperf's per message")):
-        cells = []
-        for c, _ in cols:
-            v = vm.get(f"{c}_{key}")
-            cells.append(f"{v[0][0]} {v[0][1]}".replace(" /unit", "").strip() if v else "not measured")
-        w(f"| {label} | " + " | ".join(cells) + " |")
-    w("")
+    why_table(w, vm, cols, ("rate", "messages per second in this run"), "message")
     w("Ours copies each payload four times where the kernel's RDS copies it twice: the "
       "send copies the caller's bytes into a pooled buffer, kept until TCP acknowledges "
       "them (the copy that survives a reconnect; the kernel keeps its own pages and hands "
