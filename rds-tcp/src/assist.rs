@@ -250,19 +250,14 @@ impl RxAssist {
     /// writer polls as it writes).
     fn poll_acks(&self, sink: &dyn TransportSink) {
         for p in self.conns.iter().flatten() {
-            let (seq, advanced) = {
+            let polled = {
                 let Some(mut tx) = p.tx.try_lock() else { continue };
                 if !tx.has_unacked() {
                     continue;
                 }
                 tx.poll_acks(&p.stream)
             };
-            if advanced {
-                inc(&self.inner.stats.write_space_calls);
-            }
-            if let Some(s) = seq {
-                sink.acked(p.info.id, p.info.inst, s);
-            }
+            self.inner.acks_polled(Some(sink), p, polled);
         }
     }
 

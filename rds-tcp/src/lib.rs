@@ -183,6 +183,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod assist;
+mod interest;
 mod path_conn;
 mod reactor;
 mod stats;

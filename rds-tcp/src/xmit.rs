@@ -42,12 +42,10 @@ use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::SeqCst;
 
-use mio::Interest;
-use mio::unix::SourceFd;
 use rds_core::wire::HEADER_LEN;
 use rds_core::{Payload, TxMessage};
 
-use crate::path_conn::{self, PathConn, Registered, UP};
+use crate::path_conn::{self, PathConn, UP};
 use crate::reactor::{self, Cmd};
 use crate::stats::inc;
 use crate::{Inner, sys};
@@ -133,62 +131,20 @@ impl Inner {
         if conn.last_rx_event.load(SeqCst) != 0 && u128::from(since) < max.as_nanos() { max } else { min }
     }
 
-    /// Adds writable events to the reactor's registration of `conn`, for
-    /// a write that hit `EAGAIN` (after `wait_writable` is set). Adding
-    /// them makes epoll look at the socket once more, so room that came
-    /// back since the `EAGAIN` still brings an event.
-    ///
-    /// A connection is registered for writable events only while a write
-    /// waits for room ([`Inner::drop_writable`] takes them off again):
-    /// with them on, every segment the peer acknowledges wakes the
-    /// reactor with `EPOLLOUT` (the socket's write-space callback), a
-    /// wake-up per message sent for nothing in request/response traffic.
-    pub(crate) fn want_writable(&self, conn: &PathConn) {
-        let mut reg = conn.interest.lock();
-        let want = Registered { writable: true, ..*reg };
-        self.register_as(conn, &mut reg, want);
-    }
-
-    /// After a writable event: no write waits for room, so writable events
-    /// come off the registration (see [`Inner::want_writable`]; the lock
-    /// orders this against a writer adding them back).
-    pub(crate) fn drop_writable(&self, conn: &PathConn) {
-        let mut reg = conn.interest.lock();
-        if reg.writable && !conn.wait_writable.load(SeqCst) {
-            let want = Registered { writable: false, ..*reg };
-            self.register_as(conn, &mut reg, want);
+    /// Reports what a poll of `conn`'s acks found ([`TxState::poll_acks`]):
+    /// the acked offset advanced (`tcp_write_space_calls`), and the highest
+    /// sequence number now acked, to the core.
+    pub(crate) fn acks_polled(
+        &self,
+        sink: Option<&dyn rds_core::TransportSink>,
+        conn: &PathConn,
+        (seq, advanced): (Option<u64>, bool),
+    ) {
+        if advanced {
+            inc(&self.stats.write_space_calls);
         }
-    }
-
-    /// Readable events on the registration exactly while no assisting
-    /// thread took them off (`PathConn::quiet`, `crate::assist`). Putting
-    /// them back makes epoll look at the socket once more: bytes that came
-    /// while they were off bring an event.
-    pub(crate) fn refresh_quiet(&self, conn: &PathConn) {
-        let mut reg = conn.interest.lock();
-        let want = Registered { readable: conn.quiet.load(SeqCst) == 0, ..*reg };
-        self.register_as(conn, &mut reg, want);
-    }
-
-    /// Changes the registration of `conn` to `want` (with the lock held).
-    /// An error leaves it as it was: the reactor deregistered it (it is
-    /// closing).
-    fn register_as(&self, conn: &PathConn, reg: &mut Registered, want: Registered) {
-        if *reg == want {
-            return;
-        }
-        let interest = match (want.readable, want.writable) {
-            (true, true) => Interest::READABLE | Interest::WRITABLE,
-            (true, false) => Interest::READABLE,
-            (false, true) => Interest::WRITABLE,
-            // Nothing: errors and hang-ups still come (epoll always
-            // reports them); priority data never comes on an RDS stream
-            // and is ignored if a peer sends it.
-            (false, false) => Interest::PRIORITY,
-        };
-        let fd = conn.stream.as_raw_fd();
-        if self.reactors[conn.reactor].registry.reregister(&mut SourceFd(&fd), conn.token, interest).is_ok() {
-            *reg = want;
+        if let (Some(s), Some(sink)) = (seq, sink) {
+            sink.acked(conn.info.id, conn.info.inst, s);
         }
     }
 
@@ -217,7 +173,7 @@ impl Inner {
         let mut sent = 0u64;
         loop {
             let wgen = conn.wr_gen.load(SeqCst);
-            let (res, acked) = {
+            let (res, polled) = {
                 let mut tx = conn.tx.lock();
                 if conn.state() != UP {
                     return Round::Dead;
@@ -233,20 +189,11 @@ impl Inner {
                 // Acks only free send-buffer space; the reactor's ack timer
                 // polls them too. Ask the kernel (an ioctl) once per
                 // ACK_POLL_BYTES written, not after every write.
-                let acked = if tx.written_since_poll() >= ACK_POLL_BYTES {
-                    let (acked, advanced) = tx.poll_acks(&conn.stream);
-                    if advanced {
-                        inc(&self.stats.write_space_calls);
-                    }
-                    acked
-                } else {
-                    None
-                };
-                (res, acked)
+                let polled =
+                    if tx.written_since_poll() >= ACK_POLL_BYTES { tx.poll_acks(&conn.stream) } else { (None, false) };
+                (res, polled)
             };
-            if let Some(seq) = acked {
-                sink.acked(id, inst, seq);
-            }
+            self.acks_polled(Some(sink), conn, polled);
             match res {
                 Ok(WriteRes::Flushed) => {}
                 Ok(WriteRes::WouldBlock) => {

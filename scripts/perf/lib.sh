@@ -167,7 +167,7 @@ ours_suite() {
 # context switches (wake-ups) of the threads not named qperf (ours: the
 # engine's reactor and timer threads).
 why_snap() {
-    local idle total cpu=0 sw=0 user=0 eng=0 wakes=0 p t st comm
+    local idle total cpu=0 sw=0 user=0 eng=0 wakes=0 p t st comm vol invol
     read -r idle total < <(awk '/^cpu / { s = 0; for (i = 2; i <= NF; i++) s += $i; print $5 + $6, s }' /proc/stat)
     for p in "$@" $(why_children "$@"); do
         for t in /proc/"$p"/task/*; do
@@ -176,10 +176,11 @@ why_snap() {
             read -r comm <"$t/comm"
             cpu=$((cpu + ${st% *} + ${st#* }))
             user=$((user + ${st% *}))
-            sw=$((sw + $(awk '/^(non)?voluntary_ctxt_switches/ { s += $2 } END { print s + 0 }' "$t/status")))
+            read -r vol invol < <(awk '/^voluntary_ctxt_switches/ { v = $2 } /^nonvoluntary_ctxt_switches/ { n = $2 } END { print v + 0, n + 0 }' "$t/status")
+            sw=$((sw + vol + invol))
             if [ "$comm" != qperf ]; then
                 eng=$((eng + ${st% *} + ${st#* }))
-                wakes=$((wakes + $(awk '/^voluntary_ctxt_switches/ { print $2 }' "$t/status")))
+                wakes=$((wakes + vol))
             fi
         done
     done

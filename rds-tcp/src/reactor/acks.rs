@@ -89,12 +89,7 @@ impl Reactor {
         if done {
             self.watch.retain(|c| !Arc::ptr_eq(c, conn));
         }
-        if advanced {
-            inc(&self.inner.stats.write_space_calls);
-        }
-        if let (Some(s), Some(sink)) = (seq, self.inner.sink()) {
-            sink.acked(conn.info.id, conn.info.inst, s);
-        }
+        self.inner.acks_polled(self.inner.sink().as_deref(), conn, (seq, advanced));
     }
 
     /// After a readable event on `conn`, polls the acks of the other
