@@ -15,6 +15,11 @@ use crate::sock::Sock;
 use crate::types::{ConnId, FastMap, PathId, SockId, TransportKind};
 use crate::wire::{CONG_MAP_BYTES, Ext, Header, PROBE_PORT, WireError};
 
+/// How close together (by their read times) two maps of a peer without map
+/// versions must be, on different paths, for their order to count as
+/// unknown (see `Node::cong_recv`): 50 ms.
+pub const MAP_REORDER_NS: u64 = 50_000_000;
+
 /// The node's congestion state (`net/rds/cong.c`): one map per address,
 /// ours (maintained by our sockets' receive accounting, sent to peers) and
 /// peers' (applied from their updates, tested before every send), and with
@@ -170,6 +175,20 @@ impl CongMap {
         *self.bits = *new.bits;
         mask
     }
+
+    /// Keeps only the ports congested both here and in `new` (two maps
+    /// whose order is unknown, `Node::cong_recv`); returns the mask of
+    /// [`CongMap::update_from`].
+    pub fn intersect_from(&mut self, new: &CongMap) -> u64 {
+        let mut mask = 0u64;
+        for (old, new) in self.bits.chunks_exact_mut(8).zip(new.bits.chunks_exact(8)) {
+            let o = u64::from_le_bytes((&*old).try_into().unwrap());
+            let n = u64::from_le_bytes(new.try_into().unwrap());
+            mask |= o & !n;
+            old.copy_from_slice(&(o & n).to_le_bytes());
+        }
+        mask
+    }
 }
 
 impl Node {
@@ -311,9 +330,42 @@ impl Node {
             }
         }
         let faddr = self.conn(conn).faddr;
-        let mask = self.ep.cong.map(faddr).update_from(&new);
+        let reordered = gen_num.is_none() && self.map_reordered(pid, msg.rx_time_ns);
+        let map = self.ep.cong.map(faddr);
+        let mask = if reordered {
+            self.ep.counters.cong_update_reordered += 1;
+            map.intersect_from(&new)
+        } else {
+            map.update_from(&new)
+        };
         self.cong_map_updated(mask);
         RecvOutcome::CongMap
+    }
+
+    /// Whether a map of a peer without map versions, read at `rx_time_ns`
+    /// on `pid`, may have been overtaken by the one applied before it.
+    ///
+    /// Such a peer (a 6.1 kernel) sends each update on whichever path
+    /// transmits first, so two updates can travel on two TCP connections,
+    /// and we read the connections one after another, not in the order
+    /// their bytes arrived. In the VM rig (qperf `rds_bw`, ours the client)
+    /// the kernel's "congested" map and its "uncongested" one 0.5 ms later
+    /// (1.7 ms in another round) came on two connections and were read in
+    /// the other order: the port stayed congested for good, since the
+    /// kernel sends nothing more until the port changes again, and the
+    /// blocked sender waited until the end of the test (10 of 24 rounds at
+    /// 0.4-7.3 MB/s against 15-20; with this rule 8 of 8 at 15-17). A map read within [`MAP_REORDER_NS`]
+    /// of the previous one, which came on another path, therefore leaves a
+    /// port congested only if both maps say so. A port wrongly left
+    /// uncongested costs the peer's socket some queueing past its receive
+    /// buffer until its next update (congestion is not a reason to drop:
+    /// the kernel queues what arrives); a port wrongly left congested stops
+    /// every sender to it until then.
+    fn map_reordered(&mut self, pid: PathId, rx_time_ns: Option<u64>) -> bool {
+        let c = self.conn_mut(pid.conn);
+        let Some(t) = rx_time_ns else { return false };
+        let prev = c.last_map.replace((pid.index, t));
+        prev.is_some_and(|(i, t0)| i != pid.index && t.abs_diff(t0) < MAP_REORDER_NS)
     }
 }
 

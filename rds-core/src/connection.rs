@@ -74,6 +74,9 @@ pub(crate) struct Connection {
     pub gen_up_seq: u64,
     /// Congestion maps received from the peer (`Path::confirmed`).
     pub maps_rx: u64,
+    /// The path a versionless peer's last map came on, and when it was
+    /// read (`RxMessage::rx_time_ns`); see `Node::cong_recv`.
+    pub last_map: Option<(u8, u64)>,
     /// When the idle collection looks at this connection next
     /// (`Node::collect_idle`); set when every path went down.
     pub gc_at: Option<Instant>,
@@ -107,6 +110,7 @@ impl Connection {
             peer_gen: 0,
             with_sport_idx: false,
             map_queued: false,
+            last_map: None,
             peer_gen_maps: false,
             heard: false,
             ups: 0,

@@ -101,6 +101,11 @@ counters! {
         /// Pongs not queued because one to the same port was still
         /// waiting on the path (a ping flood against a closed window).
         send_pong_coalesced,
+        /// Congestion maps from a peer without map versions (a kernel)
+        /// read within `cong::MAP_REORDER_NS` of its previous map, which
+        /// came on another path: their order is unknown, and a port stays
+        /// congested only if both say so (`Node::cong_recv`).
+        cong_update_reordered,
     }
 }
 
