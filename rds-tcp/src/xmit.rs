@@ -36,7 +36,7 @@
 //! timer) is in the crate docs' "Acks" section.
 
 use std::collections::VecDeque;
-use std::io::{self, IoSlice, Write};
+use std::io::{self, IoSlice};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
@@ -401,7 +401,7 @@ impl TxState {
                     }
                 }
                 let iov = if on_stack { &small[..n] } else { &big[..] };
-                (&*stream).write_vectored(iov)
+                sys::send_vectored(stream.as_raw_fd(), iov)
             };
             match res {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
