@@ -5,6 +5,16 @@ use std::time::Duration;
 
 pub mod stress;
 
+/// Puts SIGPIPE back to its default, as C tools have it: output into a
+/// closed pipe (`rds-info | head`) ends the tool quietly instead of a
+/// panic in `println!` (Rust programs start with SIGPIPE ignored). The RDS
+/// stack itself never raises it: its sockets send with `MSG_NOSIGNAL`.
+pub fn default_sigpipe() {
+    // SAFETY: sets the disposition of one signal to its default; no
+    // handler runs in Rust code.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+}
+
 /// A parsed command line: short options with or without values, long
 /// options (`--name` or `--name=value` or `--name value`), and operands.
 pub struct Args {

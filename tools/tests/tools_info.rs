@@ -376,3 +376,26 @@ fn root_sees_the_nodes_of_other_users() {
     assert!(b[0].contains(&ip(t, 2).to_string()), "the node line names its address: {}", b[0]);
     assert!(counters(&b).iter().any(|(n, _)| n == "conn_reset"), "its counters are printed:\n{}", b.join("\n"));
 }
+
+/// Output into a pipe whose reader is gone ends rds-info as it ends a C
+/// tool, by SIGPIPE, with nothing on stderr (it panicked in `println!`).
+#[test]
+fn output_into_a_closed_pipe_ends_by_sigpipe_not_a_panic() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::{Command, Stdio};
+    let engine = Engine::new(EngineConfig::default()).unwrap();
+    let a = engine.socket().unwrap();
+    a.bind(SocketAddr::new(ip(63, 1).into(), 5000)).unwrap();
+    let mut child = Command::new(common::bin("rds-info"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Closed long before rds-info has asked the nodes and writes.
+    drop(child.stdout.take());
+    let out = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.signal(), Some(libc::SIGPIPE), "status {:?}, stderr {err}", out.status);
+    assert!(err.is_empty(), "stderr: {err}");
+}

@@ -303,6 +303,7 @@ fn rds_multi(m: &Multi, size: usize, paths: u8) -> std::io::Result<(Result, usiz
 }
 
 fn main() {
+    rds_tools::default_sigpipe();
     let args = match parse(
         std::env::args().skip(1),
         &[

@@ -37,6 +37,7 @@ Exit status 0 when everything was acknowledged, 1 otherwise.
 ";
 
 fn main() {
+    rds_tools::default_sigpipe();
     let args = match parse(std::env::args().skip(1), &["s", "d", "m", "l", "f", "i", "b", "transport"]) {
         Ok(a) => a,
         Err(e) => usage(&e),

@@ -54,6 +54,7 @@ const SOURCES: &[(char, u32)] = &[
 ];
 
 fn main() {
+    rds_tools::default_sigpipe();
     let args = match parse(std::env::args().skip(1), &["pid"]) {
         Ok(a) => a,
         Err(e) => usage(&e),

@@ -32,6 +32,7 @@ Exit status 0 if at least one reply arrived, 1 otherwise, 2 on bad usage.
 const NSOCKETS: usize = 8;
 
 fn main() {
+    rds_tools::default_sigpipe();
     let args = match parse(std::env::args().skip(1), &["c", "i", "I", "Q", "transport"]) {
         Ok(a) => a,
         Err(e) => usage(&e),

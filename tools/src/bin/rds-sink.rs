@@ -33,6 +33,7 @@ many sources it received; any other end is an error message and status 1.
 ";
 
 fn main() {
+    rds_tools::default_sigpipe();
     let args = match parse(std::env::args().skip(1), &["s", "l", "t", "b", "transport"]) {
         Ok(a) => a,
         Err(e) => usage(&e),

@@ -110,6 +110,7 @@ pub fn data(buf: &mut [u8], seq: u64) {
 }
 
 fn main() {
+    rds_tools::default_sigpipe();
     let argv: Vec<String> = std::env::args().skip(1).collect();
     if argv.iter().any(|a| a == "-h" || a == "--help") {
         print!("{HELP}");

@@ -31,6 +31,7 @@ use options::{
 use soak::start_soakers;
 
 fn main() {
+    rds_tools::default_sigpipe();
     let mut all: Vec<&str> = WITH_VALUE.to_vec();
     all.extend_from_slice(FLAGS);
     let args = parse(std::env::args().skip(1), WITH_VALUE).unwrap_or_else(|e| usage(&e));
