@@ -141,7 +141,11 @@ fn peers_then_paths_then_quit() {
     assert_eq!(code, 0, "{out}\n{err}");
     let f = figures(&out);
     assert_eq!(one(&f, "scale_mp8_npaths"), 8);
-    assert_eq!(one(&f, "scale_mp8_paths_used"), 8);
+    // "Used" (at least 1% of the messages) is perf.sh's figure: in 0.5 s
+    // on 2 CPUs one of 8 sending threads can get less than that (a run in
+    // ten, before and after 2db6043). That every path carries messages is
+    // the check.
+    assert!((1..=8).contains(&one(&f, "scale_mp8_paths_used")));
     let per_path: Vec<u64> = f["scale_mp8_path_msgs"][0].split('/').map(|x| x.parse().unwrap()).collect();
     assert_eq!(per_path.len(), 8);
     assert!(per_path.iter().all(|&m| m > 0), "{per_path:?}");
