@@ -86,8 +86,8 @@ fn handlers_restart() -> bool {
     })
 }
 
-/// poll() for `events` until `deadline`: ETIMEDOUT after it, EINTR on a
-/// signal. `events` 0 just sleeps until the deadline (interruptibly).
+/// ppoll() for `events` until `deadline` (to the nanosecond): ETIMEDOUT
+/// after it, EINTR on a signal. `events` 0 just sleeps until the deadline (interruptibly).
 fn poll_until(fd: RawFd, events: libc::c_short, deadline: Option<Instant>) -> Result<(), Errno> {
     let ts = match deadline {
         None => None,
@@ -293,9 +293,9 @@ pub unsafe fn sendmsg(e: &Entry, m: &msghdr, flags: c_int) -> Result<usize, Errn
 /// congested. A congested port usually clears within tens of microseconds
 /// (the receiver reads and sends its map), and the sleep used to be a fixed
 /// millisecond: qperf `rds_bw` with 64 KiB messages on loopback, whose
-/// receiving socket goes congested and back for most messages, ran at about
-/// 330 MB/s in one run of three and 930 MB/s in the others, the slow runs
-/// asleep half of the time.
+/// receiving socket goes congested and back for most messages, fell to
+/// about 330 MB/s in some runs (7 of 12 below 800 MB/s, against 0.9-1.4
+/// GB/s since), the slow runs asleep half of the time.
 const NAP_MIN: Duration = Duration::from_micros(50);
 /// The longest sleep between two tries (the old fixed one).
 const NAP_MAX: Duration = Duration::from_millis(1);

@@ -180,14 +180,11 @@ impl CongMap {
     /// whose order is unknown, `Node::cong_recv`); returns the mask of
     /// [`CongMap::update_from`].
     pub fn intersect_from(&mut self, new: &CongMap) -> u64 {
-        let mut mask = 0u64;
-        for (old, new) in self.bits.chunks_exact_mut(8).zip(new.bits.chunks_exact(8)) {
-            let o = u64::from_le_bytes((&*old).try_into().unwrap());
-            let n = u64::from_le_bytes(new.try_into().unwrap());
-            mask |= o & !n;
-            old.copy_from_slice(&(o & n).to_le_bytes());
+        let mut both = new.clone();
+        for (b, o) in both.bits.iter_mut().zip(self.bits.iter()) {
+            *b &= o;
         }
-        mask
+        self.update_from(&both)
     }
 }
 
@@ -354,17 +351,17 @@ impl Node {
     /// the other order: the port stayed congested for good, since the
     /// kernel sends nothing more until the port changes again, and the
     /// blocked sender waited until the end of the test (10 of 24 rounds at
-    /// 0.4-7.3 MB/s against 15-20; with this rule 8 of 8 at 15-17). A map read within [`MAP_REORDER_NS`]
-    /// of the previous one, which came on another path, therefore leaves a
-    /// port congested only if both maps say so. A port wrongly left
+    /// 0.4-7.3 MB/s against 15-20; with this rule 8 of 8 at 15-17). A map
+    /// read within [`MAP_REORDER_NS`] of the previous one, which came on
+    /// another path, therefore leaves a port congested only if both maps
+    /// say so. A port wrongly left
     /// uncongested costs the peer's socket some queueing past its receive
     /// buffer until its next update (congestion is not a reason to drop:
     /// the kernel queues what arrives); a port wrongly left congested stops
     /// every sender to it until then.
     fn map_reordered(&mut self, pid: PathId, rx_time_ns: Option<u64>) -> bool {
-        let c = self.conn_mut(pid.conn);
         let Some(t) = rx_time_ns else { return false };
-        let prev = c.last_map.replace((pid.index, t));
+        let prev = self.conn_mut(pid.conn).last_map.replace((pid.index, t));
         prev.is_some_and(|(i, t0)| i != pid.index && t.abs_diff(t0) < MAP_REORDER_NS)
     }
 }

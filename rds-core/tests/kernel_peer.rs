@@ -308,11 +308,15 @@ fn nothing_of_a_socket_goes_out_before_the_kernel_took_the_connection() {
 
 /// A kernel's congestion map at read time `at_ms`, with `ports` congested.
 fn map_at(ports: &[u16], at_ms: u64) -> RxMessage {
-    let mut bits = vec![0u8; wire::CONG_MAP_BYTES];
+    let mut map = rds_core::cong::CongMap::new();
     for &p in ports {
-        bits[usize::from(p / 8)] |= 1 << (p % 8);
+        map.set(p);
     }
-    RxMessage { header: Header::cong_map(), payload: Payload::copy_from(&bits), rx_time_ns: Some(at_ms * 1_000_000) }
+    RxMessage {
+        header: Header::cong_map(),
+        payload: Payload::copy_from(map.as_bytes()),
+        rx_time_ns: Some(at_ms * 1_000_000),
+    }
 }
 
 /// A 6.1 kernel sends each map update on whichever path transmits first:

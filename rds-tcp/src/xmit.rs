@@ -44,6 +44,7 @@ use std::sync::atomic::Ordering::SeqCst;
 
 use rds_core::wire::HEADER_LEN;
 use rds_core::{Payload, TxMessage};
+use socket2::SockRef;
 
 use crate::path_conn::{self, PathConn, UP};
 use crate::reactor::{self, Cmd};
@@ -401,7 +402,7 @@ impl TxState {
                     }
                 }
                 let iov = if on_stack { &small[..n] } else { &big[..] };
-                sys::send_vectored(stream.as_raw_fd(), iov)
+                send_nosignal(stream, iov)
             };
             match res {
                 Ok(0) => return Err(io::ErrorKind::WriteZero.into()),
@@ -431,12 +432,22 @@ impl TxState {
     }
 }
 
+/// `writev` that never raises SIGPIPE: `sendmsg` with `MSG_NOSIGNAL` (as
+/// the kernel's RDS-TCP sends). The engine writes in the caller's thread,
+/// inside programs whose SIGPIPE is the default (C programs under the
+/// preload shim, qperf among them): a write to a connection the peer reset
+/// or we shut down (EPIPE) must be an error for the path, not the end of
+/// the program; `writev` (std's `write_vectored`) raises the signal.
+fn send_nosignal(stream: &TcpStream, iov: &[IoSlice<'_>]) -> io::Result<usize> {
+    SockRef::from(stream).send_vectored_with_flags(iov, libc::MSG_NOSIGNAL | libc::MSG_DONTWAIT)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use rds_core::wire::Header;
     use std::io::Read;
-    use std::net::TcpListener;
+    use std::net::{Shutdown, TcpListener};
 
     fn msg(seq: u64, len: usize) -> TxMessage {
         let mut header = Header::data(1000, 2000, len as u32);
@@ -499,5 +510,50 @@ mod tests {
         }
         assert_eq!(st.acked, st.written);
         assert!(!st.has_unacked());
+    }
+
+    /// A send after our own shutdown is EPIPE, and no SIGPIPE is raised:
+    /// with the signal blocked in this thread, a raised one would stay
+    /// pending (Linux never discards a blocked signal as ignored), so the
+    /// test sees it without the process dying. Then `writev` does raise it
+    /// (the test can fail).
+    #[test]
+    fn send_nosignal_raises_no_sigpipe() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let _peer = l.accept().unwrap();
+        s.shutdown(Shutdown::Write).unwrap();
+        // SAFETY: sigset operations on locals; the mask is this thread's
+        // and is restored below; sigtimedwait with a zero timeout only
+        // takes a pending SIGPIPE of this thread.
+        unsafe {
+            let mut set: libc::sigset_t = std::mem::zeroed();
+            libc::sigemptyset(&mut set);
+            libc::sigaddset(&mut set, libc::SIGPIPE);
+            let mut old: libc::sigset_t = std::mem::zeroed();
+            assert_eq!(libc::pthread_sigmask(libc::SIG_BLOCK, &set, &mut old), 0);
+            let pending = || {
+                let mut p: libc::sigset_t = std::mem::zeroed();
+                libc::sigpending(&mut p);
+                libc::sigismember(&p, libc::SIGPIPE) == 1
+            };
+            let take = || {
+                let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+                libc::sigtimedwait(&set, std::ptr::null_mut(), &zero);
+            };
+            take();
+            let buf = [1u8; 16];
+            let iov = [IoSlice::new(&buf), IoSlice::new(&buf)];
+            let e = send_nosignal(&s, &iov).unwrap_err();
+            let after_send = pending();
+            let w = libc::writev(s.as_raw_fd(), iov.as_ptr().cast(), 2);
+            let after_writev = pending();
+            take();
+            libc::pthread_sigmask(libc::SIG_SETMASK, &old, std::ptr::null_mut());
+            assert_eq!(e.raw_os_error(), Some(libc::EPIPE));
+            assert!(!after_send, "send_nosignal raised SIGPIPE");
+            assert_eq!(w, -1);
+            assert!(after_writev, "writev raises SIGPIPE (the control)");
+        }
     }
 }
