@@ -328,14 +328,32 @@ impl PayloadPool {
     /// capacity is the class size (`len` rounded up to a power of two, at
     /// least 64), so it comes back to the pool with the payload.
     pub fn take_vec(&self, len: usize) -> Vec<u8> {
+        let mut v = self.take_buffer(len);
+        v.clear();
+        v
+    }
+
+    /// Like [`PayloadPool::take_vec`], but `len` bytes long: the bytes of
+    /// the payload the buffer last held, zeros beyond them (a new buffer
+    /// is all zeros). For a read into the buffer in place that then
+    /// truncates it to what it read: a buffer that comes round the pool
+    /// for messages of one size is never zero-filled again.
+    pub fn take_vec_filled(&self, len: usize) -> Vec<u8> {
+        let mut v = self.take_buffer(len);
+        v.resize(len, 0);
+        v
+    }
+
+    /// A buffer of `len`'s class with the length it came back with (empty
+    /// when new); of capacity `len` when no class holds it.
+    fn take_buffer(&self, len: usize) -> Vec<u8> {
         if len == 0 || len > MAX_MSG_SIZE {
             return Vec::with_capacity(len);
         }
         let class = class_of(len);
         if let Some(mut buf) = self.take(class) {
             if let Some(b) = Arc::get_mut(&mut buf) {
-                let mut data = std::mem::take(&mut b.data);
-                data.clear();
+                let data = std::mem::take(&mut b.data);
                 self.keep_shell(buf);
                 return data;
             }

@@ -35,6 +35,8 @@ struct State {
     writable: bool,
     /// Sequence of the last applied update (older updates are ignored).
     applied: u64,
+    /// Bytes `fill` wrote from `user` (what `drain` reads back at `peer`).
+    filled: usize,
 }
 
 fn cvt(r: libc::ssize_t) -> io::Result<usize> {
@@ -70,7 +72,7 @@ impl ReadyFd {
                 std::mem::size_of::<libc::c_int>() as libc::socklen_t,
             );
         }
-        Ok(ReadyFd { user, peer, state: Mutex::new(State { readable: false, writable: true, applied: 0 }) })
+        Ok(ReadyFd { user, peer, state: Mutex::new(State { readable: false, writable: true, applied: 0, filled: 0 }) })
     }
 
     pub fn raw(&self) -> RawFd {
@@ -97,9 +99,10 @@ impl ReadyFd {
         }
         if writable != st.writable {
             if writable {
-                drain(self.peer.as_raw_fd());
+                drain(self.peer.as_raw_fd(), st.filled);
+                st.filled = 0;
             } else {
-                fill(self.user.as_raw_fd());
+                st.filled += fill(self.user.as_raw_fd());
             }
             st.writable = writable;
         }
@@ -118,22 +121,40 @@ fn read_once(fd: RawFd) {
     unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
 }
 
-/// Reads everything queued on `fd`.
-fn drain(fd: RawFd) {
-    let mut buf = [0u8; 4096];
+/// Reads back the `filled` bytes `fill` queued on `fd`: one call when it
+/// gets them all (a short read then shows the queue empty), else until
+/// `EAGAIN`.
+fn drain(fd: RawFd, filled: usize) {
+    let mut buf = [0u8; 16384];
+    let mut left = filled;
     loop {
         // SAFETY: reads into a valid buffer of the given length.
         let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
         if r <= 0 {
             break;
         }
+        let r = r as usize;
+        left = left.saturating_sub(r);
+        if left == 0 && r < buf.len() {
+            break;
+        }
     }
 }
 
-/// Writes to `fd` until its send buffer is full.
-fn fill(fd: RawFd) {
+/// Writes to `fd` until its send buffer is full; returns the bytes
+/// written. One call usually does it: the buffer is larger than the send
+/// buffer, and a write that stopped short of it found the buffer full
+/// (no second call to see `EAGAIN`).
+fn fill(fd: RawFd) -> usize {
     let buf = [0u8; 16384];
-    while write_some(fd, &buf).is_ok() {}
+    let mut total = 0;
+    while let Ok(n) = write_some(fd, &buf) {
+        total += n;
+        if n < buf.len() {
+            break;
+        }
+    }
+    total
 }
 
 #[cfg(test)]
@@ -163,5 +184,12 @@ mod tests {
         // A stale update is ignored.
         r.update(3, true, false);
         assert_eq!(poll(r.raw()), (false, true));
+        // Not writable and back, twice: each fill is drained whole.
+        for seq in [5, 7] {
+            r.update(seq, false, false);
+            assert_eq!(poll(r.raw()), (false, false));
+            r.update(seq + 1, false, true);
+            assert_eq!(poll(r.raw()), (false, true));
+        }
     }
 }

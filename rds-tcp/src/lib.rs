@@ -113,11 +113,17 @@
 //!
 //! ## Receive
 //!
-//! The reactor reads with a 256 KiB buffer (large payloads straight into the
-//! message's buffer) until the socket is drained or
+//! The reactor reads with a 256 KiB buffer until the socket is drained or
 //! [`TcpConfig::read_budget`] bytes, splits the stream with [`rds_core::wire::FrameDecoder`], stamps the
 //! receive time and hands complete messages to
-//! [`TransportSink::received`] in batches. A read that returns fewer bytes
+//! [`TransportSink::received`] in batches. A payload of 16 KiB or more is
+//! read straight into the message's buffer, and after such a message the
+//! next header and a payload of the same length are read with one
+//! `readv` into a 48-byte header buffer and a pooled payload buffer
+//! ([`rds_core::wire::FrameDecoder::read_guessed`]): in a stream of large
+//! messages a payload is never copied in user space on its way in (qperf
+//! `rds_bw` of 64 KiB under the shim: 0.97 -> 1.2-1.46 GB/s on loopback,
+//! about +30% in the VM rig). A read that returns fewer bytes
 //! than offered drained the socket, and ends the pass without the read
 //! that would only return `EAGAIN` (`tcp_rx_short_reads` counts them):
 //! readiness is edge-triggered, and a segment that arrives later raises a

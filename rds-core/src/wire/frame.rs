@@ -29,6 +29,9 @@ pub struct FrameDecoder {
     max_len: u32,
     /// Bytes of the stream consumed so far (for introspection).
     consumed: u64,
+    /// Payload length of the last message completed (the guess of
+    /// [`FrameDecoder::read_guessed`]).
+    last_len: usize,
 }
 
 /// A message whose payload is being received.
@@ -36,7 +39,8 @@ pub struct FrameDecoder {
 struct Partial {
     header: Header,
     /// `buf[..have]` is the payload received so far; `buf[have..]` is
-    /// zero-filled room offered to direct reads and not yet filled.
+    /// room offered to reads and not yet filled (zeros, or the old bytes
+    /// of a pooled buffer: never part of a payload).
     buf: Vec<u8>,
     have: usize,
 }
@@ -54,7 +58,7 @@ impl Default for FrameDecoder {
 impl FrameDecoder {
     /// A decoder that rejects `h_len` above `max_len`.
     pub fn new(max_len: u32) -> FrameDecoder {
-        FrameDecoder { hdr: [0; HEADER_LEN], hdr_have: 0, cur: None, max_len, consumed: 0 }
+        FrameDecoder { hdr: [0; HEADER_LEN], hdr_have: 0, cur: None, max_len, consumed: 0, last_len: 0 }
     }
 
     /// Header bytes still missing before the next header is complete (0 while
@@ -92,6 +96,11 @@ impl FrameDecoder {
         self.cur.is_none() && self.hdr_have == 0
     }
 
+    /// Payload length of the last message completed (0 before any).
+    pub fn last_len(&self) -> usize {
+        self.last_len
+    }
+
     /// Feeds bytes; calls `on_frame` for every complete message in order.
     /// On error the stream is unusable (the connection must be reset); frames
     /// completed before the error have already been passed to `on_frame`.
@@ -123,6 +132,7 @@ impl FrameDecoder {
                     return Err(WireError::TooLong { len: header.len, max: self.max_len });
                 }
                 if header.len == 0 {
+                    self.last_len = 0;
                     on_frame(Frame { header, payload: Vec::new() });
                 } else {
                     // A payload up to the minimal window gets a buffer of
@@ -151,7 +161,95 @@ impl FrameDecoder {
         }
         let Partial { header, mut buf, have } = self.cur.take()?;
         buf.truncate(have);
+        self.last_len = have;
         Some(Frame { header, payload: buf })
+    }
+
+    /// For a stream of large messages, between two messages: one `read`
+    /// takes the next header into a 48-byte buffer and, in the same call,
+    /// up to `guess` payload bytes straight into a buffer of the payload
+    /// pool (`read` gets the two as `IoSliceMut`s: `readv`). When the
+    /// message is `guess` bytes long, which in a stream of one size it is
+    /// (the caller guesses [`FrameDecoder::last_len`]), its payload is
+    /// never copied in user space: no read buffer in between, and no
+    /// growing buffer to reallocate. A message of another length costs a
+    /// copy of what the read brought past its end (fed on as by
+    /// [`FrameDecoder::feed`]), nothing more.
+    ///
+    /// Memory stays bounded by what arrived, as with the other reads: a
+    /// partial payload that holds less than half of the guessed buffer is
+    /// copied into a buffer its size and the large one goes back to the
+    /// pool. `guess` is capped at the decoder's maximum length.
+    ///
+    /// Calls `on_frame` for every message completed, returns the bytes
+    /// read. `read`'s error is passed through (nothing is committed); a
+    /// count above what it was offered is `InvalidInput`, a header above
+    /// the maximum length `InvalidData` (the stream is then unusable, as
+    /// after [`FrameDecoder::feed`]'s error), and so is a call with a
+    /// message in progress (`InvalidInput`: see [`FrameDecoder::is_idle`]).
+    pub fn read_guessed(
+        &mut self,
+        guess: usize,
+        read: impl FnOnce(&mut [std::io::IoSliceMut<'_>]) -> std::io::Result<usize>,
+        on_frame: &mut dyn FnMut(Frame),
+    ) -> std::io::Result<usize> {
+        use std::io::{Error, ErrorKind, IoSliceMut};
+        if !self.is_idle() {
+            return Err(Error::new(ErrorKind::InvalidInput, "read_guessed: a message is in progress"));
+        }
+        let guess = guess.clamp(1, self.max_len.max(1) as usize);
+        let mut hdr = [0u8; HEADER_LEN];
+        let mut buf = crate::payload::PayloadPool::global().take_vec_filled(guess);
+        let n = read(&mut [IoSliceMut::new(&mut hdr), IoSliceMut::new(&mut buf)])?;
+        if n > HEADER_LEN + guess {
+            return Err(Error::new(ErrorKind::InvalidInput, "read_guessed: more bytes reported than offered"));
+        }
+        let bad = |e: WireError| Error::new(ErrorKind::InvalidData, e.to_string());
+        // An unused buffer goes back to the pool (a dropped `Vec` would not).
+        let recycle = |buf: Vec<u8>| drop(crate::payload::PayloadPool::global().adopt(buf));
+        if n < HEADER_LEN {
+            recycle(buf);
+            self.feed(&hdr[..n], on_frame).map_err(bad)?;
+            return Ok(n);
+        }
+        let header = Header::from_bytes(&hdr);
+        if header.len > self.max_len {
+            return Err(bad(WireError::TooLong { len: header.len, max: self.max_len }));
+        }
+        self.consumed += HEADER_LEN as u64;
+        let got = n - HEADER_LEN;
+        let len = header.len as usize;
+        if len < got {
+            // A shorter message: its payload, then the following bytes
+            // fed on (copied).
+            let tail = buf[len..got].to_vec();
+            let payload = if len == 0 {
+                recycle(buf);
+                Vec::new()
+            } else {
+                buf.truncate(len);
+                buf
+            };
+            self.consumed += len as u64;
+            self.last_len = len;
+            on_frame(Frame { header, payload });
+            self.feed(&tail, on_frame).map_err(bad)?;
+            return Ok(n);
+        }
+        self.consumed += got as u64;
+        // `buf[got..]` stays as room for the rest (as a direct read's).
+        buf.truncate(len.min(guess));
+        if buf.capacity() > 2 * got + PAYLOAD_WINDOW_MIN {
+            // A trickle into a large guess: keep what arrived, not the guess.
+            let mut small = Vec::with_capacity(got.max(PAYLOAD_WINDOW_MIN.min(len)));
+            small.extend_from_slice(&buf[..got]);
+            recycle(std::mem::replace(&mut buf, small));
+        }
+        self.cur = Some(Partial { header, buf, have: got });
+        if let Some(f) = self.complete() {
+            on_frame(f);
+        }
+        Ok(n)
     }
 
     /// For large payloads: `read` fills the next payload bytes straight into
@@ -336,6 +434,152 @@ mod tests {
             assert!(d.payload_capacity() <= 2 * d.payload_received() + PAYLOAD_WINDOW_MIN);
         }
         assert_eq!(d.payload_received(), 100_000);
+    }
+
+    /// A `readv` over `src` from `*pos`, at most `max` bytes.
+    fn readv_from(src: &[u8], pos: &mut usize, max: usize, bufs: &mut [std::io::IoSliceMut<'_>]) -> usize {
+        let mut n = 0;
+        for b in bufs.iter_mut() {
+            let take = b.len().min(src.len() - *pos).min(max - n);
+            b[..take].copy_from_slice(&src[*pos..*pos + take]);
+            *pos += take;
+            n += take;
+        }
+        n
+    }
+
+    fn stream_of(lens: &[usize]) -> (Vec<u8>, Vec<(Header, Vec<u8>)>) {
+        let (mut stream, mut expect) = (Vec::new(), Vec::new());
+        for (i, len) in lens.iter().enumerate() {
+            let mut h = Header::data(7, 9, *len as u32);
+            h.sequence = i as u64 + 1;
+            let payload: Vec<u8> = (0..*len).map(|j| (i * 131 + j * 7 + j / 253) as u8).collect();
+            stream.extend_from_slice(&h.to_bytes());
+            stream.extend_from_slice(&payload);
+            expect.push((h, payload));
+        }
+        (stream, expect)
+    }
+
+    /// Reads `stream` as rds-tcp does: a guessed read between messages
+    /// once a message reached `min`, a direct read inside a large payload,
+    /// else a buffered read fed in; at most `max` bytes per read. Returns
+    /// the frames and how many reads there were of each kind.
+    fn read_like_tcp(stream: &[u8], min: usize, max: usize) -> (Vec<(Header, Vec<u8>)>, [usize; 3]) {
+        let mut d = FrameDecoder::default();
+        let (mut pos, mut got, mut kinds) = (0usize, Vec::new(), [0usize; 3]);
+        while pos < stream.len() {
+            let before = pos;
+            if d.is_idle() && d.last_len() >= min {
+                kinds[0] += 1;
+                let guess = d.last_len();
+                let n = d
+                    .read_guessed(guess, |b| Ok(readv_from(stream, &mut pos, max, b)), &mut |f| {
+                        got.push((f.header, f.payload))
+                    })
+                    .unwrap();
+                assert!(n <= HEADER_LEN + guess);
+            } else if d.payload_remaining() > 0 && d.payload_received() + d.payload_remaining() >= min {
+                kinds[1] += 1;
+                let (_, f) = d
+                    .read_direct(max, |b| Ok(readv_from(stream, &mut pos, max, &mut [std::io::IoSliceMut::new(b)])))
+                    .unwrap();
+                got.extend(f.map(|f| (f.header, f.payload)));
+            } else {
+                kinds[2] += 1;
+                let end = (pos + max.min(1000)).min(stream.len());
+                d.feed(&stream[pos..end], &mut |f| got.push((f.header, f.payload))).unwrap();
+                pos = end;
+            }
+            assert!(pos > before, "every read makes progress");
+            assert!(d.payload_capacity() <= 2 * d.payload_received() + PAYLOAD_WINDOW_MIN);
+        }
+        assert!(d.is_idle());
+        (got, kinds)
+    }
+
+    /// A stream of one large size: after the first message, each message
+    /// is one guessed read (header and payload in one call), whatever the
+    /// sizes around it; any mix of sizes and read limits decodes the same.
+    #[test]
+    fn guessed_reads_take_a_stream_of_one_size_one_read_each() {
+        let (stream, expect) = stream_of(&[20_000; 6]);
+        let (got, kinds) = read_like_tcp(&stream, 16 << 10, usize::MAX);
+        assert!(got == expect);
+        assert_eq!(kinds[0], 5, "one guessed read per message after the first: {kinds:?}");
+        let lens = [20_000, 20_000, 30_000, 17_000, 0, 17_000, 5, 17_000, 17_000, 64 << 10, 100, 20_000];
+        let (stream, expect) = stream_of(&lens);
+        for max in [1, 47, 48, 49, 1000, 16_999, 17_048, 17_049, 40_000, usize::MAX] {
+            let (got, kinds) = read_like_tcp(&stream, 16 << 10, max);
+            assert!(got == expect, "max {max}: frames differ");
+            assert!(kinds[0] > 0, "max {max}: {kinds:?}");
+        }
+    }
+
+    /// Header and payload land where they belong: a guessed read leaves
+    /// no partial message when it read a whole one, its payload the
+    /// pooled buffer of the guess; the pool's old bytes never show.
+    #[test]
+    fn guessed_read_uses_the_pooled_buffer_and_shows_no_old_bytes() {
+        std::thread::spawn(|| {
+            let (stream, expect) = stream_of(&[20_000, 20_000, 10_000, 20_000]);
+            let mut d = FrameDecoder::default();
+            let mut pos = 0;
+            let mut got = Vec::new();
+            d.feed(&stream[..HEADER_LEN + 20_000], &mut |f| got.push(f)).unwrap();
+            pos += HEADER_LEN + 20_000;
+            // The first payload back to the pool, full of its bytes.
+            drop(crate::RxMessage::from(got.pop().unwrap()));
+            // Exactly one message offered: one read, one frame.
+            let n = d.read_guessed(20_000, |b| Ok(readv_from(&stream, &mut pos, usize::MAX, b)), &mut |f| got.push(f));
+            assert_eq!(n.unwrap(), HEADER_LEN + 20_000);
+            assert!(d.is_idle());
+            assert_eq!(got.len(), 1);
+            assert_eq!(got[0].payload.capacity(), 32 << 10, "the guess's size class");
+            assert!(got[0].payload == expect[1].1);
+            drop(crate::RxMessage::from(got.pop().unwrap()));
+            // A shorter message in a guessed buffer that holds the last
+            // one's bytes: its payload is its own 10,000 bytes, and the
+            // next header read after it is fed on.
+            let n = d.read_guessed(20_000, |b| Ok(readv_from(&stream, &mut pos, usize::MAX, b)), &mut |f| got.push(f));
+            assert_eq!(n.unwrap(), HEADER_LEN + 20_000);
+            assert_eq!(got.len(), 1);
+            assert!(got[0].payload == expect[2].1);
+            assert_eq!((d.payload_received(), d.last_len()), (20_000 - 10_000 - HEADER_LEN, 10_000));
+            d.feed(&stream[pos..], &mut |f| got.push(f)).unwrap();
+            assert!(got[1].payload == expect[3].1);
+        })
+        .join()
+        .unwrap();
+    }
+
+    /// A hostile peer: one large message, then a header of the largest
+    /// length and a trickle. The guessed buffer is not kept for a few
+    /// bytes; a count above the offer and a header above the limit are
+    /// errors.
+    #[test]
+    fn guessed_reads_hold_what_arrived_and_check_the_peer() {
+        let mut d = FrameDecoder::default();
+        let mut h = Header::data(1, 2, MAX_MSG_SIZE as u32).to_bytes().to_vec();
+        h.extend_from_slice(&[5u8; 10]);
+        let mut pos = 0;
+        let n =
+            d.read_guessed(MAX_MSG_SIZE, |b| Ok(readv_from(&h, &mut pos, usize::MAX, b)), &mut |_| panic!()).unwrap();
+        assert_eq!((n, d.payload_received()), (HEADER_LEN + 10, 10));
+        assert!(d.payload_capacity() <= PAYLOAD_WINDOW_MIN, "{} bytes held for 10", d.payload_capacity());
+
+        let mut d = FrameDecoder::default();
+        let e = d.read_guessed(100, |b| Ok(b.iter().map(|b| b.len()).sum::<usize>() + 1), &mut |_| panic!());
+        assert_eq!(e.unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
+        assert!(d.is_idle());
+        let big = Header::data(1, 2, MAX_MSG_SIZE as u32 + 1).to_bytes();
+        let mut pos = 0;
+        let e = d.read_guessed(100, |b| Ok(readv_from(&big, &mut pos, usize::MAX, b)), &mut |_| panic!());
+        assert_eq!(e.unwrap_err().kind(), std::io::ErrorKind::InvalidData);
+        let mut d = FrameDecoder::default();
+        d.feed(&Header::data(1, 2, 10).to_bytes(), &mut |_| panic!()).unwrap();
+        let e = d.read_guessed(100, |_| panic!("not called"), &mut |_| panic!());
+        assert_eq!(e.unwrap_err().kind(), std::io::ErrorKind::InvalidInput);
     }
 
     /// A small payload's buffer comes from the payload pool and goes back

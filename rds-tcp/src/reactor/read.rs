@@ -25,7 +25,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
-use rds_core::wire::Frame;
+use rds_core::wire::{Frame, HEADER_LEN};
 use rds_core::{DownReason, RxMessage, TransportSink};
 
 use super::Reactor;
@@ -35,8 +35,9 @@ use crate::{Inner, down_reason};
 
 /// Read buffer of a reactor.
 pub(super) const RBUF: usize = 256 << 10;
-/// Payload bytes still missing above which reads go straight into the
-/// message's buffer.
+/// Payload length from which reads go straight into the message's buffer
+/// (its bytes after those that came with its header), and from which the
+/// next message's header and payload are read in one guessed `readv`.
 const DIRECT_MIN: usize = 16 << 10;
 /// Bytes offered per direct read at most (a whole maximal payload: one
 /// `read` takes all that is queued). The decoder offers less until that
@@ -252,7 +253,25 @@ pub(crate) fn read_pass(
         let step = {
             let mut rx = conn.rx.lock();
             let dec = &mut rx.decoder;
-            if dec.payload_remaining() >= DIRECT_MIN {
+            if dec.is_idle() && dec.last_len() >= DIRECT_MIN {
+                // A stream of large messages: the next header and its
+                // payload in one `readv`, the payload straight into its
+                // buffer (`FrameDecoder::read_guessed`).
+                let guess = dec.last_len();
+                let ts = rx_time_ns();
+                let res = dec.read_guessed(guess, |bufs| (&conn.stream).read_vectored(bufs), &mut |f| {
+                    batch_bytes += f.payload.len();
+                    batch.push(rx_msg(f, ts));
+                });
+                match res {
+                    Ok(0) => Err(ReadEnd::Eof),
+                    Ok(n) => Ok((n, n < HEADER_LEN + guess)),
+                    Err(e) if e.kind() == io::ErrorKind::InvalidData => Err(ReadEnd::Protocol),
+                    Err(e) => ReadEnd::of_error(&e).map(|n| (n, false)),
+                }
+            } else if dec.payload_remaining() > 0 && dec.payload_received() + dec.payload_remaining() >= DIRECT_MIN {
+                // Inside a large payload: read straight into it, to its
+                // end (so the next read starts at a header, guessed).
                 let mut offered = 0;
                 let res = dec.read_direct(DIRECT_MAX, |buf| {
                     offered = buf.len();
