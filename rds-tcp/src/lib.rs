@@ -74,12 +74,14 @@
 //! in the TCP socket (the registration asks for them on demand: with them
 //! on, each acknowledged segment woke the reactor). A thread that reads in
 //! a blocking receive (`RxAssist`) marks the pair's paths as answered, as
-//! the reactor's readable events do. A connection whose transmit state a writing thread holds
+//! the reactor's reads do when they bring a message that is not a
+//! congestion map (a receiver's maps come on path 0, where a stream whose
+//! socket hashes to path 0 waits for its acks). A connection whose transmit state a writing thread holds
 //! is skipped at an event rather than waited for. The timer first fires
 //! [`TcpConfig::ack_poll_min`] after a message starts the wait, or
 //! [`TcpConfig::ack_poll_max`] when the path, or a lane (not path 0) of its
-//! connection while it was watched, had a readable event within that long
-//! (those events poll the acks: in request/response traffic the reply
+//! connection while it was watched, was answered within that long
+//! (`tcp_ack_timer_answered` counts those; readable events poll the acks: in request/response traffic the reply
 //! brings the request's ack, and the timer is only the fallback for a peer
 //! that falls silent), then backs off from the minimum
 //! to the maximum while nothing changes. A transmitting thread that starts
@@ -107,8 +109,10 @@
 //! a message partly received (those bytes are discarded; the sender sees
 //! no ack for the message and sends it again), `tcp_tx_partial` those that
 //! ended with a message partly written, `tcp_rx_short_reads` the read
-//! passes a short read ended (see "Receive") and `tcp_tx_coalesced` the
-//! sends left to the end of a write-coalescing window. [`TcpTransport::abort_path`] is a fault-injection
+//! passes a short read ended (see "Receive"), `tcp_tx_coalesced` the
+//! sends left to the end of a write-coalescing window and
+//! `tcp_ack_timer_answered` the waits for acks whose timer started at
+//! `ack_poll_max` (see "Acks"). [`TcpTransport::abort_path`] is a fault-injection
 //! hook for tests.
 //!
 //! ## Receive
@@ -116,7 +120,7 @@
 //! The reactor reads with a 256 KiB buffer until the socket is drained or
 //! [`TcpConfig::read_budget`] bytes, splits the stream with [`rds_core::wire::FrameDecoder`], stamps the
 //! receive time and hands complete messages to
-//! [`TransportSink::received`] in batches. A payload of 16 KiB or more is
+//! [`TransportSink::received`] in batches. A payload of 8 KiB or more is
 //! read straight into the message's buffer, and after such a message the
 //! next header and a payload of the same length are read with one
 //! `readv` into a 48-byte header buffer and a pooled payload buffer

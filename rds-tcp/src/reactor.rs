@@ -563,9 +563,10 @@ impl Reactor {
             }
             UP | DRAINING => {
                 if readable {
-                    let now = crate::path_conn::now_ns();
-                    conn.last_rx_event.store(now, SeqCst);
-                    self.inner.reactors[self.idx].last_rx.store(now, SeqCst);
+                    // The connection counts as answered when the read
+                    // brings a message (`read::is_answer`), not for the
+                    // event.
+                    self.inner.reactors[self.idx].last_rx.store(crate::path_conn::now_ns(), SeqCst);
                 }
                 if writable {
                     conn.wr_gen.fetch_add(1, SeqCst);

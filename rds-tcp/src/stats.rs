@@ -58,6 +58,11 @@ pub(crate) struct Stats {
     /// Sends left queued for the end of a write-coalescing window (ours;
     /// see [`crate::TcpConfig::coalesce`]).
     pub tx_coalesced: AtomicU64,
+    /// Waits for acks whose timer was first armed at
+    /// [`crate::TcpConfig::ack_poll_max`], the connection having brought
+    /// a message (not a congestion map) within that long (ours; see
+    /// `Inner::ack_timer`).
+    pub ack_timer_answered: AtomicU64,
 }
 
 impl Stats {
@@ -84,6 +89,7 @@ impl Stats {
             ("tcp_accept_shed", self.accept_shed.load(Relaxed)),
             ("tcp_rx_short_reads", self.rx_short_reads.load(Relaxed)),
             ("tcp_tx_coalesced", self.tx_coalesced.load(Relaxed)),
+            ("tcp_ack_timer_answered", self.ack_timer_answered.load(Relaxed)),
         ]
     }
 }

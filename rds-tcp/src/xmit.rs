@@ -119,8 +119,9 @@ impl Inner {
 
     /// When the reactor's ack timer must first poll a connection that
     /// starts awaiting acks: [`crate::TcpConfig::ack_poll_min`], or
-    /// [`crate::TcpConfig::ack_poll_max`] when the connection had a readable
-    /// event within that long. The reactor polls the acks of a watched
+    /// [`crate::TcpConfig::ack_poll_max`] when the connection brought a
+    /// message other than a congestion map within that long
+    /// (`reactor::read::is_answer`; `tcp_ack_timer_answered` counts them). The reactor polls the acks of a watched
     /// connection at each of its events, so in request/response traffic the
     /// response brings the request's ack and the timer is only a fallback
     /// for when the peer falls silent: armed once per `ack_poll_max`
@@ -129,7 +130,12 @@ impl Inner {
     fn ack_timer(&self, conn: &PathConn) -> std::time::Duration {
         let (min, max) = (self.cfg.ack_poll_min, self.cfg.ack_poll_max);
         let since = path_conn::now_ns().saturating_sub(conn.last_rx_event.load(SeqCst));
-        if conn.last_rx_event.load(SeqCst) != 0 && u128::from(since) < max.as_nanos() { max } else { min }
+        if conn.last_rx_event.load(SeqCst) != 0 && u128::from(since) < max.as_nanos() {
+            inc(&self.stats.ack_timer_answered);
+            max
+        } else {
+            min
+        }
     }
 
     /// Reports what a poll of `conn`'s acks found ([`TxState::poll_acks`]):

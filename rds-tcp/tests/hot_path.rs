@@ -111,3 +111,56 @@ fn coalescing_holds_back_streams_not_round_trips() {
     a.shutdown();
     b.shutdown();
 }
+
+/// A one-way stream from a socket whose lane is path 0 (its port hashes
+/// there, as one socket in eight does) to a receiver that goes congested:
+/// the receiver's congestion maps come back on path 0, where the sender
+/// waits for its acks. They are not answers: the sender's ack timer keeps
+/// its short first interval (a map once counted as a reply and put it at
+/// `ack_poll_max`, and such a stream ran at a tenth of its speed). Every
+/// message arrives once, in order, intact.
+#[test]
+fn congestion_maps_on_path_0_do_not_slow_its_stream_acks() {
+    let a = Host::new(ip("127.0.24.5"), 17117, 245);
+    let b = Host::new(ip("127.0.24.6"), 17117, 246);
+    let d = deadline(60);
+    // Port 8000: lane 0 whatever the path count (8000 % 8 == 0).
+    let sa = a.plain_socket(8000);
+    let sb = b.plain_socket(4000);
+    let (to_b, to_a) = (SocketAddr::new(b.addr, 4000), SocketAddr::new(a.addr, 8000));
+    // The handshake's pong is a message on path 0: let its mark expire.
+    a.send(sa, to_b, &Payload::new(pattern(0, 100)), d);
+    assert_eq!(index_of(&b.recv(sb, d).payload), 0);
+    a.wait_for(d, "first message acked", |n| n.snd_bytes(sa) == 0);
+    std::thread::sleep(Duration::from_millis(50));
+    let answered0 = a.counter("tcp_ack_timer_answered");
+    let maps0 = a.with(|n| n.counters().cong_update_received);
+    const N: u64 = 1500;
+    let reader = {
+        let b = b.clone();
+        std::thread::spawn(move || {
+            for i in 1..=N {
+                let m = b.recv(sb, d);
+                assert_eq!(m.from, to_a);
+                assert_eq!(index_of(&m.payload), i, "order");
+                assert!(m.payload[..] == pattern(i, 8192)[..], "message {i}");
+                if i % 64 == 0 {
+                    // Slower than the sender: the socket goes congested.
+                    std::thread::sleep(Duration::from_millis(2));
+                }
+            }
+        })
+    };
+    for i in 1..=N {
+        a.send(sa, to_b, &Payload::new(pattern(i, 8192)), d);
+    }
+    reader.join().unwrap();
+    a.wait_for(d, "stream acked", |n| n.snd_bytes(sa) == 0);
+    let maps = a.with(|n| n.counters().cong_update_received) - maps0;
+    assert!(maps > 0, "the receiver went congested and sent maps");
+    assert_eq!(a.counter("tcp_ack_timer_answered") - answered0, 0, "maps are not answers ({maps} maps)");
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!matches!(b.with(|n| n.recv(sb, false)), Ok(Received::Data(_))), "nothing more, nothing twice");
+    a.shutdown();
+    b.shutdown();
+}

@@ -330,7 +330,8 @@ fn listener_and_address_checks() {
             "tcp_accept_no_resources",
             "tcp_accept_shed",
             "tcp_rx_short_reads",
-            "tcp_tx_coalesced"
+            "tcp_tx_coalesced",
+            "tcp_ack_timer_answered"
         ]
     );
     t1.close();
