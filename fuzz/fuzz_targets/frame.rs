@@ -1,5 +1,6 @@
 //! The TCP stream framing (`FrameDecoder::feed`, and the direct reads of
-//! `read_direct` that rds-tcp uses for large payloads) on
+//! `read_direct` and guessed reads of `read_guessed` that rds-tcp uses for
+//! large payloads) on
 //! arbitrary streams cut at arbitrary places: every way of feeding the
 //! same bytes yields the same frames, the same error at the same offset,
 //! and matches a straightforward reference parser.
@@ -57,7 +58,41 @@ fn chunked(stream: &[u8], max: u32, cuts: &[u8], direct: bool, direct_min: usize
         let c = cuts.get(i % cuts.len().max(1)).copied().unwrap_or(255);
         i += 1;
         let chunk = (usize::from(c) * 37 % 4099 + 1).min(stream.len() - pos);
-        if direct && d.payload_remaining() >= direct_min {
+        if direct && d.is_idle() && d.last_len() >= direct_min {
+            // rds-tcp's guessed read: header and a payload of the last
+            // length in one readv of at most `chunk` bytes.
+            let guess = d.last_len();
+            let mut n = 0;
+            let r = d.read_guessed(
+                guess,
+                |bufs| {
+                    let offered: usize = bufs.iter().map(|b| b.len()).sum();
+                    assert_eq!(offered, HEADER_LEN + guess.min(max.max(1) as usize));
+                    for b in bufs.iter_mut() {
+                        let take = b.len().min(chunk - n);
+                        b[..take].copy_from_slice(&stream[pos + n..pos + n + take]);
+                        n += take;
+                    }
+                    Ok(n)
+                },
+                &mut |f| {
+                    assert_eq!(f.payload.len(), f.header.len as usize);
+                    frames.push((f.header, f.payload));
+                },
+            );
+            match r {
+                Ok(m) => assert_eq!(m, n),
+                Err(e) => {
+                    assert_eq!(e.kind(), std::io::ErrorKind::InvalidData);
+                    // The header at `pos` was too long, or one fed after it.
+                    error = Some(WireError::TooLong { len: 0, max });
+                    pos += n;
+                    break;
+                }
+            }
+            assert!(d.payload_capacity() <= 2 * d.payload_received() + PAYLOAD_WINDOW_MIN);
+            pos += n;
+        } else if direct && d.payload_remaining() >= direct_min {
             // c % 7 == 0: the read would block and returns nothing (never
             // twice in a row, so the loop ends).
             blocked = c % 7 == 0 && !blocked;
@@ -104,6 +139,13 @@ fn chunked(stream: &[u8], max: u32, cuts: &[u8], direct: bool, direct_min: usize
             pos += chunk;
         }
         assert_eq!(d.consumed(), pos as u64, "consumed counts exactly what was fed");
+    }
+    if let Some(WireError::TooLong { len: 0, max: m }) = error {
+        // From a guessed read: the length is the header's the decoder
+        // stopped at, the one ending at `consumed`.
+        let at = d.consumed() as usize - HEADER_LEN;
+        let len = Header::decode(&stream[at..]).map_or(0, |h| h.len);
+        error = Some(WireError::TooLong { len, max: m });
     }
     let (hdr_rem, data_rem) = if error.is_some() { (48, 0) } else { (d.header_remaining(), d.payload_remaining()) };
     if error.is_none() {

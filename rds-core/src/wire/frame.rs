@@ -177,9 +177,10 @@ impl FrameDecoder {
     /// [`FrameDecoder::feed`]), nothing more.
     ///
     /// Memory stays bounded by what arrived, as with the other reads: a
-    /// partial payload that holds less than half of the guessed buffer is
-    /// copied into a buffer its size and the large one goes back to the
-    /// pool. `guess` is capped at the decoder's maximum length.
+    /// partial payload, or a shorter message, that fills less than about
+    /// half of the guessed buffer is copied into a buffer its size and the
+    /// large one goes back to the pool. `guess` is capped at the decoder's
+    /// maximum length.
     ///
     /// Calls `on_frame` for every message completed, returns the bytes
     /// read. `read`'s error is passed through (nothing is committed); a
@@ -213,10 +214,10 @@ impl FrameDecoder {
             return Ok(n);
         }
         let header = Header::from_bytes(&hdr);
+        self.consumed += HEADER_LEN as u64;
         if header.len > self.max_len {
             return Err(bad(WireError::TooLong { len: header.len, max: self.max_len }));
         }
-        self.consumed += HEADER_LEN as u64;
         let got = n - HEADER_LEN;
         let len = header.len as usize;
         if len < got {
@@ -226,6 +227,13 @@ impl FrameDecoder {
             let payload = if len == 0 {
                 recycle(buf);
                 Vec::new()
+            } else if buf.capacity() > 2 * len + PAYLOAD_WINDOW_MIN {
+                // Much smaller than the guess: a buffer its size, so that
+                // a queued message holds about what it counts.
+                let mut small = crate::payload::PayloadPool::global().take_vec(len);
+                small.extend_from_slice(&buf[..len]);
+                recycle(buf);
+                small
             } else {
                 buf.truncate(len);
                 buf
@@ -567,6 +575,19 @@ mod tests {
             d.read_guessed(MAX_MSG_SIZE, |b| Ok(readv_from(&h, &mut pos, usize::MAX, b)), &mut |_| panic!()).unwrap();
         assert_eq!((n, d.payload_received()), (HEADER_LEN + 10, 10));
         assert!(d.payload_capacity() <= PAYLOAD_WINDOW_MIN, "{} bytes held for 10", d.payload_capacity());
+
+        // A short message read into a large guess keeps a buffer its size.
+        let (stream, expect) = stream_of(&[100, 50]);
+        let (mut d, mut pos, mut got) = (FrameDecoder::default(), 0, Vec::new());
+        d.read_guessed(MAX_MSG_SIZE, |b| Ok(readv_from(&stream, &mut pos, usize::MAX, b)), &mut |f| got.push(f))
+            .unwrap();
+        assert_eq!(got.len(), 2);
+        assert!(
+            got.iter().all(|f| f.payload.capacity() <= 128),
+            "{:?}",
+            got.iter().map(|f| f.payload.capacity()).collect::<Vec<_>>()
+        );
+        assert!(got[0].payload == expect[0].1 && got[1].payload == expect[1].1);
 
         let mut d = FrameDecoder::default();
         let e = d.read_guessed(100, |b| Ok(b.iter().map(|b| b.len()).sum::<usize>() + 1), &mut |_| panic!());
