@@ -129,8 +129,9 @@ impl Inner {
     /// deadline is never moved later, an early reactor wake-up each).
     fn ack_timer(&self, conn: &PathConn) -> std::time::Duration {
         let (min, max) = (self.cfg.ack_poll_min, self.cfg.ack_poll_max);
-        let since = path_conn::now_ns().saturating_sub(conn.last_rx_event.load(SeqCst));
-        if conn.last_rx_event.load(SeqCst) != 0 && u128::from(since) < max.as_nanos() {
+        let answered = conn.last_rx_event.load(SeqCst);
+        let since = path_conn::now_ns().saturating_sub(answered);
+        if answered != 0 && u128::from(since) < max.as_nanos() {
             inc(&self.stats.ack_timer_answered);
             max
         } else {

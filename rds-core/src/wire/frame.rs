@@ -206,8 +206,6 @@ impl FrameDecoder {
             return Err(Error::new(ErrorKind::InvalidInput, "read_guessed: more bytes reported than offered"));
         }
         let bad = |e: WireError| Error::new(ErrorKind::InvalidData, e.to_string());
-        // An unused buffer goes back to the pool (a dropped `Vec` would not).
-        let recycle = |buf: Vec<u8>| drop(crate::payload::PayloadPool::global().adopt(buf));
         if n < HEADER_LEN {
             recycle(buf);
             self.feed(&hdr[..n], on_frame).map_err(bad)?;
@@ -227,16 +225,8 @@ impl FrameDecoder {
             let payload = if len == 0 {
                 recycle(buf);
                 Vec::new()
-            } else if buf.capacity() > 2 * len + PAYLOAD_WINDOW_MIN {
-                // Much smaller than the guess: a buffer its size, so that
-                // a queued message holds about what it counts.
-                let mut small = crate::payload::PayloadPool::global().take_vec(len);
-                small.extend_from_slice(&buf[..len]);
-                recycle(buf);
-                small
             } else {
-                buf.truncate(len);
-                buf
+                fit(buf, len, len)
             };
             self.consumed += len as u64;
             self.last_len = len;
@@ -245,14 +235,9 @@ impl FrameDecoder {
             return Ok(n);
         }
         self.consumed += got as u64;
-        // `buf[got..]` stays as room for the rest (as a direct read's).
-        buf.truncate(len.min(guess));
-        if buf.capacity() > 2 * got + PAYLOAD_WINDOW_MIN {
-            // A trickle into a large guess: keep what arrived, not the guess.
-            let mut small = Vec::with_capacity(got.max(PAYLOAD_WINDOW_MIN.min(len)));
-            small.extend_from_slice(&buf[..got]);
-            recycle(std::mem::replace(&mut buf, small));
-        }
+        // `buf[got..]` stays as room for the rest (as a direct read's),
+        // unless a trickle came into a large guess.
+        let buf = fit(buf, got, len.min(guess));
         self.cur = Some(Partial { header, buf, have: got });
         if let Some(f) = self.complete() {
             on_frame(f);
@@ -297,6 +282,28 @@ impl FrameDecoder {
         self.consumed += n as u64;
         Ok((n, self.complete()))
     }
+}
+
+/// Gives `buf` back to the payload pool (a dropped `Vec` would go to the
+/// allocator).
+fn recycle(buf: Vec<u8>) {
+    drop(crate::payload::PayloadPool::global().adopt(buf));
+}
+
+/// `buf`, whose first `keep` bytes were read, cut to `len`; or, when its
+/// capacity is above `2 * keep + PAYLOAD_WINDOW_MIN` (the bound a partial
+/// payload keeps), those `keep` bytes in a pooled buffer of their size and
+/// `buf` back to the pool: a trickle or a short message read into a large
+/// guess holds about what arrived.
+fn fit(mut buf: Vec<u8>, keep: usize, len: usize) -> Vec<u8> {
+    if buf.capacity() <= 2 * keep + PAYLOAD_WINDOW_MIN {
+        buf.truncate(len);
+        return buf;
+    }
+    let mut small = crate::payload::PayloadPool::global().take_vec(keep);
+    small.extend_from_slice(&buf[..keep]);
+    recycle(buf);
+    small
 }
 
 #[cfg(test)]

@@ -26,7 +26,7 @@ use std::sync::atomic::Ordering::SeqCst;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use rds_core::wire::{Frame, HEADER_LEN};
-use rds_core::{DownReason, RxMessage, TransportSink};
+use rds_core::{DownReason, PathId, RxMessage, TransportSink};
 
 use super::Reactor;
 use crate::path_conn::{DRAINING, PathConn, UP};
@@ -95,10 +95,34 @@ fn is_answer(f: &Frame) -> bool {
     f.header.flags & rds_core::wire::flags::CONG_BITMAP == 0
 }
 
-fn rx_msg(f: Frame, ts: Option<u64>) -> RxMessage {
-    let mut m = RxMessage::from(f);
-    m.rx_time_ns = ts;
-    m
+/// The messages a read pass took and not yet handed to the sink, and
+/// whether any of them was an answer ([`is_answer`]).
+struct Intake<'a> {
+    batch: &'a mut Vec<RxMessage>,
+    bytes: usize,
+    answered: bool,
+}
+
+impl Intake<'_> {
+    /// A message read, stamped with its read time.
+    fn push(&mut self, f: Frame, ts: Option<u64>) {
+        self.answered |= is_answer(&f);
+        self.bytes += f.payload.len();
+        let mut m = RxMessage::from(f);
+        m.rx_time_ns = ts;
+        self.batch.push(m);
+    }
+
+    /// Hands the batch to the sink; returns how many messages it held.
+    fn deliver(&mut self, sink: &dyn TransportSink, id: PathId, inst: u64) -> usize {
+        let n = self.batch.len();
+        if n > 0 {
+            sink.received(id, inst, self.batch);
+            self.batch.clear();
+        }
+        self.bytes = 0;
+        n
+    }
 }
 
 impl Reactor {
@@ -125,7 +149,7 @@ impl Reactor {
         if id.index == 0 {
             return true;
         }
-        let p0 = self.inner.paths.lock().get(&rds_core::PathId { conn: id.conn, index: 0 }).cloned();
+        let p0 = self.inner.paths.lock().get(&PathId { conn: id.conn, index: 0 }).cloned();
         let Some(p0) = p0.filter(|p| matches!(p.state(), UP | DRAINING)) else { return true };
         if !p0.rx_unread.load(SeqCst) {
             inc(&self.inner.stats.rx_path0_skipped);
@@ -260,8 +284,7 @@ pub(crate) fn read_pass(
     // came with the event: then read on to EOF or the error.
     let short_drains = !force;
     batch.clear();
-    let mut batch_bytes = 0usize;
-    let mut answered = false;
+    let mut taken = Intake { batch, bytes: 0, answered: false };
     let mut total = 0usize;
     let mut delivered = 0usize;
     let end = loop {
@@ -277,11 +300,8 @@ pub(crate) fn read_pass(
                 // buffer (`FrameDecoder::read_guessed`).
                 let guess = dec.last_len();
                 let ts = rx_time_ns();
-                let res = dec.read_guessed(guess, |bufs| (&conn.stream).read_vectored(bufs), &mut |f| {
-                    answered |= is_answer(&f);
-                    batch_bytes += f.payload.len();
-                    batch.push(rx_msg(f, ts));
-                });
+                let res =
+                    dec.read_guessed(guess, |bufs| (&conn.stream).read_vectored(bufs), &mut |f| taken.push(f, ts));
                 match res {
                     Ok(0) => Err(ReadEnd::Eof),
                     Ok(n) => Ok((n, n < HEADER_LEN + guess)),
@@ -300,9 +320,7 @@ pub(crate) fn read_pass(
                     Ok((0, _)) => Err(ReadEnd::Eof),
                     Ok((n, f)) => {
                         if let Some(f) = f {
-                            answered |= is_answer(&f);
-                            batch_bytes += f.payload.len();
-                            batch.push(rx_msg(f, rx_time_ns()));
+                            taken.push(f, rx_time_ns());
                         }
                         Ok((n, n < offered))
                     }
@@ -313,11 +331,7 @@ pub(crate) fn read_pass(
                     Ok(0) => Err(ReadEnd::Eof),
                     Ok(n) => {
                         let ts = rx_time_ns();
-                        let fed = dec.feed(&rbuf[..n], &mut |f| {
-                            answered |= is_answer(&f);
-                            batch_bytes += f.payload.len();
-                            batch.push(rx_msg(f, ts));
-                        });
+                        let fed = dec.feed(&rbuf[..n], &mut |f| taken.push(f, ts));
                         match fed {
                             Ok(()) => Ok((n, n < rbuf.len())),
                             Err(_) => Err(ReadEnd::Protocol),
@@ -334,11 +348,8 @@ pub(crate) fn read_pass(
             }
             Err(end) => break end,
         };
-        if batch.len() >= BATCH_MSGS || batch_bytes >= BATCH_BYTES {
-            delivered += batch.len();
-            sink.received(id, inst, batch);
-            batch.clear();
-            batch_bytes = 0;
+        if taken.batch.len() >= BATCH_MSGS || taken.bytes >= BATCH_BYTES {
+            delivered += taken.deliver(sink, id, inst);
             if !force && inner.rx_paused(id) {
                 break ReadEnd::Paused;
             }
@@ -351,14 +362,10 @@ pub(crate) fn read_pass(
     if total > 0 {
         conn.rx.lock().progress_at = Instant::now();
     }
-    if answered {
+    if taken.answered {
         conn.last_rx_event.store(crate::path_conn::now_ns(), SeqCst);
     }
-    if !batch.is_empty() {
-        delivered += batch.len();
-        sink.received(id, inst, batch);
-    }
-    batch.clear();
+    delivered += taken.deliver(sink, id, inst);
     if matches!(end, ReadEnd::Budget | ReadEnd::Paused) {
         conn.rx_unread.store(true, SeqCst);
     }
