@@ -1,5 +1,6 @@
-//! The few system calls std, mio and socket2 do not wrap: `SIOCOUTQ` and
-//! a `timerfd` for sub-millisecond reactor wake-ups.
+//! The few system calls std, mio and socket2 do not wrap: `SIOCOUTQ`, a
+//! `timerfd` for sub-millisecond reactor wake-ups, and an epoll
+//! registration for no event but errors and hang-ups.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -16,6 +17,26 @@ pub(crate) fn outq(fd: RawFd) -> io::Result<u64> {
         return Err(io::Error::last_os_error());
     }
     Ok(u64::try_from(v).unwrap_or(0))
+}
+
+/// Changes the registration of `fd` on the epoll instance `epfd` (a mio
+/// registry's, under `token`) to ask for no event: errors and hang-ups
+/// still come (epoll always adds them), edge-triggered as mio registers.
+///
+/// mio's smallest interest, `PRIORITY` (`EPOLLPRI`), does not do this for
+/// a socket: its data-ready callback wakes its waiters with `EPOLLIN |
+/// EPOLLPRI | EPOLLRDNORM | EPOLLRDBAND`, so every segment that brings
+/// bytes still wakes the epoll waiter, which then polls the socket, finds
+/// nothing it asked for, and sleeps again without returning.
+pub(crate) fn epoll_quiet(epfd: RawFd, fd: RawFd, token: mio::Token) -> io::Result<()> {
+    let mut ev = libc::epoll_event { events: libc::EPOLLET as u32, u64: token.0 as u64 };
+    // SAFETY: epoll_ctl reads one epoll_event through a pointer to a live
+    // local; the descriptors are plain integers (a closed one is EBADF).
+    let r = unsafe { libc::epoll_ctl(epfd, libc::EPOLL_CTL_MOD, fd, &mut ev) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// A non-blocking monotonic one-shot timer usable as a mio source.
@@ -66,5 +87,93 @@ impl TimerFd {
     pub(crate) fn clear(&mut self) -> bool {
         let mut buf = [0u8; 8];
         matches!((&self.file).read(&mut buf), Ok(8))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use mio::net::TcpStream;
+    use mio::unix::SourceFd;
+    use mio::{Events, Interest, Poll, Token};
+    use std::io::Write;
+    use std::time::Instant;
+
+    /// This thread's voluntary context switches so far.
+    fn voluntary_switches() -> u64 {
+        let s = std::fs::read_to_string("/proc/thread-self/status").unwrap();
+        let line = s.lines().find(|l| l.starts_with("voluntary_ctxt_switches:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse().unwrap()
+    }
+
+    /// Registers the accepted end of a loopback TCP pair with `Interest::READABLE`,
+    /// then `quiet` it (or not); a thread waits in `poll` for 600 ms while
+    /// 20 segments come in. Returns the events it got and how many times
+    /// it slept (voluntary switches during the wait).
+    fn wait_through_segments(quiet: impl FnOnce(&Poll, RawFd)) -> (usize, u64) {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut tx = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        tx.set_nodelay(true).unwrap();
+        let (rx, _) = l.accept().unwrap();
+        rx.set_nonblocking(true).unwrap();
+        let rx = TcpStream::from_std(rx);
+        let fd = rx.as_raw_fd();
+        let mut poll = Poll::new().unwrap();
+        poll.registry().register(&mut SourceFd(&fd), Token(7), Interest::READABLE).unwrap();
+        quiet(&poll, fd);
+        let waiter = std::thread::spawn(move || {
+            let mut events = Events::with_capacity(8);
+            let before = voluntary_switches();
+            let start = Instant::now();
+            let mut got = 0;
+            while let Some(left) = Duration::from_millis(600).checked_sub(start.elapsed()) {
+                poll.poll(&mut events, Some(left)).unwrap();
+                got += events.iter().count();
+            }
+            (got, voluntary_switches() - before, rx)
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        for _ in 0..20 {
+            tx.write_all(&[1u8; 64]).unwrap();
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let (got, slept, _rx) = waiter.join().unwrap();
+        (got, slept)
+    }
+
+    /// A connection registered for nothing (`epoll_quiet`) does not wake
+    /// the epoll waiter when bytes come; mio's `PRIORITY`, the control,
+    /// wakes it at each segment without reporting anything, which is why
+    /// the registration does not use it.
+    #[test]
+    fn quiet_registration_sleeps_through_data() {
+        let (got, slept) = wait_through_segments(|p, fd| epoll_quiet(p.as_raw_fd(), fd, Token(7)).unwrap());
+        assert_eq!(got, 0, "no event reported");
+        assert!(slept <= 5, "slept {slept} times: woken by data it did not ask for");
+        let (got, slept) = wait_through_segments(|p, fd| {
+            p.registry().reregister(&mut SourceFd(&fd), Token(7), Interest::PRIORITY).unwrap()
+        });
+        assert_eq!(got, 0, "EPOLLPRI reports nothing for plain data");
+        assert!(slept >= 15, "the control slept only {slept} times: it should be woken by each of 20 segments");
+    }
+
+    /// A quiet registration still reports a reset connection.
+    #[test]
+    fn quiet_registration_reports_a_reset() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let tx = socket2::Socket::from(std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap());
+        let (rx, _) = l.accept().unwrap();
+        rx.set_nonblocking(true).unwrap();
+        let fd = rx.as_raw_fd();
+        let mut poll = Poll::new().unwrap();
+        poll.registry().register(&mut SourceFd(&fd), Token(7), Interest::READABLE).unwrap();
+        epoll_quiet(poll.as_raw_fd(), fd, Token(7)).unwrap();
+        tx.set_linger(Some(Duration::ZERO)).unwrap();
+        drop(tx);
+        let mut events = Events::with_capacity(8);
+        poll.poll(&mut events, Some(Duration::from_secs(5))).unwrap();
+        let e = events.iter().next().expect("an event for the reset");
+        assert_eq!(e.token(), Token(7));
+        assert!(e.is_error() || e.is_read_closed(), "{e:?}");
     }
 }
