@@ -58,11 +58,14 @@ pub(crate) struct Stats {
     /// Sends left queued for the end of a write-coalescing window (ours;
     /// see [`crate::TcpConfig::coalesce`]).
     pub tx_coalesced: AtomicU64,
-    /// Waits for acks whose timer was first armed at
-    /// [`crate::TcpConfig::ack_poll_max`], the connection having brought
-    /// a message (not a congestion map) within that long (ours; see
-    /// `Inner::ack_timer`).
+    /// Ack timers armed at [`crate::TcpConfig::ack_poll_max`] because the
+    /// connection brought a message (not a congestion map) within that
+    /// long: when a wait for acks starts (`Inner::ack_timer`), and when
+    /// the reactor's poll finds every watched connection answered (ours).
     pub ack_timer_answered: AtomicU64,
+    /// Polls of the watched connections' acks on the reactor's ack timer
+    /// (ours; the timer is a fallback, each of these a reactor wake-up).
+    pub ack_timer_polls: AtomicU64,
 }
 
 impl Stats {
@@ -90,6 +93,7 @@ impl Stats {
             ("tcp_rx_short_reads", self.rx_short_reads.load(Relaxed)),
             ("tcp_tx_coalesced", self.tx_coalesced.load(Relaxed)),
             ("tcp_ack_timer_answered", self.ack_timer_answered.load(Relaxed)),
+            ("tcp_ack_timer_polls", self.ack_timer_polls.load(Relaxed)),
         ]
     }
 }

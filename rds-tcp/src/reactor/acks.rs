@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::SeqCst;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rds_core::types::later;
 
@@ -34,6 +34,7 @@ impl Reactor {
 
     /// Polls `SIOCOUTQ` of every connection with messages awaiting acks.
     pub(super) fn poll_watched(&mut self) {
+        inc(&self.inner.stats.ack_timer_polls);
         let mut progress = false;
         let mut reports = Vec::new();
         self.watch.retain(|c| {
@@ -62,7 +63,16 @@ impl Reactor {
             }
         }
         let (min, max) = (self.inner.cfg.ack_poll_min, self.inner.cfg.ack_poll_max);
-        self.ack_interval = if progress { min } else { self.ack_interval.saturating_mul(2).min(max) };
+        let now = crate::path_conn::now_ns();
+        let answered = |c: &Arc<PathConn>| {
+            let at = c.last_rx_event.load(SeqCst);
+            at != 0 && u128::from(now.saturating_sub(at)) < max.as_nanos()
+        };
+        let all_answered = !self.watch.is_empty() && self.watch.iter().all(answered);
+        if all_answered {
+            inc(&self.inner.stats.ack_timer_answered);
+        }
+        self.ack_interval = next_interval(self.ack_interval, progress, all_answered, min, max);
         self.next_ack_poll = (!self.watch.is_empty()).then(|| later(Instant::now(), self.ack_interval));
     }
 
@@ -125,6 +135,41 @@ impl Reactor {
     }
 }
 
+/// The ack timer's interval after a poll of the watched connections:
+/// `max` when every one was answered within `max` (request/response: each
+/// answer polls the acks, `poll_one`, `poll_siblings` and the assisting
+/// reader, so the timer stays the fallback `Inner::ack_timer` armed it as;
+/// backing off from `min` instead woke the reactor every few hundred
+/// microseconds for as long as the exchange went on), else `min` after
+/// progress, else twice the last, up to `max`.
+fn next_interval(last: Duration, progress: bool, all_answered: bool, min: Duration, max: Duration) -> Duration {
+    if all_answered {
+        max
+    } else if progress {
+        min
+    } else {
+        last.saturating_mul(2).min(max)
+    }
+}
+
 /// The most watched paths `poll_siblings` scans for the paths of one
 /// connection.
 const SIBLING_SCAN_MAX: usize = 64;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_timer_backs_off_unless_answered() {
+        let (min, max) = (Duration::from_micros(100), Duration::from_millis(4));
+        // A stream waiting for acks: back to `min` on progress, doubling
+        // without, never past `max`.
+        assert_eq!(next_interval(Duration::from_millis(1), true, false, min, max), min);
+        assert_eq!(next_interval(min, false, false, min, max), min * 2);
+        assert_eq!(next_interval(Duration::from_millis(3), false, false, min, max), max);
+        // Answered: the fallback, whatever came before.
+        assert_eq!(next_interval(min, true, true, min, max), max);
+        assert_eq!(next_interval(min, false, true, min, max), max);
+    }
+}
