@@ -112,7 +112,8 @@
 //! passes a short read ended (see "Receive"), `tcp_tx_coalesced` the
 //! sends left to the end of a write-coalescing window and
 //! `tcp_ack_timer_answered` the waits for acks whose timer started at
-//! `ack_poll_max` (see "Acks"). [`TcpTransport::abort_path`] is a fault-injection
+//! `ack_poll_max` and `tcp_ack_timer_polls` the reactor's polls on its ack
+//! timer, a wake-up each (see "Acks"). [`TcpTransport::abort_path`] is a fault-injection
 //! hook for tests.
 //!
 //! ## Receive

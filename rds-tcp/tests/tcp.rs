@@ -331,7 +331,8 @@ fn listener_and_address_checks() {
             "tcp_accept_shed",
             "tcp_rx_short_reads",
             "tcp_tx_coalesced",
-            "tcp_ack_timer_answered"
+            "tcp_ack_timer_answered",
+            "tcp_ack_timer_polls"
         ]
     );
     t1.close();
