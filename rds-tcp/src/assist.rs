@@ -219,19 +219,19 @@ impl RxAssist {
         if !acquire_rx(c, false) {
             return None;
         }
-        let (end, n, bytes) = read_pass(&self.inner, sink, c, buf, batch, false);
+        let pass = read_pass(&self.inner, sink, c, buf, batch, false);
         c.rx_busy.store(false, SeqCst);
-        self.delivered += n;
-        self.bytes += bytes;
+        self.delivered += pass.delivered;
+        self.bytes += pass.bytes;
         inc(&self.inner.stats.rx_assist_reads);
-        if bytes > 0 {
-            self.mark_answered(c);
+        if pass.bytes > 0 {
+            self.mark_answered(c, pass.at);
             self.poll_acks(sink);
         }
-        if n > 0 {
+        if pass.delivered > 0 {
             self.lane = lane_of(c);
         }
-        Some(end)
+        Some(pass.end)
     }
 
     /// The connection its reads last delivered messages on (0: none), for
@@ -269,9 +269,9 @@ impl RxAssist {
     /// request/response exchange cost a timer wake-up of the reactor
     /// (its readable events, which poll the siblings' acks, are left to
     /// this thread). The reactor's `last_rx` keeps its send coalescing
-    /// from mistaking the exchange for a one-way stream.
-    fn mark_answered(&self, c: &PathConn) {
-        let now = crate::path_conn::now_ns();
+    /// from mistaking the exchange for a one-way stream. `now` is the
+    /// pass's end ([`crate::reactor::read::Pass::at`]).
+    fn mark_answered(&self, c: &PathConn, now: u64) {
         for p in self.conns.iter().flatten() {
             p.last_rx_event.store(now, SeqCst);
         }

@@ -36,6 +36,44 @@ pub(crate) fn now_ns() -> u64 {
     EPOCH.get_or_init(std::time::Instant::now).elapsed().as_nanos() as u64
 }
 
+/// Wall-clock time (nanoseconds since the Unix epoch) at the [`now_ns`]
+/// value `mono`, for receive timestamps; `None` before the epoch.
+///
+/// Derived from the monotonic clock with an offset read from the wall
+/// clock at most once per [`REAL_OFFSET_TTL`], not read per message: a
+/// clock read is a system call where the clocksource has no vDSO support
+/// (the VM rig's hpet: qperf `rds_lat` spent a tenth of its CPU in
+/// `read_hpet`, most of it our reads). A step of the wall clock shows in
+/// the stamps within that long; slewing drifts them by parts per million
+/// of it.
+pub(crate) fn real_ns(mono: u64) -> Option<u64> {
+    use std::sync::atomic::Ordering::Relaxed;
+    // Offset (wall minus monotonic, as i64 nanoseconds) and the monotonic
+    // time it was read at (0: never).
+    static OFFSET: AtomicU64 = AtomicU64::new(0);
+    static READ_AT: AtomicU64 = AtomicU64::new(0);
+    let at = READ_AT.load(Relaxed);
+    let offset = if at == 0 || mono.saturating_sub(at) >= REAL_OFFSET_TTL.as_nanos() as u64 {
+        let wall = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos() as i64;
+        let now = now_ns().max(1);
+        let o = wall.wrapping_sub(now as i64);
+        OFFSET.store(o as u64, Relaxed);
+        READ_AT.store(now, Relaxed);
+        o
+    } else {
+        OFFSET.load(Relaxed) as i64
+    };
+    u64::try_from((mono as i64).wrapping_add(offset)).ok()
+}
+
+/// How long [`real_ns`] keeps its wall-clock offset.
+pub(crate) const REAL_OFFSET_TTL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// The [`now_ns`] value of an instant (0 before the first call).
+pub(crate) fn ns_of(i: std::time::Instant) -> u64 {
+    i.saturating_duration_since(*EPOCH.get_or_init(std::time::Instant::now)).as_nanos() as u64
+}
+
 /// The instant of a [`now_ns`] value.
 pub(crate) fn instant_of(ns: u64) -> std::time::Instant {
     rds_core::types::later(*EPOCH.get_or_init(std::time::Instant::now), std::time::Duration::from_nanos(ns))
@@ -165,5 +203,42 @@ impl PathConn {
 
     pub fn state(&self) -> u8 {
         self.state.load(SeqCst)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn wall_ns() -> u64 {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+    }
+
+    /// `real_ns` gives the wall-clock time of a monotonic stamp, from the
+    /// first call on and with the offset it keeps, and a later stamp
+    /// maps to a later time by the same distance.
+    #[test]
+    fn real_ns_follows_the_wall_clock() {
+        for _ in 0..3 {
+            let before = wall_ns();
+            let mono = now_ns();
+            let real = real_ns(mono).unwrap();
+            let after = wall_ns();
+            // Within 50 ms either side (the offset's own read, a slewing
+            // clock, a descheduled test thread).
+            assert!(real + 50_000_000 >= before && real <= after + 50_000_000, "{before} <= {real} <= {after}");
+            let later = real_ns(mono + 1_000_000).unwrap();
+            assert!(later.abs_diff(real + 1_000_000) < 1_000_000, "{real} then {later}");
+        }
+        // A stamp past the offset's lifetime reads the wall clock again.
+        let far = now_ns() + 2 * REAL_OFFSET_TTL.as_nanos() as u64;
+        assert!(real_ns(far).is_some());
+    }
+
+    /// `ns_of` and `instant_of` are inverses (to the nanosecond).
+    #[test]
+    fn ns_of_and_instant_of_agree() {
+        let ns = now_ns() + 123_456;
+        assert_eq!(ns_of(instant_of(ns)), ns);
     }
 }

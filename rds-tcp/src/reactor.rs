@@ -139,11 +139,10 @@ impl ReactorHandle {
     }
 
     /// The connection has messages awaiting their TCP ack: have the reactor
-    /// poll it within `within`. Arms the reactor's timer instead of waking
-    /// the reactor now (one wake-up saved per message in request/response
-    /// traffic).
-    pub fn watch(&self, conn: Arc<PathConn>, within: Duration) {
-        let now = Instant::now();
+    /// poll it within `within` of `now` (the caller's latest clock read).
+    /// Arms the reactor's timer instead of waking the reactor now (one
+    /// wake-up saved per message in request/response traffic).
+    pub fn watch(&self, conn: Arc<PathConn>, within: Duration, now: Instant) {
         let at = later(now, within);
         let armed = {
             let mut t = self.timer.lock();
@@ -201,6 +200,8 @@ struct Reactor {
     deferred: Vec<Deferred>,
     /// When the next deferred connection is due to be offered.
     defer_at: Option<Instant>,
+    /// When the current pass began (a `now_ns` value).
+    woke_ns: u64,
 }
 
 pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
@@ -227,6 +228,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         reserve_fd: reserve(),
         deferred: Vec::new(),
         defer_at: None,
+        woke_ns: 0,
     };
     let mut events = Events::with_capacity(1024);
     // Reused from one pass to the next (no allocation per event).
@@ -242,13 +244,20 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
             }
             continue;
         }
+        // The pass's one clock read (after the one in `timeout`): a clock
+        // read is a system call where the clocksource has no vDSO support
+        // (the VM rig's hpet), and each pass made five. Deadlines that come
+        // due during the pass are met on the next one (`timeout` finds
+        // them due).
+        let now = Instant::now();
+        r.woke_ns = crate::path_conn::ns_of(now);
         if !r.run_commands() {
             r.stop();
             return;
         }
         // Paths that started awaiting acks while we waited: an event below
         // may bring their acks (`poll_siblings`).
-        r.adopt_watch_in(Instant::now());
+        r.adopt_watch_in(now);
         // Connection events, lower path indexes first.
         ready.clear();
         let mut accept_on = Vec::new();
@@ -301,7 +310,6 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         for tok in accept_on {
             r.accept_all(tok);
         }
-        let now = Instant::now();
         if r.flushes.iter().any(|f| f.0 <= now) {
             let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut r.flushes).into_iter().partition(|f| f.0 <= now);
             r.flushes = later;
@@ -312,7 +320,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
             }
         }
         if r.next_ack_poll.is_some_and(|t| t <= now) {
-            r.poll_watched();
+            r.poll_watched(now);
         }
         r.expire_drains(now);
         if r.next_stall_sweep.is_some_and(|t| t <= now) {
@@ -566,7 +574,7 @@ impl Reactor {
                     // The connection counts as answered when the read
                     // brings a message (`read::is_answer`), not for the
                     // event.
-                    self.inner.reactors[self.idx].last_rx.store(crate::path_conn::now_ns(), SeqCst);
+                    self.inner.reactors[self.idx].last_rx.store(self.woke_ns, SeqCst);
                 }
                 if writable {
                     conn.wr_gen.fetch_add(1, SeqCst);

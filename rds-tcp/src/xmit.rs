@@ -68,8 +68,13 @@ impl Inner {
     /// that thread goes around once more).
     pub fn xmit(&self, conn: &Arc<PathConn>) {
         let on_reactor = reactor::on_reactor();
+        // The call's clock read, when the coalescing check made one: the
+        // first write's stamp reuses it (a clock read is a system call
+        // where the clocksource has no vDSO support, as in the VM rig).
+        let mut stamp = None;
         if !on_reactor && !self.cfg.coalesce.is_zero() {
             let now = path_conn::now_ns();
+            stamp = Some(now);
             let window = u64::try_from(self.cfg.coalesce.as_nanos()).unwrap_or(u64::MAX);
             let prev = conn.last_send.swap(now, SeqCst);
             let quiet = self.reactors[conn.reactor].last_rx.load(SeqCst) < prev;
@@ -100,7 +105,7 @@ impl Inner {
                 return;
             }
             conn.again.store(false, SeqCst);
-            let r = self.xmit_round(conn, on_reactor);
+            let r = self.xmit_round(conn, on_reactor, stamp.take());
             conn.in_xmit.store(false, SeqCst);
             match r {
                 Round::Idle | Round::Blocked => {
@@ -127,10 +132,10 @@ impl Inner {
     /// for when the peer falls silent: armed once per `ack_poll_max`
     /// instead of once per message (a `timerfd_settime` and, as the
     /// deadline is never moved later, an early reactor wake-up each).
-    fn ack_timer(&self, conn: &PathConn) -> std::time::Duration {
+    fn ack_timer(&self, conn: &PathConn, now: u64) -> std::time::Duration {
         let (min, max) = (self.cfg.ack_poll_min, self.cfg.ack_poll_max);
         let answered = conn.last_rx_event.load(SeqCst);
-        let since = path_conn::now_ns().saturating_sub(answered);
+        let since = now.saturating_sub(answered);
         if answered != 0 && u128::from(since) < max.as_nanos() {
             inc(&self.stats.ack_timer_answered);
             max
@@ -157,28 +162,33 @@ impl Inner {
     }
 
     /// One transmitter's work: write what is queued, pull more, repeat.
-    fn xmit_round(&self, conn: &Arc<PathConn>, on_reactor: bool) -> Round {
+    fn xmit_round(&self, conn: &Arc<PathConn>, on_reactor: bool, stamp: Option<u64>) -> Round {
         let Some(sink) = self.sink() else { return Round::Dead };
         let limit = if on_reactor { self.cfg.reactor_xmit_limit } else { self.cfg.inline_limit } as u64;
         // The connection's pull buffer, for its capacity: only the thread
         // holding `in_xmit` uses it.
         let mut msgs = std::mem::take(&mut *conn.pull_buf.lock());
-        let r = self.xmit_loop(conn, &*sink, limit, &mut msgs);
+        let r = self.xmit_loop(conn, &*sink, limit, &mut msgs, stamp);
         msgs.clear();
         *conn.pull_buf.lock() = msgs;
         r
     }
 
     /// [`Self::xmit_round`] with its sink, byte limit and pull buffer.
+    /// `stamp`: a clock read of the caller's, which the first write's
+    /// stamp takes; later writes read the clock, and the ack timer's start
+    /// uses the latest of them.
     fn xmit_loop(
         &self,
         conn: &Arc<PathConn>,
         sink: &dyn rds_core::TransportSink,
         limit: u64,
         msgs: &mut Vec<TxMessage>,
+        mut stamp: Option<u64>,
     ) -> Round {
         let (id, inst) = (conn.info.id, conn.info.inst);
         let mut sent = 0u64;
+        let mut last = stamp;
         loop {
             let wgen = conn.wr_gen.load(SeqCst);
             let (res, polled) = {
@@ -188,7 +198,9 @@ impl Inner {
                 }
                 let before = tx.written;
                 let res = if tx.has_queued() {
-                    conn.last_write.store(path_conn::now_ns(), SeqCst);
+                    let now = stamp.take().unwrap_or_else(path_conn::now_ns);
+                    last = Some(now);
+                    conn.last_write.store(now, SeqCst);
                     tx.write(&conn.stream)
                 } else {
                     Ok(WriteRes::Flushed)
@@ -239,7 +251,8 @@ impl Inner {
                 }
             };
             if notify {
-                self.reactors[conn.reactor].watch(conn.clone(), self.ack_timer(conn));
+                let now = last.unwrap_or_else(path_conn::now_ns);
+                self.reactors[conn.reactor].watch(conn.clone(), self.ack_timer(conn, now), path_conn::instant_of(now));
             }
         }
     }

@@ -33,7 +33,7 @@ impl Reactor {
     }
 
     /// Polls `SIOCOUTQ` of every connection with messages awaiting acks.
-    pub(super) fn poll_watched(&mut self) {
+    pub(super) fn poll_watched(&mut self, now: Instant) {
         inc(&self.inner.stats.ack_timer_polls);
         let mut progress = false;
         let mut reports = Vec::new();
@@ -63,17 +63,17 @@ impl Reactor {
             }
         }
         let (min, max) = (self.inner.cfg.ack_poll_min, self.inner.cfg.ack_poll_max);
-        let now = crate::path_conn::now_ns();
+        let now_ns = crate::path_conn::ns_of(now);
         let answered = |c: &Arc<PathConn>| {
             let at = c.last_rx_event.load(SeqCst);
-            at != 0 && u128::from(now.saturating_sub(at)) < max.as_nanos()
+            at != 0 && u128::from(now_ns.saturating_sub(at)) < max.as_nanos()
         };
         let all_answered = !self.watch.is_empty() && self.watch.iter().all(answered);
         if all_answered {
             inc(&self.inner.stats.ack_timer_answered);
         }
         self.ack_interval = next_interval(self.ack_interval, progress, all_answered, min, max);
-        self.next_ack_poll = (!self.watch.is_empty()).then(|| later(Instant::now(), self.ack_interval));
+        self.next_ack_poll = (!self.watch.is_empty()).then(|| later(now, self.ack_interval));
     }
 
     /// Acks of one connection (after it was readable or writable). When
@@ -125,7 +125,7 @@ impl Reactor {
         }
         let mut sib = std::mem::take(&mut self.siblings);
         sib.extend(self.watch.iter().filter(|c| c.info.id.conn == id.conn && c.info.id.index != id.index).cloned());
-        let now = crate::path_conn::now_ns();
+        let now = self.woke_ns;
         for c in &sib {
             c.last_rx_event.store(now, SeqCst);
             self.poll_one(c);

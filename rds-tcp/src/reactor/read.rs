@@ -23,7 +23,7 @@
 use std::io::{self, Read};
 use std::sync::Arc;
 use std::sync::atomic::Ordering::SeqCst;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use rds_core::wire::{Frame, HEADER_LEN};
 use rds_core::{DownReason, PathId, RxMessage, TransportSink};
@@ -79,10 +79,6 @@ impl ReadEnd {
     }
 }
 
-fn rx_time_ns() -> Option<u64> {
-    SystemTime::now().duration_since(UNIX_EPOCH).ok().map(|d| d.as_nanos() as u64)
-}
-
 /// Whether a message read marks its connection as answered
 /// (`PathConn::last_rx_event`, see `Inner::ack_timer`): any but a
 /// congestion map. A receiver's maps come on path 0 while a stream's
@@ -104,19 +100,24 @@ struct Intake<'a> {
 }
 
 impl Intake<'_> {
-    /// A message read, stamped with its read time.
-    fn push(&mut self, f: Frame, ts: Option<u64>) {
+    /// A message read.
+    fn push(&mut self, f: Frame) {
         self.answered |= is_answer(&f);
         self.bytes += f.payload.len();
-        let mut m = RxMessage::from(f);
-        m.rx_time_ns = ts;
-        self.batch.push(m);
+        self.batch.push(RxMessage::from(f));
     }
 
-    /// Hands the batch to the sink; returns how many messages it held.
-    fn deliver(&mut self, sink: &dyn TransportSink, id: PathId, inst: u64) -> usize {
+    /// Hands the batch to the sink, every message stamped with the read
+    /// time `at` (a `now_ns` value taken once the batch's last bytes were
+    /// read: one clock read per batch, not per read or message); returns
+    /// how many messages it held.
+    fn deliver(&mut self, sink: &dyn TransportSink, id: PathId, inst: u64, at: u64) -> usize {
         let n = self.batch.len();
         if n > 0 {
+            let ts = crate::path_conn::real_ns(at);
+            for m in self.batch.iter_mut() {
+                m.rx_time_ns = ts;
+            }
             sink.received(id, inst, self.batch);
             self.batch.clear();
         }
@@ -207,7 +208,7 @@ impl Reactor {
         // The reactor's batch, for its capacity (a nested call, should
         // there be one, starts an empty one).
         let mut batch: Vec<RxMessage> = std::mem::take(&mut self.rx_batch);
-        let (end, _, _) = read_pass(&self.inner, &*sink, conn, &mut self.rbuf, &mut batch, force);
+        let end = read_pass(&self.inner, &*sink, conn, &mut self.rbuf, &mut batch, force).end;
         conn.rx_busy.store(false, SeqCst);
         batch.clear();
         self.rx_batch = batch;
@@ -267,8 +268,7 @@ pub(crate) fn acquire_rx(conn: &PathConn, wait: bool) -> bool {
 /// connection is ending and is read to its end), the budget, a pause, the
 /// end or an error; every complete message read is handed to the sink
 /// before it returns. Clears `rx_unread` first and sets it again when it
-/// stops before the socket is drained. Returns how it ended, the number
-/// of messages it delivered and the bytes it read.
+/// stops before the socket is drained.
 pub(crate) fn read_pass(
     inner: &Inner,
     sink: &dyn TransportSink,
@@ -276,7 +276,7 @@ pub(crate) fn read_pass(
     rbuf: &mut [u8],
     batch: &mut Vec<RxMessage>,
     force: bool,
-) -> (ReadEnd, usize, usize) {
+) -> Pass {
     let (id, inst) = (conn.info.id, conn.info.inst);
     conn.rx_unread.store(false, SeqCst);
     let budget = inner.cfg.read_budget;
@@ -299,9 +299,7 @@ pub(crate) fn read_pass(
                 // payload in one `readv`, the payload straight into its
                 // buffer (`FrameDecoder::read_guessed`).
                 let guess = dec.last_len();
-                let ts = rx_time_ns();
-                let res =
-                    dec.read_guessed(guess, |bufs| (&conn.stream).read_vectored(bufs), &mut |f| taken.push(f, ts));
+                let res = dec.read_guessed(guess, |bufs| (&conn.stream).read_vectored(bufs), &mut |f| taken.push(f));
                 match res {
                     Ok(0) => Err(ReadEnd::Eof),
                     Ok(n) => Ok((n, n < HEADER_LEN + guess)),
@@ -320,7 +318,7 @@ pub(crate) fn read_pass(
                     Ok((0, _)) => Err(ReadEnd::Eof),
                     Ok((n, f)) => {
                         if let Some(f) = f {
-                            taken.push(f, rx_time_ns());
+                            taken.push(f);
                         }
                         Ok((n, n < offered))
                     }
@@ -330,8 +328,7 @@ pub(crate) fn read_pass(
                 match (&conn.stream).read(rbuf) {
                     Ok(0) => Err(ReadEnd::Eof),
                     Ok(n) => {
-                        let ts = rx_time_ns();
-                        let fed = dec.feed(&rbuf[..n], &mut |f| taken.push(f, ts));
+                        let fed = dec.feed(&rbuf[..n], &mut |f| taken.push(f));
                         match fed {
                             Ok(()) => Ok((n, n < rbuf.len())),
                             Err(_) => Err(ReadEnd::Protocol),
@@ -349,7 +346,7 @@ pub(crate) fn read_pass(
             Err(end) => break end,
         };
         if taken.batch.len() >= BATCH_MSGS || taken.bytes >= BATCH_BYTES {
-            delivered += taken.deliver(sink, id, inst);
+            delivered += taken.deliver(sink, id, inst, crate::path_conn::now_ns());
             if !force && inner.rx_paused(id) {
                 break ReadEnd::Paused;
             }
@@ -359,15 +356,28 @@ pub(crate) fn read_pass(
             break ReadEnd::Drained;
         }
     };
+    // One clock read for the pass's end: the progress stamp, the answer
+    // stamp and the last batch's read time.
+    let at = if total > 0 { crate::path_conn::now_ns() } else { 0 };
     if total > 0 {
-        conn.rx.lock().progress_at = Instant::now();
+        conn.rx.lock().progress_at = crate::path_conn::instant_of(at);
     }
     if taken.answered {
-        conn.last_rx_event.store(crate::path_conn::now_ns(), SeqCst);
+        conn.last_rx_event.store(at, SeqCst);
     }
-    delivered += taken.deliver(sink, id, inst);
+    delivered += taken.deliver(sink, id, inst, at);
     if matches!(end, ReadEnd::Budget | ReadEnd::Paused) {
         conn.rx_unread.store(true, SeqCst);
     }
-    (end, delivered, total)
+    Pass { end, delivered, bytes: total, at }
+}
+
+/// How a [`read_pass`] went.
+pub(crate) struct Pass {
+    pub end: ReadEnd,
+    /// Messages it delivered, bytes it read.
+    pub delivered: usize,
+    pub bytes: usize,
+    /// When it ended (a `now_ns` value; 0 when it read nothing).
+    pub at: u64,
 }
