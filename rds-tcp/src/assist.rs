@@ -72,6 +72,14 @@ pub const ASSIST_MAX_PATHS: usize = 64;
 /// Bytes one wait's reads take for a stream ([`RxAssist::read_a_stream`]).
 pub const ASSIST_STREAM_BYTES: usize = 16 << 10;
 
+/// Below this many bytes written and not known to be acked, an
+/// assisting thread leaves a watched path's acks to the reactor's ack
+/// timer ([`RxAssist`]'s ack poll). At most half the smallest send buffer
+/// (`SOCK_MIN_SNDBUF`, 4,608 bytes): a socket's bytes awaiting those acks
+/// plus its largest message (half its send buffer) never fill its send
+/// buffer, so no sender waits for the timer.
+pub const ASSIST_ACK_LAZY_BYTES: u64 = 2 << 10;
+
 /// Read buffer of an assisting thread.
 const ABUF: usize = 64 << 10;
 
@@ -247,12 +255,21 @@ impl RxAssist {
     /// timer, a request/response exchange kept it polling every
     /// `ack_poll_min` (each poll found the last request acked, progress).
     /// A path whose transmit state a writing thread holds is skipped (the
-    /// writer polls as it writes).
+    /// writer polls as it writes). So is one that the reactor's ack timer
+    /// watches with fewer than [`ASSIST_ACK_LAZY_BYTES`] not known to be
+    /// acked (`tcp_rx_assist_acks_left`): the timer polls it within
+    /// `ack_poll_max`, and an exchange of small messages saves an `ioctl`
+    /// per message (a request's ack then waits for a few more or the
+    /// timer, which in such an exchange fires anyway, as the fallback).
     fn poll_acks(&self, sink: &dyn TransportSink) {
         for p in self.conns.iter().flatten() {
             let polled = {
                 let Some(mut tx) = p.tx.try_lock() else { continue };
                 if !tx.has_unacked() {
+                    continue;
+                }
+                if tx.watched && tx.written - tx.acked < ASSIST_ACK_LAZY_BYTES {
+                    inc(&self.inner.stats.rx_assist_acks_left);
                     continue;
                 }
                 tx.poll_acks(&p.stream)

@@ -148,7 +148,9 @@
 //! its socket's descriptor, and reads and delivers what arrives, so a
 //! message wakes one thread instead of the reactor and then the receiver.
 //! While a connection has such a thread the reactor leaves its readable
-//! events to it (`tcp_rx_assist_left`; its passes: `tcp_rx_assist_reads`);
+//! events to it (`tcp_rx_assist_left`; its passes: `tcp_rx_assist_reads`;
+//! the ack polls it left to the reactor's ack timer, fewer than
+//! [`ASSIST_ACK_LAZY_BYTES`] awaiting acks: `tcp_rx_assist_acks_left`);
 //! one reader at a time per connection, path 0 before a lane, and the end
 //! of the stream is the reactor's (the `assist` module says how nothing is
 //! lost or reordered).
@@ -201,7 +203,7 @@ mod stats;
 mod sys;
 mod xmit;
 
-pub use assist::{ASSIST_MAX_PATHS, ASSIST_STREAM_BYTES, RxAssist};
+pub use assist::{ASSIST_ACK_LAZY_BYTES, ASSIST_MAX_PATHS, ASSIST_STREAM_BYTES, RxAssist};
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};

@@ -35,6 +35,9 @@ pub(crate) struct Stats {
     /// (`crate::assist`), and readable events the reactor left to them.
     pub rx_assist_reads: AtomicU64,
     pub rx_assist_left: AtomicU64,
+    /// Ack polls an application thread's read left to the reactor's ack
+    /// timer (fewer than `ASSIST_ACK_LAZY_BYTES` awaiting acks; ours).
+    pub rx_assist_acks_left: AtomicU64,
     /// Connections reset because a partly received message made no
     /// progress for [`crate::TcpConfig::rx_frame_timeout`].
     pub rx_frame_stalled: AtomicU64,
@@ -94,6 +97,7 @@ impl Stats {
             ("tcp_tx_coalesced", self.tx_coalesced.load(Relaxed)),
             ("tcp_ack_timer_answered", self.ack_timer_answered.load(Relaxed)),
             ("tcp_ack_timer_polls", self.ack_timer_polls.load(Relaxed)),
+            ("tcp_rx_assist_acks_left", self.rx_assist_acks_left.load(Relaxed)),
         ]
     }
 }

@@ -332,7 +332,8 @@ fn listener_and_address_checks() {
             "tcp_rx_short_reads",
             "tcp_tx_coalesced",
             "tcp_ack_timer_answered",
-            "tcp_ack_timer_polls"
+            "tcp_ack_timer_polls",
+            "tcp_rx_assist_acks_left"
         ]
     );
     t1.close();

@@ -275,53 +275,100 @@ fn the_descriptor_stays_exact_around_a_receive_that_reads_the_connection() {
 }
 
 /// Request/response through the blocking receive (which reads the
-/// connection itself, `rds_tcp::RxAssist`), the answer slower than the ack
-/// timer's shortest interval: each answer polls the acks, so the reactor's
-/// ack timer stays a fallback, about one poll per `ack_poll_max` (4 ms).
-/// Every request and answer arrives once, in order. (The timer used to
-/// back off from `ack_poll_min` after each firing while the exchange went
-/// on. Here, where loopback TCP acks most requests at once, that made only
-/// about a quarter more polls, 52 against 41 in 170 ms, within this
-/// bound; the rule itself is tested in rds-tcp's `reactor::acks`.)
+/// connection itself, `rds_tcp::RxAssist`): `rounds` requests of `size`
+/// bytes from `a` (`ip(1)`) to `b` (`ip(2)`), both on `port`, each answered
+/// after `pause` by an answer of the same size. Every request and answer
+/// must arrive once, in order, with its content; nothing more.
+fn answered_exchange(
+    a: &rds_sock::RdsSocket,
+    b: &rds_sock::RdsSocket,
+    ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + Sync,
+    port: u16,
+    (rounds, size, pause): (u32, usize, Duration),
+) {
+    use rds_sock::RecvFlags;
+    let deadline = || Some(std::time::Instant::now() + Duration::from_secs(10));
+    let msg = |i: u32| -> Vec<u8> { (0..size).map(|k| (k as u32).wrapping_mul(31).wrapping_add(i) as u8).collect() };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut buf = vec![0u8; size + 1];
+            for i in 0..rounds {
+                let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+                assert_eq!((&buf[..m.len], m.from), (&msg(i)[..], Some(sa(ip(1), port))), "request {i}");
+                std::thread::sleep(pause);
+                b.send_to(&msg(i | 1 << 31), sa(ip(1), port)).unwrap();
+            }
+        });
+        let mut buf = vec![0u8; size + 1];
+        for i in 0..rounds {
+            a.send_to(&msg(i), sa(ip(2), port)).unwrap();
+            let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+            assert_eq!((&buf[..m.len], m.from), (&msg(i | 1 << 31)[..], Some(sa(ip(2), port))), "answer {i}");
+        }
+    });
+    let mut buf = [0u8; 8];
+    let none = RecvFlags { dontwait: true, ..RecvFlags::default() };
+    assert!(a.recv_msg(&mut buf, none).is_err() && b.recv_msg(&mut buf, none).is_err(), "nothing more");
+}
+
+/// The engine's counter `name`.
+fn engine_counter(e: &rds_sock::Engine, name: &str) -> u64 {
+    e.counters().into_iter().find(|c| c.0 == name).map_or(0, |c| c.1)
+}
+
+/// Up, and the first answer tells each receive which connection to read.
+fn first_exchange(a: &rds_sock::RdsSocket, b: &rds_sock::RdsSocket, ip: impl Fn(u8) -> std::net::IpAddr, port: u16) {
+    use rds_sock::RecvFlags;
+    let deadline = || Some(std::time::Instant::now() + Duration::from_secs(10));
+    let mut buf = [0u8; 64];
+    a.send_to(&u32::MAX.to_le_bytes(), sa(ip(2), port)).unwrap();
+    b.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+    b.send_to(&u32::MAX.to_le_bytes(), sa(ip(1), port)).unwrap();
+    a.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+}
+
+/// Request/response through the blocking receive, the answer slower than
+/// the ack timer's shortest interval: each answer polls the acks (or, for
+/// small messages, leaves them to the timer), so the reactor's ack timer
+/// stays a fallback, about one poll per `ack_poll_max` (4 ms). Every
+/// request and answer arrives once, in order. (The timer used to back off
+/// from `ack_poll_min` after each firing while the exchange went on. Here,
+/// where loopback TCP acks most requests at once, that made only about a
+/// quarter more polls, 52 against 41 in 170 ms, within this bound; the
+/// rule itself is tested in rds-tcp's `reactor::acks`.)
 #[test]
 fn an_answered_exchange_leaves_the_ack_timer_a_fallback() {
-    use rds_sock::RecvFlags;
     const ROUNDS: u32 = 150;
     let ip = addr_block(43);
     let Pair { e1, e2: _e2, a, b } = pair(ip, 4010);
-    let deadline = || Some(std::time::Instant::now() + Duration::from_secs(10));
-    let polls =
-        |e: &rds_sock::Engine| e.counters().into_iter().find(|c| c.0 == "tcp_ack_timer_polls").map_or(0, |c| c.1);
-    let mut buf = [0u8; 64];
-    // Up, and the first answer tells each receive which connection to read.
-    a.send_to(&u32::MAX.to_le_bytes(), sa(ip(2), 4010)).unwrap();
-    b.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
-    b.send_to(&u32::MAX.to_le_bytes(), sa(ip(1), 4010)).unwrap();
-    a.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
-    let (polls0, start) = (polls(&e1), std::time::Instant::now());
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let mut buf = [0u8; 64];
-            for i in 0..ROUNDS {
-                let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
-                assert_eq!((&buf[..m.len], m.from), (&i.to_le_bytes()[..], Some(sa(ip(1), 4010))), "request {i}");
-                std::thread::sleep(Duration::from_millis(1));
-                b.send_to(&(i | 1 << 31).to_le_bytes(), sa(ip(1), 4010)).unwrap();
-            }
-        });
-        for i in 0..ROUNDS {
-            a.send_to(&i.to_le_bytes(), sa(ip(2), 4010)).unwrap();
-            let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
-            assert_eq!(
-                (&buf[..m.len], m.from),
-                (&(i | 1 << 31).to_le_bytes()[..], Some(sa(ip(2), 4010))),
-                "answer {i}"
-            );
-        }
-    });
-    let (polls, ms) = (polls(&e1) - polls0, start.elapsed().as_millis() as u64);
+    first_exchange(&a, &b, ip, 4010);
+    let (polls0, start) = (engine_counter(&e1, "tcp_ack_timer_polls"), std::time::Instant::now());
+    answered_exchange(&a, &b, ip, 4010, (ROUNDS, 4, Duration::from_millis(1)));
+    let (polls, ms) = (engine_counter(&e1, "tcp_ack_timer_polls") - polls0, start.elapsed().as_millis() as u64);
     // One per 4 ms, with room for the first firings and a loaded machine;
     // backing off from 100 us made about three times as many.
     assert!(polls <= ms / 4 * 3 / 2 + 10, "{polls} ack-timer polls in {ms} ms of answered exchange");
-    assert!(a.recv_msg(&mut buf, RecvFlags { dontwait: true, ..RecvFlags::default() }).is_err(), "nothing more");
+}
+
+/// In an exchange of small messages the receiving thread leaves the acks
+/// of its requests to the reactor's ack timer (`tcp_rx_assist_acks_left`,
+/// an `ioctl` saved per message), and the timer still acks every one:
+/// each side's sent messages are all acked soon after the exchange (no
+/// sender waits on them). Messages larger than
+/// `rds_tcp::ASSIST_ACK_LAZY_BYTES` are polled at once, as before.
+#[test]
+fn small_answers_leave_their_acks_to_the_timer_large_ones_do_not() {
+    let ip = addr_block(43);
+    let Pair { e1, e2, a, b } = pair(ip, 4011);
+    first_exchange(&a, &b, ip, 4011);
+    let left = |e: &rds_sock::Engine| engine_counter(e, "tcp_rx_assist_acks_left");
+    let (l1, l2) = (left(&e1), left(&e2));
+    answered_exchange(&a, &b, ip, 4011, (200, 64, Duration::ZERO));
+    assert!(left(&e1) > l1 && left(&e2) > l2, "no ack poll left to the timer: {} {}", left(&e1) - l1, left(&e2) - l2);
+    assert!(a.flush(Duration::from_secs(2)) && b.flush(Duration::from_secs(2)), "small messages left unacked");
+    let big = rds_tcp::ASSIST_ACK_LAZY_BYTES as usize + 1;
+    let (l1, l2) = (left(&e1), left(&e2));
+    answered_exchange(&a, &b, ip, 4011, (50, big, Duration::ZERO));
+    assert_eq!((left(&e1) - l1, left(&e2) - l2), (0, 0), "an ack poll of {big}-byte messages left to the timer");
+    assert!(a.flush(Duration::from_secs(2)) && b.flush(Duration::from_secs(2)), "large messages left unacked");
 }
