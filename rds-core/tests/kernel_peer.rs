@@ -323,7 +323,7 @@ fn map_at(ports: &[u16], at_ms: u64) -> RxMessage {
 /// in the VM rig its "port congested" map and its "uncongested" one 0.5 ms
 /// later came on two TCP connections and were read in the other order,
 /// which left the port congested for good. Two maps on different paths
-/// read within 50 ms of each other keep a port congested only if both say
+/// read within 5 ms of each other keep a port congested only if both say
 /// so; anything else applies as it comes.
 #[test]
 fn kernel_maps_on_two_paths_close_together_keep_only_what_both_congest() {
