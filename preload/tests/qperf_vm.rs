@@ -7,8 +7,10 @@
 //! latency below 50 ms (the guests run under qemu's TCG on a shared
 //! machine: runs measured 0.9-5.5 ms, so the host's 10 ms bound could fail
 //! on load alone; the figures are printed as a table). The guest script is
-//! `vm/qperf.sh`. When the rig cannot start the test prints one line
-//! starting with `SKIP:` and passes.
+//! `vm/qperf.sh`. A boot with a problem adds its DIAG lines to the report:
+//! the kernel's RDS TCP sockets during its `rds_lat` runs and our serving
+//! engine's last snapshots (`rds-info`, when built). When the rig cannot
+//! start the test prints one line starting with `SKIP:` and passes.
 
 mod common;
 
@@ -43,6 +45,11 @@ fn boot(rig: &Path, shim: &Path, knode: u8, order: &str) -> (Vec<String>, Vec<St
     }
     cmd.arg("-e").arg(format!("QPERF_KNODE={knode}"));
     cmd.arg("-e").arg(format!("QPERF_SHIM={}", shim.display()));
+    // For the DIAG lines of a failure: our engine's state while it serves.
+    let info = common::target_dir().join("rds-info");
+    if info.exists() {
+        cmd.arg("-e").arg(format!("QPERF_INFO={}", info.display()));
+    }
     cmd.args(["--", "bash"]).arg(root.join("preload/tests/vm/qperf.sh"));
     let out = cmd.output().expect("run vmrig");
     let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
@@ -73,6 +80,12 @@ fn boot(rig: &Path, shim: &Path, knode: u8, order: &str) -> (Vec<String>, Vec<St
             )),
         }
     }
+    if !problems.is_empty() {
+        // What both sides' RDS looked like (vm/qperf.sh): at the end of the
+        // report, where a cut-off log still shows it.
+        let diag: Vec<&str> = stdout.lines().filter(|l| l.contains("DIAG ")).collect();
+        problems.push(format!("ours {order}: the DIAG lines of this boot:\n{}", diag.join("\n")));
+    }
     (problems, rows)
 }
 
@@ -95,5 +108,5 @@ fn qperf_under_the_shim_against_the_kernels_qperf() {
         table.extend(rows);
     }
     println!("{}", table.join("\n"));
-    assert!(problems.is_empty(), "qperf under the shim against the kernel: {problems:#?}");
+    assert!(problems.is_empty(), "qperf under the shim against the kernel:\n{}", problems.join("\n"));
 }
