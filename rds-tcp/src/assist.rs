@@ -38,8 +38,10 @@
 //!   The reactor closes a connection only after the pass in progress
 //!   delivered what it read.
 //! - Connections that are not up, or ending, are left to the reactor; so
-//!   is everything when the transport has more than [`ASSIST_MAX_PATHS`]
-//!   paths (finding the pair's paths is a linear scan).
+//!   is everything when the address pair has more than
+//!   [`ASSIST_MAX_PATHS`] paths (one RDS connection has at most 8, but
+//!   every TOS value makes another). The pair's paths come from the
+//!   transport's index by address pair, whatever the number of peers.
 //!
 //! The connection the caller's last message came on (its `lane`, from
 //! [`RxAssist::lane`] of the wait before) is taken off the reactor's
@@ -65,8 +67,9 @@ use crate::reactor::read::{ReadEnd, acquire_rx, read_pass};
 use crate::stats::inc;
 use crate::{Inner, TcpTransport};
 
-/// Above this many paths in the transport, no thread assists (the scan for
-/// an address pair's paths would cost more than it saves).
+/// Above this many paths of one address pair (its RDS connections, one
+/// per TOS value, of up to 8 paths each), no thread assists: a wait would
+/// poll them all.
 pub const ASSIST_MAX_PATHS: usize = 64;
 
 /// Bytes one wait's reads take for a stream ([`RxAssist::read_a_stream`]).
@@ -112,7 +115,7 @@ impl std::fmt::Debug for RxAssist {
 impl TcpTransport {
     /// The up paths from `laddr` to `faddr` for a blocked receiver to poll
     /// and read itself (module docs); `None` when there is none or the
-    /// transport has more than [`ASSIST_MAX_PATHS`] paths. `lane` is
+    /// pair has more than [`ASSIST_MAX_PATHS`] paths. `lane` is
     /// [`RxAssist::lane`] of the caller's previous wait (0: none): that
     /// connection's bytes stop waking the reactor while this assists.
     pub fn rx_assist(&self, laddr: IpAddr, faddr: IpAddr, lane: u64) -> Option<RxAssist> {
@@ -121,14 +124,11 @@ impl TcpTransport {
         }
         let mut conns: Vec<Arc<PathConn>> = {
             let paths = self.inner.paths.lock();
-            if paths.len() > ASSIST_MAX_PATHS {
+            let pair = paths.pair(laddr, faddr);
+            if pair.len() > ASSIST_MAX_PATHS {
                 return None;
             }
-            paths
-                .values()
-                .filter(|c| c.info.laddr == laddr && c.info.faddr == faddr && c.state() == UP)
-                .cloned()
-                .collect()
+            pair.iter().filter(|c| c.state() == UP).cloned().collect()
         };
         if conns.is_empty() {
             return None;

@@ -198,6 +198,7 @@
 mod assist;
 mod interest;
 mod path_conn;
+mod path_table;
 mod reactor;
 mod stats;
 mod sys;
@@ -318,8 +319,9 @@ pub(crate) struct Inner {
     pub cfg: TcpConfig,
     sink: RwLock<Option<Weak<dyn TransportSink>>>,
     pub reactors: Vec<ReactorHandle>,
-    /// The current connection of every path that has one.
-    pub paths: Mutex<HashMap<PathId, Arc<PathConn>>>,
+    /// The current connection of every path that has one (and the same
+    /// by address pair).
+    pub paths: Mutex<path_table::PathTable>,
     /// Receive flow control per path, whatever connection serves it:
     /// (paused, seq of the last applied `rx_flow`).
     rx_flow: Mutex<HashMap<PathId, (bool, u64)>>,
@@ -397,7 +399,7 @@ impl TcpTransport {
             cfg,
             sink: RwLock::new(None),
             reactors: handles,
-            paths: Mutex::new(HashMap::new()),
+            paths: Mutex::new(path_table::PathTable::default()),
             rx_flow: Mutex::new(HashMap::new()),
             rx_paused_n: AtomicUsize::new(0),
             listeners: Mutex::new(HashMap::new()),

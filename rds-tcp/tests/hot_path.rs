@@ -164,3 +164,62 @@ fn congestion_maps_on_path_0_do_not_slow_its_stream_acks() {
     a.shutdown();
     b.shutdown();
 }
+
+/// A node with more peers than fit the old path limit (9 peers of 8 paths:
+/// 72 connections, above [`rds_tcp::ASSIST_MAX_PATHS`]) still lets a
+/// blocked receiver read a pair's connections itself: the pair's 8 paths
+/// come from the transport's index by address pair, not from a scan that
+/// gave up above 64 paths. The message the assist reads arrives once,
+/// intact.
+#[test]
+fn a_receiver_reads_its_pair_itself_among_many_peers() {
+    const PEERS: u8 = 9;
+    let b = Host::new(ip("127.0.26.100"), 17119, 250);
+    let d = deadline(60);
+    let sb = b.plain_socket(4000);
+    let to_b = SocketAddr::new(b.addr, 4000);
+    let peers: Vec<_> =
+        (1..=PEERS).map(|k| Host::new(ip(&format!("127.0.26.{k}")), 17119, 250 + u32::from(k))).collect();
+    // Every lane of every peer up: a message from a socket on each lane.
+    let mut last = Vec::new();
+    for (k, a) in peers.iter().enumerate() {
+        last = (0..8).map(|p| a.plain_socket(4000 + p)).collect::<Vec<SockId>>();
+        for (p, s) in last.iter().enumerate() {
+            let n = (k * 8 + p) as u64;
+            a.send(*s, to_b, &Payload::new(pattern(n, 100)), d);
+            assert_eq!(index_of(&b.recv(sb, d).payload), n);
+        }
+    }
+    let a = peers.last().unwrap();
+    let count = || b.tcp.rx_assist(b.addr, a.addr, 0).map_or(0, |x| x.fds().count());
+    while count() < 8 || b.tcp.conn_info().len() < 8 * PEERS as usize {
+        let n = b.tcp.conn_info().len();
+        assert!(Instant::now() < d, "the assist offers {} of the pair's 8 paths ({n} paths in all)", count());
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert!(b.tcp.conn_info().len() > rds_tcp::ASSIST_MAX_PATHS);
+    let mut assist = b.tcp.rx_assist(b.addr, a.addr, 0).unwrap();
+    a.send(last[3], to_b, &Payload::new(pattern(999, 300)), d);
+    while assist.lane() == 0 {
+        assert!(Instant::now() < d, "the assist read the message");
+        let fds: Vec<(usize, i32)> = assist.fds().collect();
+        let mut pfds: Vec<libc::pollfd> =
+            fds.iter().map(|&(_, fd)| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+        // SAFETY: `pfds` is a valid array of `pfds.len()` pollfds.
+        let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 100) };
+        assert!(r >= 0, "poll: {}", std::io::Error::last_os_error());
+        for (k, p) in pfds.iter().enumerate() {
+            if p.revents != 0 {
+                assist.read(fds[k].0);
+            }
+        }
+    }
+    drop(assist);
+    let m = b.recv(sb, d);
+    assert_eq!((index_of(&m.payload), &m.payload[..]), (999, &pattern(999, 300)[..]));
+    assert!(!matches!(b.with(|n| n.recv(sb, false)), Ok(Received::Data(_))), "nothing more, nothing twice");
+    for p in &peers {
+        p.shutdown();
+    }
+    b.shutdown();
+}
