@@ -155,8 +155,8 @@ pub fn carry_out<'t>(o: Output, transport: impl FnOnce(TransportKind) -> &'t dyn
 pub trait NodeHost: Send + Sync {
     /// Runs `f` on the node, then carries out what it asked for.
     fn with_node<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R;
-    /// The time a `path_down` is reported at (reconnect backoff starts
-    /// there).
+    /// The time a `path_up` or `path_down` is reported at (the confirm
+    /// probe's delay and the reconnect backoff start there).
     fn now(&self) -> Instant;
 }
 
@@ -166,7 +166,7 @@ impl<H: NodeHost> TransportSink for H {
     }
 
     fn path_up(&self, path: PathId, inst: u64) {
-        self.with_node(|n| n.path_up(path, inst))
+        self.with_node(|n| n.path_up(path, inst, self.now()))
     }
 
     fn path_down(&self, path: PathId, inst: u64, reason: DownReason) {

@@ -64,11 +64,12 @@ impl Node {
 
     /// `rds_send_probe`: a zero-length control message (probe ping, pong).
     /// Probe pings and their pongs carry the handshake extension headers.
-    pub(crate) fn send_probe(&mut self, pid: PathId, sport: u16, dport: u16) {
+    /// Returns whether it was queued.
+    pub(crate) fn send_probe(&mut self, pid: PathId, sport: u16, dport: u16) -> bool {
         let c = self.conn(pid.conn);
         let (faddr, kind) = (c.faddr, c.kind);
         if self.ep.cong.congested(&faddr, dport) {
-            return;
+            return false;
         }
         // A pong never transmitted yet answers every ping from that port
         // (a ping flood against a closed window must not grow the queue).
@@ -76,7 +77,7 @@ impl Node {
         // those, and a handshake pong must still reach its new instance.
         if sport == 0 && self.path(pid).is_some_and(|p| p.pong_queued(dport)) {
             self.ep.counters.send_pong_coalesced += 1;
-            return;
+            return false;
         }
         // s_send_pong counts every probe queued: probe pings and all pongs.
         self.ep.counters.send_pong += 1;
@@ -99,6 +100,7 @@ impl Node {
         };
         self.connect_if_down(pid);
         self.enqueue(pid, msg);
+        true
     }
 
     /// One message of socket `s` no longer holds its lane behind path 0.
@@ -268,6 +270,7 @@ impl Connection {
             return false;
         }
         path.confirmed = true;
+        path.confirm_at = None;
         true
     }
 

@@ -74,6 +74,16 @@ pub struct NodeConfig {
     /// paths) are known first and the paths reconnect in order. The kernel
     /// reconnects at once (0, the default here; the engine uses 50 ms).
     pub reconnect_settle: Duration,
+    /// How long a connection of ours may stay up without the peer's sign
+    /// that it took it (`Path::confirmed`) before a probe ping goes out on
+    /// it: the peer answers a ping on the connection it came on, and the
+    /// answer confirms it. Then twice as long, up to 16 times this, while
+    /// it stays up and unconfirmed (`mprds_confirm_probe`). A 6.1 kernel's
+    /// sign is the congestion map it sends when it accepts, on whichever
+    /// of its connections transmits first; if that map is lost (it went
+    /// out on a connection of ours that was closing), the fan-out of the
+    /// paths after this one would otherwise stop until the next map.
+    pub confirm_probe_after: Duration,
     /// `max_unacked_packets` / `max_unacked_bytes` (ACK_REQUIRED pacing).
     pub max_unacked_packets: u32,
     pub max_unacked_bytes: u64,
@@ -127,6 +137,7 @@ impl Default for NodeConfig {
             reconnect_min: Duration::from_millis(1),
             reconnect_max: Duration::from_millis(1000),
             reconnect_settle: Duration::ZERO,
+            confirm_probe_after: Duration::from_millis(200),
             max_unacked_packets: 8,
             max_unacked_bytes: 16 << 20,
             wmem_default: bufs::DEFAULT_BUF,
@@ -172,6 +183,8 @@ pub enum Output {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 pub(crate) enum Timer {
     Reconnect(PathId),
+    /// A path of ours still unconfirmed (`Path::confirm_at`).
+    Confirm(PathId),
     /// Idle collection of a connection (`Connection::gc_at`).
     Collect(ConnId),
 }
@@ -335,6 +348,7 @@ impl Node {
     fn timer_live(&self, at: Instant, t: Timer) -> bool {
         match t {
             Timer::Reconnect(p) => self.path(p).is_some_and(|path| path.reconnect_at == Some(at)),
+            Timer::Confirm(p) => self.path(p).is_some_and(|path| path.confirm_at == Some(at)),
             Timer::Collect(c) => self.conns.get(c).is_some_and(|c| c.gc_at == Some(at)),
         }
     }
@@ -351,6 +365,7 @@ impl Node {
             }
             match t {
                 Timer::Reconnect(p) => self.reconnect_due(p),
+                Timer::Confirm(p) => self.confirm_due(p, now),
                 Timer::Collect(c) => {
                     self.conns[c].gc_at = None;
                     self.collect_idle(c, now);

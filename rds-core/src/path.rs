@@ -148,10 +148,15 @@ pub(crate) struct Path {
     /// a congestion map arrived on any path after we started connecting it
     /// (a 6.1 kernel sends its map whenever it accepts a connection). The
     /// smaller side connects path i+1 only after path i is confirmed
-    /// (`connect_worker`).
+    /// (`connect_worker`). One that stays unconfirmed gets a probe ping
+    /// after a while, which the peer answers on it (`Node::confirm_due`).
     pub confirmed: bool,
     /// `Connection::maps_rx` when this connection attempt started.
     pub maps_at_connect: u64,
+    /// While up and unconfirmed: when a probe asks the peer to answer on
+    /// it (`NodeConfig::confirm_probe_after`), and the delay after that.
+    pub confirm_at: Option<Instant>,
+    pub confirm_delay: Duration,
     /// A sequenced message was accepted on this path (any connection).
     pub rx_any: bool,
     /// Connections of this path that the peer may have sent on: accepted
@@ -189,6 +194,8 @@ impl Path {
             lane0_wire: Vec::new(),
             confirmed: false,
             maps_at_connect: 0,
+            confirm_at: None,
+            confirm_delay: Duration::ZERO,
             rx_any: false,
             rx_conns: 0,
             illegal_transitions: 0,
@@ -319,14 +326,45 @@ impl Node {
         self.connect_worker(pid);
     }
 
-    /// A transport connection of the path is established (active side), or
-    /// an accepted one was assigned to it (`rds_connect_path_complete`).
-    pub fn path_up(&mut self, pid: PathId, inst: u64) {
+    /// A transport connection of the path is established (active side)
+    /// at `now` (`rds_connect_path_complete`). If the peer has not
+    /// evidently taken it yet, a probe asks it to answer on it after
+    /// [`crate::NodeConfig::confirm_probe_after`] (`Node::confirm_due`).
+    pub fn path_up(&mut self, pid: PathId, inst: u64, now: Instant) {
         let Some(path) = self.path_mut(pid) else { return };
         if path.inst != inst || path.state != PathState::Connecting {
             return;
         }
         self.complete_path(pid);
+        let after = self.ep.cfg.confirm_probe_after;
+        if let Some(path) = self.path_mut(pid).filter(|p| p.state == PathState::Up && !p.confirmed) {
+            path.confirm_delay = after;
+            let at = crate::types::later(now, after);
+            path.confirm_at = Some(at);
+            self.schedule(at, Timer::Confirm(pid));
+        }
+    }
+
+    /// A path of ours is still up and unconfirmed after its delay: a probe
+    /// ping goes out on it (the peer answers on the same connection, and
+    /// anything arriving on it confirms it), and the next check comes
+    /// after twice the delay, at most 16 times `confirm_probe_after`.
+    pub(crate) fn confirm_due(&mut self, pid: PathId, now: Instant) {
+        let max = self.ep.cfg.confirm_probe_after.saturating_mul(16);
+        let Some(path) = self.path_mut(pid) else { return };
+        path.confirm_at = None;
+        if path.state != PathState::Up || path.confirmed {
+            return;
+        }
+        let delay = path.confirm_delay.saturating_mul(2).min(max);
+        path.confirm_delay = delay;
+        let at = crate::types::later(now, delay);
+        path.confirm_at = Some(at);
+        self.schedule(at, Timer::Confirm(pid));
+        if self.send_probe(pid, crate::wire::PROBE_PORT, 0) {
+            self.ep.counters.mprds_confirm_probe += 1;
+            self.ep.counters.mprds_probe_sent += 1;
+        }
     }
 
     pub(crate) fn complete_path(&mut self, pid: PathId) {
@@ -519,6 +557,7 @@ impl Connection {
         path.go_up();
         path.reconnect_delay = Duration::ZERO;
         path.reconnect_at = None;
+        path.confirm_at = None;
         path.connects += 1;
         if std::mem::take(&mut path.rx_reset) {
             path.next_rx_seq = 0;

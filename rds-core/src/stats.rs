@@ -76,7 +76,7 @@ counters! {
         /// always 0 since receive flow control (a path is paused instead,
         /// `recv_pause`); kept so that tools reading it see no drops.
         recv_drop_over_limit,
-        /// Multipath handshake probes sent.
+        /// Multipath handshake probes sent (with `mprds_confirm_probe`).
         mprds_probe_sent,
         /// Messages held on a path until the socket's path-0 backlog was acked.
         mprds_lane_hold,
@@ -106,6 +106,10 @@ counters! {
         /// came on another path: their order is unknown, and a port stays
         /// congested only if both say so (`Node::cong_recv`).
         cong_update_reordered,
+        /// Probes sent on a connection of ours that the peer had not
+        /// evidently taken after `NodeConfig::confirm_probe_after` (its
+        /// answer confirms it, `Path::confirmed`).
+        mprds_confirm_probe,
     }
 }
 

@@ -198,7 +198,7 @@ impl Dispatch for Sloppy<'_> {
 
     fn connect(&mut self, info: PathInfo) -> Result<(), ()> {
         if self.rng.below(2) == 0 {
-            self.n.path_up(info.id, info.inst);
+            self.n.path_up(info.id, info.inst, Instant::now());
         } else {
             self.n.path_down(info.id, info.inst, DownReason::ConnectFailed, self.now);
         }

@@ -90,7 +90,7 @@ fn handshaken_with(settle: Duration) -> (Node, Vec<PathInfo>, Vec<PathInfo>) {
     let (c, _) = outputs(&mut n);
     assert_eq!(indexes(&c), [0]);
     let p0 = c[0];
-    n.path_up(p0.id, p0.inst);
+    n.path_up(p0.id, p0.inst, Instant::now());
     outputs(&mut n);
     assert_eq!(n.received(p0.id, p0.inst, pong(1)), RecvOutcome::ProbePong);
     let (c, _) = outputs(&mut n);
@@ -105,7 +105,7 @@ fn paths_connect_one_at_a_time_once_the_kernel_took_the_previous() {
     let mut next = c[0];
     for i in 1..8u8 {
         assert_eq!(next.id.index, i);
-        n.path_up(next.id, next.inst);
+        n.path_up(next.id, next.inst, Instant::now());
         paths.push(next);
         // Established on our side is not enough: the kernel may not have
         // accepted it yet.
@@ -128,13 +128,63 @@ fn paths_connect_one_at_a_time_once_the_kernel_took_the_previous() {
     }
 }
 
+/// What `pull` sends on path `p` now: (kind, sport, dport) of each frame.
+fn sent(n: &mut Node, p: &PathInfo) -> Vec<(wire::Kind, u16, u16)> {
+    driver::outputs(n);
+    let mut out = Vec::new();
+    n.pull(p.id, p.inst, 1 << 20, &mut out);
+    out.iter().map(|m| (m.header.kind(), m.header.sport, m.header.dport)).collect()
+}
+
+/// The kernel's map that shows it took a connection can be lost (it goes
+/// out on whichever of its connections transmits first, and one of ours
+/// may be closing). The fan-out must not stop there: a path still
+/// unconfirmed after `confirm_probe_after` gets a probe ping, which the
+/// kernel answers on the same connection, and the answer confirms it.
+#[test]
+fn a_path_whose_confirming_map_was_lost_is_confirmed_by_a_probe() {
+    let (mut n, _, c) = handshaken();
+    let p1 = c[0];
+    let t0 = Instant::now();
+    n.path_up(p1.id, p1.inst, t0);
+    assert!(outputs(&mut n).0.is_empty(), "path 1 up, not confirmed: no connect");
+    let after = NodeConfig::default().confirm_probe_after;
+    assert_eq!(n.poll_timeout(), Some(t0 + after));
+    // No map comes. Before the delay nothing goes out on path 1 but our map.
+    n.handle_timeout(t0 + after - Duration::from_millis(1));
+    assert!(sent(&mut n, &p1).iter().all(|f| f.0 == wire::Kind::CongMap));
+    // Then a probe ping (sport 1, dport 0), and again after twice the delay.
+    let probes = |n: &mut Node| n.counters().mprds_confirm_probe;
+    n.handle_timeout(t0 + after);
+    assert_eq!(sent(&mut n, &p1), [(wire::Kind::ProbePing, wire::PROBE_PORT, 0)]);
+    assert_eq!(probes(&mut n), 1);
+    assert_eq!(n.poll_timeout(), Some(t0 + 3 * after));
+    n.handle_timeout(t0 + 3 * after);
+    assert_eq!(sent(&mut n, &p1), [(wire::Kind::ProbePing, wire::PROBE_PORT, 0)]);
+    assert_eq!(probes(&mut n), 2);
+    assert!(outputs(&mut n).0.is_empty(), "still unconfirmed: no connect");
+    // The kernel's pong on path 1: path 2 connects, and path 1 gets no more probes.
+    n.received(p1.id, p1.inst, pong(2));
+    let (c, _) = outputs(&mut n);
+    assert_eq!(indexes(&c), [2]);
+    let p2 = c[0];
+    // Path 2's map comes in time: no probe for it, none for path 1 either.
+    let t1 = t0 + 4 * after;
+    n.path_up(p2.id, p2.inst, t1);
+    n.received(p1.id, p1.inst, map());
+    assert_eq!(indexes(&outputs(&mut n).0), [3]);
+    n.handle_timeout(t1 + 100 * after);
+    assert!(sent(&mut n, &p1).is_empty() && sent(&mut n, &p2).iter().all(|f| f.0 == wire::Kind::CongMap));
+    assert_eq!(probes(&mut n), 2);
+}
+
 #[test]
 fn a_path_going_down_closes_later_paths_the_kernel_has_not_taken() {
     let (mut n, mut paths, c) = handshaken();
     let mut next = c[0];
     // Paths 1..3 up and confirmed, path 4 up unconfirmed, path 5 not yet asked for.
     for _ in 1..=4 {
-        n.path_up(next.id, next.inst);
+        n.path_up(next.id, next.inst, Instant::now());
         paths.push(next);
         outputs(&mut n);
         if paths.len() == 5 {
@@ -162,7 +212,7 @@ fn a_path_going_down_closes_later_paths_the_kernel_has_not_taken() {
     assert!(c4.is_empty(), "path 4 waits for path 2: {:?}", indexes(&c4));
     // Path 2 is up again, then confirmed: path 4 follows (3 is still up).
     let p2 = c[0];
-    n.path_up(p2.id, p2.inst);
+    n.path_up(p2.id, p2.inst, Instant::now());
     assert!(outputs(&mut n).0.is_empty());
     n.received(p2.id, p2.inst, map());
     n.handle_timeout(Instant::now());
@@ -231,7 +281,7 @@ fn after_a_reset_of_all_paths_they_reconnect_in_order_whatever_order_their_death
     let (mut n, mut paths, c) = handshaken_with(settle);
     let mut next = c[0];
     for i in 1..8u8 {
-        n.path_up(next.id, next.inst);
+        n.path_up(next.id, next.inst, Instant::now());
         paths.push(next);
         n.received(next.id, next.inst, map());
         let (c, _) = outputs(&mut n);
@@ -254,7 +304,7 @@ fn after_a_reset_of_all_paths_they_reconnect_in_order_whatever_order_their_death
     let (c, _) = outputs(&mut n);
     assert_eq!(indexes(&c), [2], "path 2 first; path 5 waits for it");
     let p2 = c[0];
-    n.path_up(p2.id, p2.inst);
+    n.path_up(p2.id, p2.inst, Instant::now());
     assert!(outputs(&mut n).0.is_empty());
     n.received(p2.id, p2.inst, map());
     let (c, _) = outputs(&mut n);
@@ -288,7 +338,7 @@ fn nothing_of_a_socket_goes_out_before_the_kernel_took_the_connection() {
     };
     let (c, _) = outputs(&mut n);
     let p0 = c[0];
-    n.path_up(p0.id, p0.inst);
+    n.path_up(p0.id, p0.inst, Instant::now());
     let sent = pull(&mut n, &p0);
     let kinds: Vec<wire::Kind> = sent.iter().map(|m| m.0).collect();
     assert_eq!(kinds, [wire::Kind::CongMap, wire::Kind::ProbePing], "no datagram yet");
@@ -298,7 +348,7 @@ fn nothing_of_a_socket_goes_out_before_the_kernel_took_the_connection() {
     n.handle_timeout(t);
     let (c, _) = outputs(&mut n);
     let p0 = c[0];
-    n.path_up(p0.id, p0.inst);
+    n.path_up(p0.id, p0.inst, Instant::now());
     assert!(pull(&mut n, &p0).iter().all(|m| m.0 != wire::Kind::Data));
     // Its map: it took this one.
     n.received(p0.id, p0.inst, map());
@@ -335,13 +385,13 @@ fn kernel_maps_on_two_paths_close_together_keep_only_what_both_congest() {
     send(&mut n, 4000).unwrap();
     let (c, _) = outputs(&mut n);
     let p0 = c[0];
-    n.path_up(p0.id, p0.inst);
+    n.path_up(p0.id, p0.inst, Instant::now());
     outputs(&mut n);
     n.received(p0.id, p0.inst, pong(1));
     let (c, _) = outputs(&mut n);
     let p1 = c[0];
     assert_eq!(p1.id.index, 1);
-    n.path_up(p1.id, p1.inst);
+    n.path_up(p1.id, p1.inst, Instant::now());
     outputs(&mut n);
     let reordered = |n: &Node| n.counters().cong_update_reordered;
 

@@ -319,7 +319,7 @@ fn a_cancelled_message_on_the_wire_still_holds_its_sockets_lane() {
     let Some(Output::Connect(p0)) = drain(&mut n).into_iter().find(|o| matches!(o, Output::Connect(_))) else {
         panic!()
     };
-    n.path_up(p0.id, p0.inst);
+    n.path_up(p0.id, p0.inst, Instant::now());
     // The peer's map: it took the connection (we hold data until then).
     let map = || RxMessage {
         header: Header::cong_map(),
@@ -338,7 +338,7 @@ fn a_cancelled_message_on_the_wire_still_holds_its_sockets_lane() {
             _ => None,
         })
         .unwrap();
-    n.path_up(p1.id, p1.inst);
+    n.path_up(p1.id, p1.inst, Instant::now());
     n.received(p0.id, p0.inst, map());
     // m1 is on the wire, unacked; it is cancelled, then m2 is sent.
     assert_eq!(n.drop_messages(a, Some(dst)), 1);

@@ -6,6 +6,8 @@
 //! Without this, anyone reaching a node's RDS-TCP port reaches its IB
 //! sockets, and the verbs-only setup's pre-shared key protects nothing.
 
+use std::time::Instant;
+
 use rds_core::driver;
 use rds_core::wire::Header;
 use rds_core::*;
@@ -44,8 +46,8 @@ fn setup() -> Setup {
     };
     let Accept::Path(ib_path) = node.accept(TransportKind::Ib, ip(2), ip(1), 0) else { panic!("IB not accepted") };
     assert_eq!((tcp_path.kind, ib_path.kind), (TransportKind::Tcp, TransportKind::Ib));
-    node.path_up(tcp_path.id, tcp_path.inst);
-    node.path_up(ib_path.id, ib_path.inst);
+    node.path_up(tcp_path.id, tcp_path.inst, Instant::now());
+    node.path_up(ib_path.id, ib_path.inst, Instant::now());
     driver::outputs(&mut node);
     Setup { node, ib_sock, tcp_sock, tcp_path, ib_path, seq: 0 }
 }

@@ -229,7 +229,7 @@ impl Net {
                     (j, pinfo.id),
                     Link { peer: i, peer_path: info.id, inst: pinfo.inst, peer_inst: info.inst },
                 );
-                self.nodes[i].path_up(info.id, info.inst);
+                self.nodes[i].path_up(info.id, info.inst, now);
             }
             Accept::Reject | Accept::RejectPeerLarger => {
                 self.nodes[i].path_down(info.id, info.inst, DownReason::DirectionRule, now);

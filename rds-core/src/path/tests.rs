@@ -63,7 +63,7 @@ fn every_transition_the_core_makes_is_the_kernels() {
     assert_eq!(a.path_state(pid), Some(Down));
     a.handle_timeout(t0 + Duration::from_secs(5));
     let info = connect_of(&drain(&mut a));
-    a.path_up(pid, info.inst);
+    a.path_up(pid, info.inst, Instant::now());
     assert_eq!(a.path_state(pid), Some(Up));
     // Reset (RDS_CONN_RESET): disconnecting until the transport is done.
     a.reset_path(pid);
@@ -175,7 +175,7 @@ fn a_message_on_a_lane_above_0_reconnects_path_0_after_the_peer_died() {
     // Path 0, the handshake (8 paths), then paths 1..8 in order.
     a.connect_if_down(p(0));
     let info = connect_of(&drain(&mut a));
-    a.path_up(p(0), info.inst);
+    a.path_up(p(0), info.inst, Instant::now());
     a.conns[c].npaths = 8;
     a.confirm_path(p(0));
     let mut insts = vec![info.inst];
@@ -183,7 +183,7 @@ fn a_message_on_a_lane_above_0_reconnects_path_0_after_the_peer_died() {
         let outs = drain(&mut a);
         let got = connects(&outs);
         assert_eq!(got.iter().map(|x| x.id.index).collect::<Vec<_>>(), vec![i], "fan-out in order");
-        a.path_up(p(i), got[0].inst);
+        a.path_up(p(i), got[0].inst, Instant::now());
         a.confirm_path(p(i));
         insts.push(got[0].inst);
     }
@@ -235,7 +235,7 @@ fn a_message_on_a_lane_above_0_reconnects_path_0_after_the_peer_died() {
     }
     // It comes up: the message is on path 0 (the count is negotiated
     // again) or waits on path 7 for the fan-out; either way it is queued once.
-    a.path_up(p(0), inst);
+    a.path_up(p(0), inst, Instant::now());
     let queued: usize = (0..8).map(|i| a.conns[c].paths[i].queued().0).sum::<usize>();
     assert!(queued >= 1);
     let of_sock: usize =

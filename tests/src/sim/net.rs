@@ -384,7 +384,8 @@ impl Sim {
         let (p, i) = conn.ends[0].path.unwrap();
         self.conns.get_mut(&c).unwrap().ends[0].state = St::Open;
         tr!(self, "n{n} path_up {l}->{f}/{} inst {i} (conn {c})", p.index);
-        self.node(n).path_up(p, i);
+        let now = self.at(self.now);
+        self.node(n).path_up(p, i, now);
         self.want_read(c, 0);
         self.want_xmit(c, 0);
         Ok(())

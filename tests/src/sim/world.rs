@@ -466,7 +466,8 @@ impl Sim {
             }
             Ev::Up { n, inc, path, inst } => {
                 if self.alive(n, inc) {
-                    self.node(n).path_up(path, inst);
+                    let now = self.at(self.now);
+                    self.node(n).path_up(path, inst, now);
                 }
             }
             Ev::LoopServe { n, inc, path, inst } => {
