@@ -55,7 +55,8 @@ impl Node {
     /// of ours asks for an answer; an rds-rs peer with `Full` reads our map
     /// before it (a crossed connection is dropped before the probe counts)
     /// and sends its own map first. Renumbering is safe: none of these
-    /// sequence numbers was on a wire yet.
+    /// sequence numbers was on a wire yet. (Also a confirm probe's way past
+    /// the sockets' messages of a path not yet confirmed, `confirm_due`.)
     pub(crate) fn probe_first(&mut self, pid: PathId) {
         if let Some(path) = self.path_mut(pid) {
             path.probe_first();

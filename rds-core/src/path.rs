@@ -346,7 +346,8 @@ impl Node {
     }
 
     /// A path of ours is still up and unconfirmed after its delay: a probe
-    /// ping goes out on it (the peer answers on the same connection, and
+    /// ping goes out on it, ahead of the sockets' messages that wait for
+    /// the confirmation (the peer answers on the same connection, and
     /// anything arriving on it confirms it), and the next check comes
     /// after twice the delay, at most 16 times `confirm_probe_after`.
     pub(crate) fn confirm_due(&mut self, pid: PathId, now: Instant) {
@@ -364,6 +365,10 @@ impl Node {
         if self.send_probe(pid, crate::wire::PROBE_PORT, 0) {
             self.ep.counters.mprds_confirm_probe += 1;
             self.ep.counters.mprds_probe_sent += 1;
+            // Sockets' messages waiting for the confirmation would keep it
+            // queued behind them: it goes first when none of them was ever
+            // on a wire (they are renumbered after it, `Path::probe_first`).
+            self.probe_first(pid);
         }
     }
 

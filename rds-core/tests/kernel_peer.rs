@@ -145,6 +145,10 @@ fn sent(n: &mut Node, p: &PathInfo) -> Vec<(wire::Kind, u16, u16)> {
 fn a_path_whose_confirming_map_was_lost_is_confirmed_by_a_probe() {
     let (mut n, _, c) = handshaken();
     let p1 = c[0];
+    // A socket on lane 1 (port 5001) has a message waiting for path 1.
+    let s = n.socket();
+    n.bind(s, SocketAddr::new(ip(1), 5001)).unwrap();
+    n.send(s, Some(SocketAddr::new(ip(2), 4000)), &Payload::copy_from(b"lane 1"), &SendOptions::default()).unwrap();
     let t0 = Instant::now();
     n.path_up(p1.id, p1.inst, t0);
     assert!(outputs(&mut n).0.is_empty(), "path 1 up, not confirmed: no connect");
@@ -153,7 +157,8 @@ fn a_path_whose_confirming_map_was_lost_is_confirmed_by_a_probe() {
     // No map comes. Before the delay nothing goes out on path 1 but our map.
     n.handle_timeout(t0 + after - Duration::from_millis(1));
     assert!(sent(&mut n, &p1).iter().all(|f| f.0 == wire::Kind::CongMap));
-    // Then a probe ping (sport 1, dport 0), and again after twice the delay.
+    // Then a probe ping (sport 1, dport 0), ahead of the socket's message,
+    // which still waits; and again after twice the delay.
     let probes = |n: &mut Node| n.counters().mprds_confirm_probe;
     n.handle_timeout(t0 + after);
     assert_eq!(sent(&mut n, &p1), [(wire::Kind::ProbePing, wire::PROBE_PORT, 0)]);
@@ -163,10 +168,12 @@ fn a_path_whose_confirming_map_was_lost_is_confirmed_by_a_probe() {
     assert_eq!(sent(&mut n, &p1), [(wire::Kind::ProbePing, wire::PROBE_PORT, 0)]);
     assert_eq!(probes(&mut n), 2);
     assert!(outputs(&mut n).0.is_empty(), "still unconfirmed: no connect");
-    // The kernel's pong on path 1: path 2 connects, and path 1 gets no more probes.
+    // The kernel's pong on path 1: path 2 connects, the socket's message
+    // goes, and path 1 gets no more probes.
     n.received(p1.id, p1.inst, pong(2));
     let (c, _) = outputs(&mut n);
     assert_eq!(indexes(&c), [2]);
+    assert_eq!(sent(&mut n, &p1), [(wire::Kind::Data, 5001, 4000)]);
     let p2 = c[0];
     // Path 2's map comes in time: no probe for it, none for path 1 either.
     let t1 = t0 + 4 * after;
