@@ -364,6 +364,15 @@ fn kernel_tcp_conformance() {
             let _ = std::fs::write(&path, &b.log);
             println!("log of the {} boot: {}", b.order, path.display());
         }
-        panic!("kernel conformance failures:\n{}", failed.join("\n"));
+        // The INFO lines of the failed scenarios (what either side saw), in
+        // the message: a CI log shows it, not the log files.
+        let mut infos = Vec::new();
+        for b in &boots {
+            for sc in wanted.iter().filter(|sc| failed.iter().any(|f| f.starts_with(&format!("{} {sc} ", b.order)))) {
+                let tag = format!("INFO {sc} ");
+                infos.extend(b.log.lines().filter(|l| l.contains(&tag)).map(|l| format!("{}: {l}", b.order)));
+            }
+        }
+        panic!("kernel conformance failures:\n{}\n{}", failed.join("\n"), infos.join("\n"));
     }
 }

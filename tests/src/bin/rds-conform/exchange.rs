@@ -207,6 +207,27 @@ pub fn sc_datagrams(ctx: &Ctx) {
         ),
     );
     let errors = errors.lock().unwrap();
+    if !ok || !errors.is_empty() || !acked {
+        // What our side looked like: a path that never came up, or never
+        // got the kernel's sign that it took it, stops its lane.
+        let conns = ss[0].engine().with_node(|n| n.info_connections());
+        let paths: Vec<String> = conns
+            .iter()
+            .filter(|c| c.faddr == ctx.peer)
+            .flat_map(|c| c.paths.iter())
+            .map(|p| {
+                format!(
+                    "{}:{:?} tx {} rx {} sendq {} retrans {}",
+                    p.index, p.state, p.next_tx_seq, p.next_rx_seq, p.send_queue, p.retrans
+                )
+            })
+            .collect();
+        let counters: Vec<String> = ["conn_reset", "cong_update_received", "mprds_probe_sent", "mprds_confirm_probe"]
+            .iter()
+            .map(|k| format!("{k} {}", counter(k)))
+            .collect();
+        info("datagrams", &format!("our paths: {}; {}", paths.join(", "), counters.join(", ")));
+    }
     result(
         "datagrams",
         "us->kernel",
