@@ -83,6 +83,7 @@ pub struct NodeConfig {
     /// of its connections transmits first; if that map is lost (it went
     /// out on a connection of ours that was closing), the fan-out of the
     /// paths after this one would otherwise stop until the next map.
+    /// Zero: no such probe.
     pub confirm_probe_after: Duration,
     /// `max_unacked_packets` / `max_unacked_bytes` (ACK_REQUIRED pacing).
     pub max_unacked_packets: u32,

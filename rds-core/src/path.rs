@@ -337,6 +337,9 @@ impl Node {
         }
         self.complete_path(pid);
         let after = self.ep.cfg.confirm_probe_after;
+        if after.is_zero() {
+            return;
+        }
         if let Some(path) = self.path_mut(pid).filter(|p| p.state == PathState::Up && !p.confirmed) {
             path.confirm_delay = after;
             let at = crate::types::later(now, after);

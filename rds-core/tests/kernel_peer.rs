@@ -185,6 +185,25 @@ fn a_path_whose_confirming_map_was_lost_is_confirmed_by_a_probe() {
     assert_eq!(probes(&mut n), 2);
 }
 
+/// `confirm_probe_after` zero turns the probe off (no timer that would
+/// come due again at once).
+#[test]
+fn a_zero_confirm_delay_sends_no_probe() {
+    let mut n =
+        Node::new(NodeConfig { gen_num: 7, seed: 1, confirm_probe_after: Duration::ZERO, ..NodeConfig::default() });
+    n.register_transport(TransportCaps::tcp());
+    n.add_local(ip(1), TransportKind::Tcp);
+    let s = n.socket();
+    n.bind(s, SocketAddr::new(ip(1), 5000)).unwrap();
+    n.send(s, Some(SocketAddr::new(ip(2), 4000)), &Payload::copy_from(b"x"), &SendOptions::default()).unwrap();
+    let (c, _) = outputs(&mut n);
+    let t0 = Instant::now();
+    n.path_up(c[0].id, c[0].inst, t0);
+    assert_eq!(n.poll_timeout(), None);
+    n.handle_timeout(t0 + Duration::from_secs(60));
+    assert_eq!(n.counters().mprds_confirm_probe, 0);
+}
+
 #[test]
 fn a_path_going_down_closes_later_paths_the_kernel_has_not_taken() {
     let (mut n, mut paths, c) = handshaken();
