@@ -341,9 +341,7 @@ impl Node {
             return;
         }
         if let Some(path) = self.path_mut(pid).filter(|p| p.state == PathState::Up && !p.confirmed) {
-            path.confirm_delay = after;
-            let at = crate::types::later(now, after);
-            path.confirm_at = Some(at);
+            let at = path.arm_confirm(now, after);
             self.schedule(at, Timer::Confirm(pid));
         }
     }
@@ -360,10 +358,7 @@ impl Node {
         if path.state != PathState::Up || path.confirmed {
             return;
         }
-        let delay = path.confirm_delay.saturating_mul(2).min(max);
-        path.confirm_delay = delay;
-        let at = crate::types::later(now, delay);
-        path.confirm_at = Some(at);
+        let at = path.arm_confirm(now, path.confirm_delay.saturating_mul(2).min(max));
         self.schedule(at, Timer::Confirm(pid));
         if self.send_probe(pid, crate::wire::PROBE_PORT, 0) {
             self.ep.counters.mprds_confirm_probe += 1;
@@ -676,6 +671,15 @@ impl Connection {
 }
 
 impl Path {
+    /// The next confirm check ([`Node::confirm_due`]) `delay` after `now`;
+    /// returns when (also kept in `confirm_at`).
+    pub(crate) fn arm_confirm(&mut self, now: Instant, delay: Duration) -> Instant {
+        let at = crate::types::later(now, delay);
+        self.confirm_delay = delay;
+        self.confirm_at = Some(at);
+        at
+    }
+
     /// `rds_queue_reconnect`'s delay: the first attempt after `settle`,
     /// then a random delay (from `jitter`) below a bound that doubles from
     /// `min` up to `max`. Returns when to connect (also kept in
