@@ -359,8 +359,11 @@ impl Node {
             return;
         }
         let at = path.arm_confirm(now, path.confirm_delay.saturating_mul(2).min(max));
+        // One still unsent answers for this one: a peer that never reads
+        // must not grow the queue by a probe per check.
+        let unsent = path.send_queue.iter().any(crate::message::QueuedMsg::is_probe);
         self.schedule(at, Timer::Confirm(pid));
-        if self.send_probe(pid, crate::wire::PROBE_PORT, 0) {
+        if !unsent && self.send_probe(pid, crate::wire::PROBE_PORT, 0) {
             self.ep.counters.mprds_confirm_probe += 1;
             self.ep.counters.mprds_probe_sent += 1;
             // Sockets' messages waiting for the confirmation would keep it

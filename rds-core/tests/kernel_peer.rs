@@ -204,6 +204,26 @@ fn a_zero_confirm_delay_sends_no_probe() {
     assert_eq!(n.counters().mprds_confirm_probe, 0);
 }
 
+/// A peer that takes the connection but never reads: the confirm probes
+/// that cannot leave do not pile up, one waits for all.
+#[test]
+fn unsent_confirm_probes_do_not_pile_up() {
+    let (mut n, _, c) = handshaken();
+    let p1 = c[0];
+    let t0 = Instant::now();
+    n.path_up(p1.id, p1.inst, t0);
+    outputs(&mut n);
+    let mut t = t0;
+    for _ in 0..10 {
+        t = n.poll_timeout().expect("the confirm check stays armed");
+        n.handle_timeout(t);
+    }
+    assert!(t >= t0 + Duration::from_secs(10), "the checks back off");
+    assert_eq!(n.counters().mprds_confirm_probe, 1, "one probe queued, never sent");
+    let probes = sent(&mut n, &p1).iter().filter(|f| f.0 == wire::Kind::ProbePing).count();
+    assert_eq!(probes, 1);
+}
+
 #[test]
 fn a_path_going_down_closes_later_paths_the_kernel_has_not_taken() {
     let (mut n, mut paths, c) = handshaken();
