@@ -69,9 +69,13 @@ pub(crate) struct SockShared {
     /// ([`crate::RdsSocket::recv_msg_wait`]).
     pub(crate) rx_hint: Mutex<Option<(IpAddr, IpAddr)>>,
     /// The TCP connection the last assisted read delivered on
-    /// ([`rds_tcp::RxAssist::lane`]; 0: none): the next blocking wait
-    /// takes its readable events off the reactor.
+    /// ([`rds_tcp::RxAssist::lane`]; 0: none): the next blocking wait polls
+    /// it and path 0 only, and takes its readable events off the reactor.
     pub(crate) rx_lane: AtomicU64,
+    /// The last blocking wait was woken through the descriptor, by a
+    /// message the reactor read (perhaps on another lane): the next one
+    /// polls every path of the pair.
+    pub(crate) rx_wide: AtomicBool,
     /// The thread (its [`thread_token`]) reading the socket's connections
     /// itself in a blocking receive, 0 when none: a wake-up it causes for
     /// this socket leaves the descriptor alone (`deferred`), since the
@@ -105,6 +109,7 @@ impl SockShared {
             fd_active: AtomicBool::new(false),
             rx_hint: Mutex::new(None),
             rx_lane: AtomicU64::new(0),
+            rx_wide: AtomicBool::new(false),
             assist_by: AtomicU64::new(0),
             deferred: AtomicBool::new(false),
             assist_skip: AtomicU32::new(0),
@@ -217,8 +222,8 @@ impl Inner {
 
     /// The TCP paths of an address pair for a blocked receiver to read
     /// itself ([`rds_tcp::RxAssist`]).
-    pub(crate) fn rx_assist(&self, laddr: IpAddr, faddr: IpAddr, lane: u64) -> Option<rds_tcp::RxAssist> {
-        self.tcp.rx_assist(laddr, faddr, lane)
+    pub(crate) fn rx_assist(&self, laddr: IpAddr, faddr: IpAddr, lane: u64, wide: bool) -> Option<rds_tcp::RxAssist> {
+        self.tcp.rx_assist(laddr, faddr, lane, wide)
     }
 
     fn transport(&self, kind: TransportKind) -> &dyn RdsTransport {

@@ -475,8 +475,11 @@ impl RdsSocket {
     /// C ABI's blocking receive.
     ///
     /// While it waits it polls, beside the socket's descriptor, the TCP
-    /// connections of the address pair its last message came over, and
-    /// reads what arrives on them itself ([`rds_tcp::RxAssist`]): a message
+    /// connections of the address pair its last message came over (path 0
+    /// and the one its last message came on, once a wait learnt it; all of
+    /// them before that, and in the wait after one that a message coming
+    /// through the reactor woke), and reads what arrives on them itself
+    /// ([`rds_tcp::RxAssist`]): a message
     /// then wakes one thread, this one, instead of the reactor and then
     /// this one, and moves the descriptor neither up nor down when this
     /// receive takes it. When such a read takes a stream (more than one
@@ -514,7 +517,8 @@ impl RdsSocket {
         } else {
             let hint = *self.shared.rx_hint.lock();
             let lane = self.shared.rx_lane.load(Relaxed);
-            hint.and_then(|(l, f)| self.engine.inner.rx_assist(l, f, lane))
+            let wide = self.shared.rx_wide.swap(false, Relaxed);
+            hint.and_then(|(l, f)| self.engine.inner.rx_assist(l, f, lane, wide))
         };
         let mut fds: Vec<libc::pollfd> = Vec::with_capacity(9);
         let mut idx: Vec<usize> = Vec::with_capacity(8);
@@ -545,6 +549,15 @@ impl RdsSocket {
                 return Err(io::Error::last_os_error());
             }
             if fds[0].revents != 0 {
+                if assist.as_ref().is_some_and(|a| a.lane() == 0) {
+                    // What woke us came through the reactor, perhaps on
+                    // another lane: the next wait polls every path and
+                    // learns it. The lane stays (its readable events stay
+                    // off the reactor while we wait): an answer the reactor
+                    // took because it came before this wait began would
+                    // otherwise leave every later one to the reactor too.
+                    self.shared.rx_wide.store(true, Relaxed);
+                }
                 return Ok(());
             }
             let mut read = false;

@@ -43,8 +43,12 @@
 //!   every TOS value makes another). The pair's paths come from the
 //!   transport's index by address pair, whatever the number of peers.
 //!
-//! The connection the caller's last message came on (its `lane`, from
-//! [`RxAssist::lane`] of the wait before) is taken off the reactor's
+//! A caller that knows the connection its last message came on (its
+//! `lane`, from [`RxAssist::lane`] of the wait before) polls that one and
+//! path 0 (whose bytes may have to go first), not every path of the pair:
+//! the answers of request/response traffic come on one lane, and the
+//! other lanes' messages reach it through the reactor as before. The lane
+//! is also taken off the reactor's
 //! registration for readable events while the thread assists
 //! (`PathConn::quiet`): the bytes that answer a request then wake this
 //! thread alone, where the reactor was woken too, only to leave them. The
@@ -95,8 +99,17 @@ thread_local! {
 /// what it did not read.
 pub struct RxAssist {
     inner: Arc<Inner>,
-    /// Up paths of the pair, path 0 first; `None` once given back.
-    conns: Vec<Option<Arc<PathConn>>>,
+    /// The pair's paths, path 0 first (the transport's shared list,
+    /// `PathTable::pair`: no vector built per wait).
+    conns: Arc<[Arc<PathConn>]>,
+    /// Bit `i`: `conns[i]` was up and is not given back: its acks are
+    /// polled and its answers marked.
+    held: u64,
+    /// Bit `i` (a subset of `held`): it polls and reads `conns[i]` (and
+    /// counts in its `assist`). The others (when it polls path 0 and a
+    /// lane only) have their acks polled and their answers marked, nothing
+    /// more.
+    polled: u64,
     /// Messages its reads delivered (to any socket), and bytes they read.
     delivered: usize,
     bytes: usize,
@@ -108,7 +121,10 @@ pub struct RxAssist {
 
 impl std::fmt::Debug for RxAssist {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RxAssist").field("paths", &self.conns.iter().flatten().count()).finish()
+        f.debug_struct("RxAssist")
+            .field("paths", &self.held.count_ones())
+            .field("polled", &self.polled.count_ones())
+            .finish()
     }
 }
 
@@ -116,41 +132,45 @@ impl TcpTransport {
     /// The up paths from `laddr` to `faddr` for a blocked receiver to poll
     /// and read itself (module docs); `None` when there is none or the
     /// pair has more than [`ASSIST_MAX_PATHS`] paths. `lane` is
-    /// [`RxAssist::lane`] of the caller's previous wait (0: none): that
-    /// connection's bytes stop waking the reactor while this assists.
-    pub fn rx_assist(&self, laddr: IpAddr, faddr: IpAddr, lane: u64) -> Option<RxAssist> {
+    /// [`RxAssist::lane`] of the caller's previous wait (0: none): unless
+    /// `wide`, when that connection is up only it and path 0 are polled (a
+    /// `poll` of three descriptors instead of nine with 8 paths; a caller
+    /// whose message came some other way asks for `wide` once, to learn
+    /// its new lane), and its bytes stop waking the reactor while this
+    /// assists.
+    pub fn rx_assist(&self, laddr: IpAddr, faddr: IpAddr, lane: u64, wide: bool) -> Option<RxAssist> {
         if self.inner.is_closed() {
             return None;
         }
-        let mut conns: Vec<Arc<PathConn>> = {
-            let paths = self.inner.paths.lock();
-            let pair = paths.pair(laddr, faddr);
-            if pair.len() > ASSIST_MAX_PATHS {
-                return None;
-            }
-            pair.iter().filter(|c| c.state() == UP).cloned().collect()
-        };
-        if conns.is_empty() {
+        let conns = self.inner.paths.lock().pair(laddr, faddr)?;
+        if conns.len() > ASSIST_MAX_PATHS {
             return None;
         }
-        conns.sort_by_key(|c| c.info.id.index);
-        for c in &conns {
-            c.assist.fetch_add(1, SeqCst);
+        // At most 64 paths: a bit each.
+        let up = |i: &usize| conns[*i].state() == UP;
+        let held = (0..conns.len()).filter(up).fold(0u64, |m, i| m | 1 << i);
+        if held == 0 {
+            return None;
         }
-        let quiet = (lane != 0).then(|| conns.iter().position(|c| lane_of(c) == lane)).flatten();
-        if let Some(i) = quiet {
+        // The caller's lane known and up: path 0 and that lane are polled;
+        // the other paths only have their acks polled and their answers
+        // marked (a request goes out on the lane of its socket's port, the
+        // answer comes back on another).
+        let at = (lane != 0).then(|| (0..conns.len()).filter(up).find(|&i| lane_of(&conns[i]) == lane)).flatten();
+        let mut polled = 0u64;
+        for i in (0..conns.len()).filter(|i| held & 1 << i != 0) {
+            let c = &conns[i];
+            if wide || at.is_none() || c.info.id.index == 0 || Some(i) == at {
+                polled |= 1 << i;
+                c.assist.fetch_add(1, SeqCst);
+            }
+        }
+        if let Some(i) = at {
             let c = &conns[i];
             c.quiet.fetch_add(1, SeqCst);
             self.inner.refresh_quiet(c);
         }
-        Some(RxAssist {
-            inner: self.inner.clone(),
-            conns: conns.into_iter().map(Some).collect(),
-            delivered: 0,
-            bytes: 0,
-            quiet,
-            lane: 0,
-        })
+        Some(RxAssist { inner: self.inner.clone(), conns, held, polled, delivered: 0, bytes: 0, quiet: at, lane: 0 })
     }
 }
 
@@ -164,7 +184,17 @@ impl RxAssist {
     /// The descriptors still to poll for reading, with their index, in path
     /// order (path 0 first): read the ready ones of a round in this order.
     pub fn fds(&self) -> impl Iterator<Item = (usize, RawFd)> + '_ {
-        self.conns.iter().enumerate().filter_map(|(i, c)| c.as_ref().map(|c| (i, c.stream.as_raw_fd())))
+        self.polled_ix().map(|i| (i, self.conns[i].stream.as_raw_fd()))
+    }
+
+    /// Indexes of the connections it polls, in path order.
+    fn polled_ix(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.conns.len()).filter(|&i| self.polled & 1 << i != 0)
+    }
+
+    /// The connections it still holds (`held`), in path order.
+    fn held(&self) -> impl Iterator<Item = &Arc<PathConn>> + '_ {
+        self.conns.iter().enumerate().filter(|&(i, _)| self.held & 1 << i != 0).map(|(_, c)| c)
     }
 
     /// Reads connection `i` and delivers what it holds; call it for the
@@ -186,7 +216,10 @@ impl RxAssist {
     /// (busy, paused, ending, path 0 not readable here), the caller then
     /// hands it back.
     fn try_read(&mut self, i: usize) -> Option<bool> {
-        let c = self.conns.get(i).cloned().flatten()?;
+        if i >= self.conns.len() || self.polled & 1 << i == 0 {
+            return None;
+        }
+        let c = self.conns[i].clone();
         let sink = self.inner.sink()?;
         if !self.readable(&c) {
             return None;
@@ -201,7 +234,7 @@ impl RxAssist {
                 // Path 0 went first in this round when it was ready (module
                 // docs); a pass of the reactor's on it may hold bytes that
                 // go before the lane's.
-                let p0 = self.conns.iter().flatten().find(|p| p.info.id.index == 0);
+                let p0 = self.held().find(|p| p.info.id.index == 0 && p.info.id.conn == c.info.id.conn);
                 if !p0.is_some_and(|p| self.readable(p) && !p.rx_busy.load(SeqCst)) {
                     return None;
                 }
@@ -262,7 +295,7 @@ impl RxAssist {
     /// per message (a request's ack then waits for a few more or the
     /// timer, which in such an exchange fires anyway, as the fallback).
     fn poll_acks(&self, sink: &dyn TransportSink) {
-        for p in self.conns.iter().flatten() {
+        for p in self.held() {
             let polled = {
                 let Some(mut tx) = p.tx.try_lock() else { continue };
                 if !tx.has_unacked() {
@@ -289,7 +322,7 @@ impl RxAssist {
     /// from mistaking the exchange for a one-way stream. `now` is the
     /// pass's end ([`crate::reactor::read::Pass::at`]).
     fn mark_answered(&self, c: &PathConn, now: u64) {
-        for p in self.conns.iter().flatten() {
+        for p in self.held() {
             p.last_rx_event.store(now, SeqCst);
         }
         self.inner.reactors[c.reactor].last_rx.store(now, SeqCst);
@@ -309,7 +342,8 @@ impl RxAssist {
 
     /// A pass that did not drain the connection: the reactor goes on.
     fn ended(&mut self, c: &Arc<PathConn>, end: ReadEnd) {
-        if let Some(i) = self.conns.iter().position(|x| x.as_ref().is_some_and(|x| Arc::ptr_eq(x, c))) {
+        let i = self.polled_ix().find(|&i| Arc::ptr_eq(&self.conns[i], c));
+        if let Some(i) = i {
             self.release(i);
         }
         let r = &self.inner.reactors[c.reactor];
@@ -331,8 +365,16 @@ impl RxAssist {
         }
     }
 
+    /// Gives polled connection `i` back (its acks are no longer polled
+    /// here either); `None` when it was not polled or is given back
+    /// already.
     fn release(&mut self, i: usize) -> Option<Arc<PathConn>> {
-        let c = self.conns.get_mut(i)?.take()?;
+        if i >= self.conns.len() || self.polled & 1 << i == 0 {
+            return None;
+        }
+        self.polled &= !(1 << i);
+        self.held &= !(1 << i);
+        let c = self.conns[i].clone();
         if self.quiet == Some(i) {
             self.quiet = None;
             c.quiet.fetch_sub(1, SeqCst);
@@ -351,7 +393,10 @@ impl Drop for RxAssist {
     /// same `read` there).
     fn drop(&mut self) {
         for i in 0..self.conns.len() {
-            if self.conns[i].as_ref().is_some_and(|c| c.rx_unread.load(SeqCst)) {
+            if self.polled & 1 << i == 0 {
+                continue;
+            }
+            if self.conns[i].rx_unread.load(SeqCst) {
                 let _ = self.try_read(i);
             }
             self.hand_back(i);

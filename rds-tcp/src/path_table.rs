@@ -6,7 +6,10 @@
 //! cost grew with the number of peers, and the assist was switched off
 //! above 64 paths in the transport: a node with more than eight peers of
 //! 8 paths each lost it. The index makes the look-up the pair's own paths,
-//! whatever the number of peers.
+//! whatever the number of peers. Each pair's list is kept sorted, path 0
+//! first, and shared (`Arc`): a wait takes it with one reference count,
+//! not a vector built and sorted per wait (connections come and go far
+//! less often than messages).
 
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -21,9 +24,9 @@ use crate::path_conn::PathConn;
 #[derive(Default)]
 pub(crate) struct PathTable {
     by_id: HashMap<PathId, Arc<PathConn>>,
-    /// Exactly the connections of `by_id`, by `(laddr, faddr)`, in no
-    /// particular order; no empty list.
-    by_pair: HashMap<(IpAddr, IpAddr), Vec<Arc<PathConn>>>,
+    /// Exactly the connections of `by_id`, by `(laddr, faddr)`, in path
+    /// order ([`PathTable::pair`]); no empty list.
+    by_pair: HashMap<(IpAddr, IpAddr), Arc<[Arc<PathConn>]>>,
 }
 
 fn pair_of(c: &PathConn) -> (IpAddr, IpAddr) {
@@ -42,7 +45,11 @@ impl PathTable {
         if let Some(o) = &old {
             self.unindex(o);
         }
-        self.by_pair.entry(pair_of(&conn)).or_default().push(conn);
+        let key = pair_of(&conn);
+        let mut list: Vec<Arc<PathConn>> = self.by_pair.get(&key).map_or_else(Vec::new, |l| l.to_vec());
+        list.push(conn);
+        list.sort_by_key(|c| (c.info.id.index, c.info.id.conn.0, c.token.0));
+        self.by_pair.insert(key, list.into());
         old
     }
 
@@ -55,10 +62,12 @@ impl PathTable {
 
     fn unindex(&mut self, old: &Arc<PathConn>) {
         let key = pair_of(old);
-        if let Some(list) = self.by_pair.get_mut(&key) {
-            list.retain(|c| !Arc::ptr_eq(c, old));
-            if list.is_empty() {
+        if let Some(list) = self.by_pair.get(&key) {
+            let rest: Vec<Arc<PathConn>> = list.iter().filter(|c| !Arc::ptr_eq(c, old)).cloned().collect();
+            if rest.is_empty() {
                 self.by_pair.remove(&key);
+            } else {
+                self.by_pair.insert(key, rest.into());
             }
         }
     }
@@ -72,9 +81,11 @@ impl PathTable {
         self.by_id.values()
     }
 
-    /// The connections from `laddr` to `faddr`, in no particular order.
-    pub fn pair(&self, laddr: IpAddr, faddr: IpAddr) -> &[Arc<PathConn>] {
-        self.by_pair.get(&(laddr, faddr)).map_or(&[], |v| v.as_slice())
+    /// The connections from `laddr` to `faddr` (`None`: none), sorted by
+    /// path index (path 0 first; among equal indexes, one RDS connection
+    /// per TOS value, by connection).
+    pub fn pair(&self, laddr: IpAddr, faddr: IpAddr) -> Option<Arc<[Arc<PathConn>]>> {
+        self.by_pair.get(&(laddr, faddr)).cloned()
     }
 }
 
@@ -108,13 +119,13 @@ mod tests {
     }
 
     fn ids(t: &PathTable, l: &str, f: &str) -> Vec<(u32, u8)> {
-        let mut v: Vec<(u32, u8)> = t.pair(ip(l), ip(f)).iter().map(|c| (c.info.id.conn.0, c.info.id.index)).collect();
-        v.sort();
-        v
+        let list = t.pair(ip(l), ip(f)).unwrap_or_else(|| Arc::new([]));
+        list.iter().map(|c| (c.info.id.conn.0, c.info.id.index)).collect()
     }
 
     /// Inserting, replacing, removing and clearing keep the pair index
-    /// exactly the table's connections, pair by pair.
+    /// exactly the table's connections, pair by pair, in path order (a
+    /// replacement, added last, is sorted into its place).
     #[test]
     fn the_pair_index_follows_the_table() {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
@@ -126,22 +137,22 @@ mod tests {
         t.insert(PathId { conn: rds_core::ConnId(2), index: 0 }, conn(&l, a, c, 2, 0));
         assert_eq!(ids(&t, a, b), [(1, 0), (1, 1), (1, 2)]);
         assert_eq!(ids(&t, a, c), [(2, 0)]);
-        assert!(t.pair(ip(b), ip(a)).is_empty(), "a pair is directed");
+        assert!(t.pair(ip(b), ip(a)).is_none(), "a pair is directed");
         // A new connection of path 1 replaces the old one in both.
         let new = conn(&l, a, b, 1, 1);
         let old = t.insert(PathId { conn: rds_core::ConnId(1), index: 1 }, new.clone()).unwrap();
-        assert!(!t.pair(ip(a), ip(b)).iter().any(|x| Arc::ptr_eq(x, &old)), "the old one is gone");
-        assert!(t.pair(ip(a), ip(b)).iter().any(|x| Arc::ptr_eq(x, &new)));
+        assert!(!t.pair(ip(a), ip(b)).unwrap().iter().any(|x| Arc::ptr_eq(x, &old)), "the old one is gone");
+        assert!(t.pair(ip(a), ip(b)).unwrap().iter().any(|x| Arc::ptr_eq(x, &new)));
         assert_eq!(ids(&t, a, b), [(1, 0), (1, 1), (1, 2)]);
         // Removing.
         t.remove(&PathId { conn: rds_core::ConnId(1), index: 0 }).unwrap();
         assert_eq!(ids(&t, a, b), [(1, 1), (1, 2)]);
         assert!(t.remove(&PathId { conn: rds_core::ConnId(1), index: 0 }).is_none());
         t.remove(&PathId { conn: rds_core::ConnId(2), index: 0 }).unwrap();
-        assert!(t.pair(ip(a), ip(c)).is_empty());
+        assert!(t.pair(ip(a), ip(c)).is_none());
         assert!(!t.by_pair.contains_key(&(ip(a), ip(c))), "no empty list is kept");
         assert_eq!(t.values().count(), 2);
         t.clear();
-        assert!(t.pair(ip(a), ip(b)).is_empty() && t.values().count() == 0);
+        assert!(t.pair(ip(a), ip(b)).is_none() && t.values().count() == 0);
     }
 }

@@ -191,14 +191,14 @@ fn a_receiver_reads_its_pair_itself_among_many_peers() {
         }
     }
     let a = peers.last().unwrap();
-    let count = || b.tcp.rx_assist(b.addr, a.addr, 0).map_or(0, |x| x.fds().count());
+    let count = || b.tcp.rx_assist(b.addr, a.addr, 0, false).map_or(0, |x| x.fds().count());
     while count() < 8 || b.tcp.conn_info().len() < 8 * PEERS as usize {
         let n = b.tcp.conn_info().len();
         assert!(Instant::now() < d, "the assist offers {} of the pair's 8 paths ({n} paths in all)", count());
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(b.tcp.conn_info().len() > rds_tcp::ASSIST_MAX_PATHS);
-    let mut assist = b.tcp.rx_assist(b.addr, a.addr, 0).unwrap();
+    let mut assist = b.tcp.rx_assist(b.addr, a.addr, 0, false).unwrap();
     a.send(last[3], to_b, &Payload::new(pattern(999, 300)), d);
     while assist.lane() == 0 {
         assert!(Instant::now() < d, "the assist read the message");
@@ -221,5 +221,66 @@ fn a_receiver_reads_its_pair_itself_among_many_peers() {
     for p in &peers {
         p.shutdown();
     }
+    b.shutdown();
+}
+
+/// A blocked receiver that knows the lane its last message came on polls
+/// that connection and path 0 only, not every path of the pair: with 8
+/// paths up, an assist with no lane polls 8 connections, path 0 first; one
+/// with the lane a read learnt polls 2, path 0 and that lane, unless asked
+/// to poll wide; a lane that is not up (gone, or never ours) falls back to
+/// all 8. The message read
+/// on the way arrives once, intact.
+#[test]
+fn a_known_lane_is_polled_with_path_0_only() {
+    let a = Host::new(ip("127.0.24.7"), 17118, 247);
+    let b = Host::new(ip("127.0.24.8"), 17118, 248);
+    let d = deadline(60);
+    let sb = b.plain_socket(4000);
+    let to_b = SocketAddr::new(b.addr, 4000);
+    // Every lane up: one message from a socket on each lane (port % 8).
+    let socks: Vec<SockId> = (0..8).map(|k| a.plain_socket(4000 + k)).collect();
+    for (k, s) in socks.iter().enumerate() {
+        a.send(*s, to_b, &Payload::new(pattern(k as u64, 100)), d);
+        assert_eq!(index_of(&b.recv(sb, d).payload), k as u64);
+    }
+    let count = |lane, wide| b.tcp.rx_assist(b.addr, a.addr, lane, wide).map_or(0, |x| x.fds().count());
+    while count(0, false) < 8 {
+        assert!(Instant::now() < d, "8 paths up");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    // Learn a lane: a message from the socket on lane 3, read by the
+    // assist itself.
+    let mut all = b.tcp.rx_assist(b.addr, a.addr, 0, false).unwrap();
+    let fds: Vec<(usize, i32)> = all.fds().collect();
+    assert_eq!(fds.len(), 8);
+    a.send(socks[3], to_b, &Payload::new(pattern(33, 300)), d);
+    while all.lane() == 0 {
+        assert!(Instant::now() < d, "the assist read the message");
+        let mut pfds: Vec<libc::pollfd> =
+            all.fds().map(|(_, fd)| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
+        let idx: Vec<usize> = all.fds().map(|(i, _)| i).collect();
+        // SAFETY: `pfds` is a valid array of `pfds.len()` pollfds.
+        let r = unsafe { libc::poll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, 100) };
+        assert!(r >= 0, "poll: {}", std::io::Error::last_os_error());
+        for (k, p) in pfds.iter().enumerate() {
+            if p.revents != 0 {
+                all.read(idx[k]);
+            }
+        }
+    }
+    let lane = all.lane();
+    drop(all);
+    let m = b.recv(sb, d);
+    assert_eq!((index_of(&m.payload), &m.payload[..]), (33, &pattern(33, 300)[..]));
+    assert_eq!(count(lane, false), 2, "path 0 and the lane");
+    assert_eq!(count(lane, true), 8, "wide: every path");
+    let two = b.tcp.rx_assist(b.addr, a.addr, lane, false).unwrap();
+    // In path order: path 0's connection, then lane 3's (port 4003).
+    assert_eq!(two.fds().map(|(_, fd)| fd).collect::<Vec<_>>(), [fds[0].1, fds[3].1]);
+    drop(two);
+    assert_eq!(count(u64::MAX, false), 8, "an unknown lane: every path");
+    assert!(!matches!(b.with(|n| n.recv(sb, false)), Ok(Received::Data(_))), "nothing more, nothing twice");
+    a.shutdown();
     b.shutdown();
 }

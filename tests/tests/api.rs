@@ -374,3 +374,35 @@ fn small_answers_leave_their_acks_to_the_timer_large_ones_do_not() {
     assert_eq!((left(&e1) - l1, left(&e2) - l2), (0, 0), "an ack poll of {big}-byte messages left to the timer");
     assert!(a.flush(Duration::from_secs(2)) && b.flush(Duration::from_secs(2)), "large messages left unacked");
 }
+
+/// A blocked receiver polls path 0 and the lane its last message came on.
+/// When the answers move to another lane (another socket of the peer, on
+/// a port of another lane, asks), a wait woken through the descriptor
+/// forgets the lane and the next one polls every path: the receiver
+/// learns the new lane and reads it itself again (`tcp_rx_assist_reads`
+/// keeps growing), where it would otherwise leave every later message to
+/// the reactor. Every message arrives once, in order.
+#[test]
+fn a_receiver_learns_the_lane_its_requests_moved_to() {
+    const ROUNDS: u32 = 100;
+    let ip = addr_block(43);
+    // `a` on port 4012 (lane 4 of 8), `a2` on 4013 (lane 5), `b` on 4012.
+    let Pair { e1, e2, a, b } = pair(ip, 4012);
+    let a2 = e1.socket().unwrap();
+    a2.bind(sa(ip(1), 4013)).unwrap();
+    first_exchange(&a, &b);
+    first_exchange(&a2, &b);
+    let reads = || engine_counter(&e2, "tcp_rx_assist_reads");
+    answered_exchange(&a, &b, (ROUNDS, 64, Duration::ZERO));
+    let r0 = reads();
+    answered_exchange(&a2, &b, (ROUNDS, 64, Duration::ZERO));
+    let r1 = reads();
+    answered_exchange(&a, &b, (ROUNDS, 64, Duration::ZERO));
+    let r2 = reads();
+    assert!(
+        r1 - r0 >= u64::from(ROUNDS / 4) && r2 - r1 >= u64::from(ROUNDS / 4),
+        "the receiver read {} and {} of {ROUNDS} requests itself after they moved lanes",
+        r1 - r0,
+        r2 - r1
+    );
+}
