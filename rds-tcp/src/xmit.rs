@@ -10,7 +10,8 @@
 //! send". At most one thread transmits on a connection at a time (the
 //! kernel's `RDS_IN_XMIT` bit): a kick that finds the connection busy marks
 //! it "again" and returns, and the transmitting thread loops until a pull
-//! returns nothing. The calling thread transmits inline, as the kernel does
+//! returns nothing or says it took everything queued (that pull's messages
+//! written, the round ends). The calling thread transmits inline, as the kernel does
 //! in the `sendmsg` caller's context: it pulls up to
 //! [`crate::TcpConfig::pull_budget`] bytes of messages and writes them with
 //! `writev` (header and payload slices, up to 1024 per call), so a burst of
@@ -189,6 +190,12 @@ impl Inner {
         let (id, inst) = (conn.info.id, conn.info.inst);
         let mut sent = 0u64;
         let mut last = stamp;
+        // The last pull took everything the core had queued: once that is
+        // written the round ends without asking again (a pull that finds
+        // nothing costs a node call). A message queued since comes with a
+        // kick, which sends the holder of `in_xmit` around once more
+        // (`Inner::xmit`, `again`).
+        let mut pulled_all = false;
         loop {
             let wgen = conn.wr_gen.load(SeqCst);
             let (res, polled) = {
@@ -235,8 +242,11 @@ impl Inner {
             if sent >= limit {
                 return Round::Yield;
             }
+            if pulled_all {
+                return Round::Idle;
+            }
             msgs.clear();
-            sink.pull(id, inst, self.cfg.pull_budget, msgs);
+            pulled_all = !sink.pull(id, inst, self.cfg.pull_budget, msgs);
             if msgs.is_empty() {
                 return Round::Idle;
             }
