@@ -289,17 +289,19 @@ mod later_tests {
 }
 
 /// The hash map of the per-message lookups (bound ports, congestion maps,
-/// paused paths): keyed by values this node chose or bounded by its peer
-/// limit, hashed with [`FxHasher`] instead of the standard SipHash, which
-/// cost a tenth of a 64-byte message's step. Connections by peer address
-/// (`conn_index`) keep SipHash: a peer picks those keys.
-pub(crate) type FastMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<FxHasher>>;
+/// paused paths; in the transports and the engine, paths by [`PathId`] and
+/// sockets by [`SockId`]): keyed by values this node chose or bounded by
+/// its peer limit, hashed with [`FxHasher`] instead of the standard
+/// SipHash, which cost a tenth of a 64-byte message's step. Only for keys
+/// a peer cannot pick: connections by peer address (`conn_index`) keep
+/// SipHash.
+pub type FastMap<K, V> = std::collections::HashMap<K, V, std::hash::BuildHasherDefault<FxHasher>>;
 
 /// A multiply hash in the manner of rustc's `FxHasher`: a few
 /// instructions per word, deterministic, not resistant to chosen
 /// collisions.
-#[derive(Clone, Copy, Default)]
-pub(crate) struct FxHasher {
+#[derive(Clone, Copy, Default, Debug)]
+pub struct FxHasher {
     hash: u64,
 }
 

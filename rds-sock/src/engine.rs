@@ -7,7 +7,6 @@
 //! node drains its outputs while holding the lock and dispatches them after
 //! releasing it, so no system call ever runs under the node lock.
 
-use std::collections::HashMap;
 use std::convert::Infallible;
 use std::io;
 use std::net::IpAddr;
@@ -159,7 +158,7 @@ enum Work {
 pub(crate) struct Inner {
     state: Mutex<State>,
     timer_cond: Condvar,
-    socks: RwLock<HashMap<SockId, Arc<SockShared>>>,
+    socks: RwLock<rds_core::types::FastMap<SockId, Arc<SockShared>>>,
     tcp: Arc<TcpTransport>,
     lo: Arc<LoopTransport>,
     /// RDS over IB / RoCE (feature `ib`, when the host has an RDMA device).
@@ -384,7 +383,7 @@ impl Engine {
         let inner = Arc::new(Inner {
             state: Mutex::new(State { node, seq: 0, timer_deadline: None, stopped: false }),
             timer_cond: Condvar::new(),
-            socks: RwLock::new(HashMap::new()),
+            socks: RwLock::new(Default::default()),
             tcp,
             lo,
             #[cfg(feature = "ib")]

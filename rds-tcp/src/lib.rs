@@ -324,7 +324,7 @@ pub(crate) struct Inner {
     pub paths: Mutex<path_table::PathTable>,
     /// Receive flow control per path, whatever connection serves it:
     /// (paused, seq of the last applied `rx_flow`).
-    rx_flow: Mutex<HashMap<PathId, (bool, u64)>>,
+    rx_flow: Mutex<rds_core::types::FastMap<PathId, (bool, u64)>>,
     /// Paths paused now (skips the lookup when none is).
     rx_paused_n: AtomicUsize,
     /// Addresses listened on, and the reactor serving each.
@@ -400,7 +400,7 @@ impl TcpTransport {
             sink: RwLock::new(None),
             reactors: handles,
             paths: Mutex::new(path_table::PathTable::default()),
-            rx_flow: Mutex::new(HashMap::new()),
+            rx_flow: Mutex::new(Default::default()),
             rx_paused_n: AtomicUsize::new(0),
             listeners: Mutex::new(HashMap::new()),
             stats: Stats::default(),

@@ -16,6 +16,7 @@ use std::net::IpAddr;
 use std::sync::Arc;
 
 use rds_core::PathId;
+use rds_core::types::FastMap;
 
 use crate::path_conn::PathConn;
 
@@ -23,9 +24,11 @@ use crate::path_conn::PathConn;
 /// connections by (local, foreign) address pair.
 #[derive(Default)]
 pub(crate) struct PathTable {
-    by_id: HashMap<PathId, Arc<PathConn>>,
+    /// By the core's path id (keys this node chose: [`FastMap`]).
+    by_id: FastMap<PathId, Arc<PathConn>>,
     /// Exactly the connections of `by_id`, by `(laddr, faddr)`, in path
-    /// order ([`PathTable::pair`]); no empty list.
+    /// order ([`PathTable::pair`]); no empty list. SipHash: a peer picks
+    /// its address.
     by_pair: HashMap<(IpAddr, IpAddr), Arc<[Arc<PathConn>]>>,
 }
 

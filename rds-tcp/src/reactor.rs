@@ -160,7 +160,7 @@ struct Reactor {
     inner: Arc<Inner>,
     idx: usize,
     poll: Poll,
-    conns: HashMap<Token, Arc<PathConn>>,
+    conns: rds_core::types::FastMap<Token, Arc<PathConn>>,
     listeners: HashMap<Token, (IpAddr, TcpListener)>,
     /// Connections with messages awaiting their TCP ack.
     watch: Vec<Arc<PathConn>>,
@@ -211,7 +211,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         inner,
         idx,
         poll,
-        conns: HashMap::new(),
+        conns: Default::default(),
         listeners: HashMap::new(),
         watch: Vec::new(),
         ack_interval,
