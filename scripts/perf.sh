@@ -7,7 +7,10 @@
 #   2. on the host loopback (in a private network namespace when run as
 #      root): ours against raw TCP (qperf tcp_bw/tcp_lat on 127.0.0.1;
 #      qperf is apt-installed if missing; ours with the same qperf under the
-#      LD_PRELOAD shim, and with our tools), scripts/perf/host.sh;
+#      LD_PRELOAD shim, and with our tools), scripts/perf/host.sh; and
+#      the user-space instructions per 64 B round trip of qperf's latency
+#      client, raw TCP and ours, counted by callgrind (valgrind, apt-
+#      installed if missing);
 #   3. scale, on the host loopback (in a private network namespace when
 #      run as root): one serving node with a fixed number of threads and
 #      256 peer nodes (idle memory per peer, 256 active peers against 1),
@@ -55,6 +58,12 @@ if ! command -v qperf >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     echo "perf: installing qperf (raw TCP on the host)"
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq qperf >/dev/null 2>&1 \
         || echo "perf: WARNING: could not install qperf; no raw TCP figures on the host" >&2
+fi
+
+if ! command -v valgrind >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "perf: installing valgrind (instructions per round trip on the host)"
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null 2>&1 \
+        || echo "perf: WARNING: could not install valgrind; no instruction counts" >&2
 fi
 
 echo "== host loopback: ours against raw TCP"

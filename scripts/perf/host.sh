@@ -40,3 +40,7 @@ for round in $(seq "$ROUNDS"); do
     echo "perf: [host] round $round: ours (rds-stress, rds-gen/rds-sink)" >&2
     ours_suite
 done
+if command -v qperf >/dev/null 2>&1; then
+    echo "perf: [host] instructions per round trip (callgrind)" >&2
+    instr_suite
+fi

@@ -266,3 +266,76 @@ why_once() {
         printf "R %s_switches %.2f /unit\n", k, ($11 - $4) / n
     }'
 }
+
+# instr_suite: user-space instructions per 64 B round trip of qperf's
+# latency client (every thread of its process: for ours, qperf's own code,
+# the shim and the engine), counted by callgrind (valgrind) on the host
+# loopback: raw TCP (tcp_lat) and ours (rds_lat, both sides under the
+# shim; the server runs natively). Each is run for 1 s and for 3 s and the
+# difference taken, so start-up is not counted. For ours also the receive
+# and send calls alone (callgrind_annotate, inclusive). Keys host_instr_*.
+# Deterministic where timings are not; the VM rig emulates every such
+# instruction (TCG). Skipped, with a line on stderr, without valgrind.
+instr_suite() {
+    if ! command -v valgrind >/dev/null 2>&1 || ! command -v callgrind_annotate >/dev/null 2>&1; then
+        echo "perf: valgrind is not installed: no instruction counts" >&2
+        return 0
+    fi
+    instr_pair raw tcp 127.0.0.1 ""
+    if [ -n "${SHIM:-}" ] && [ -f "$SHIM" ]; then
+        instr_pair shim rds "$ADDR_B" "$SHIM"
+    fi
+}
+
+# instr_pair KIND PROTO ADDR SHIM: prints R host_instr_KIND (and, for the
+# shim, _recv and _send) from a 1 s and a 3 s run.
+instr_pair() {
+    local kind=$1 proto=$2 addr=$3 shim=$4 t a b
+    local -A tot=() n=() rd=() sd=()
+    for t in 1 3; do
+        instr_run "$proto" "$addr" "$shim" "$t" || { echo "perf: callgrind run ($kind, ${t} s) failed" >&2; return 0; }
+        read -r n[$t] tot[$t] rd[$t] sd[$t] <<<"$INSTR_OUT"
+    done
+    if [ "${n[3]:-0}" -le "${n[1]:-0}" ]; then
+        echo "perf: callgrind runs ($kind) counted no more round trips in 3 s than in 1 s" >&2
+        return 0
+    fi
+    a=$(( n[3] - n[1] ))
+    echo "R host_instr_${kind} $(( (tot[3] - tot[1]) / a )) instr"
+    if [ -n "$shim" ]; then
+        echo "R host_instr_${kind}_recv $(( (rd[3] - rd[1]) / a )) instr"
+        echo "R host_instr_${kind}_send $(( (sd[3] - sd[1]) / a )) instr"
+    fi
+}
+
+# instr_run PROTO ADDR SHIM T: one callgrind-counted qperf PROTO_lat client
+# of T seconds; sets INSTR_OUT to "round-trips total recv send".
+instr_run() {
+    local proto=$1 addr=$2 shim=$3 t=$4 dir out f n tot
+    dir=$(mktemp -d /tmp/perf-cg.XXXXXX)
+    local pre=()
+    [ -n "$shim" ] && pre=(env LD_PRELOAD="$shim")
+    local save_b=("${ON_B[@]}")
+    ON_B=("${save_b[@]}" "${pre[@]}")
+    qperf_server_start
+    ON_B=("${save_b[@]}")
+    out=$(timeout $((t + 60)) "${ON_A[@]}" valgrind --tool=callgrind --trace-children=yes \
+        --callgrind-out-file="$dir/cg.%p" "${pre[@]}" qperf -vv -t "$t" -m 64 "$addr" "${proto}_lat" 2>&1) || true
+    qperf_server_stop
+    n=$(echo "$out" | awk '$1 == "loc_recv_msgs" { gsub(",", "", $3); print $3 }')
+    f=$(ls -S "$dir"/cg.* 2>/dev/null | head -1)
+    if [ -z "$n" ] || [ -z "$f" ]; then
+        rm -rf "$dir"
+        return 1
+    fi
+    callgrind_annotate --inclusive=yes "$f" >"$dir/a.txt" 2>/dev/null
+    # The "PROGRAM TOTALS" line, and the inclusive counts of the shim's
+    # read (qperf's receive) and sendto (its send) entry points.
+    tot=$(awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }' "$dir/a.txt")
+    INSTR_OUT="$n ${tot:-0} $(instr_of "$dir/a.txt" 'preload/src/io.rs:read ') $(instr_of "$dir/a.txt" 'preload/src/io.rs:sendto ')"
+    rm -rf "$dir"
+}
+
+instr_of() {
+    awk -v pat="$2" 'index($0, pat) { gsub(",", "", $1); print $1; found = 1; exit } END { if (!found) print 0 }' "$1"
+}

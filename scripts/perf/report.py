@@ -199,6 +199,7 @@ def main():
       f"{fmt(num(host, 'host_ours_64_d1_txcall', 'lat'), 'lat')} per send call; with 16 "
       f"in flight: round trip {fmt(num(host, 'host_ours_64_d16_rtt', 'lat'), 'lat')}.")
     w("")
+    instr_section(w, host)
     w("## Issue 14's targets (ratios from this run: VM rig; scale on the host loopback)")
     w("")
     by = {r[0]: r for r in vrows}
@@ -256,6 +257,34 @@ def main():
     with open(os.path.splitext(out)[0] + ".json", "w") as f:
         json.dump(chart_figures(meta, vrows, vm_rows("host_", host, False)), f, indent=1)
         f.write("\n")
+
+
+def instr_section(w, host):
+    """User-space instructions per 64 B round trip (host.sh's instr_suite:
+    callgrind), raw TCP against ours."""
+    def n(k):
+        v = host.get(f"host_instr_{k}")
+        try:
+            return int(v[0][0]) if v else None
+        except ValueError:
+            return None
+    raw, ours, recv, send = (n(k) for k in ("raw", "shim", "shim_recv", "shim_send"))
+    def c(x):
+        return "not measured" if x is None else f"{x:,}"
+    if ours is None:
+        w("No instruction counts (valgrind or qperf is not installed, or the counted runs failed: see the output of perf.sh).")
+        w("")
+        return
+    w(f"User-space instructions per 64 B round trip of qperf's latency client process, every "
+      f"thread, counted by callgrind (valgrind; a 3 s run minus a 1 s run, so start-up is not "
+      f"counted): raw TCP (`tcp_lat`) {c(raw)}, ours "
+      f"(`rds_lat` under the shim) {c(ours)}: the receive call {c(recv)}, the send call {c(send)}, "
+      f"the rest the engine's reactor and timer threads and qperf itself. The count does not "
+      f"depend on the machine's load, where the timings above do. In the VM rig every one "
+      f"of these instructions is emulated (TCG), which is why ours spends so much more user "
+      f"time per round trip there than the kernel's qperf, whose RDS runs inside its two "
+      f"system calls.")
+    w("")
 
 
 def why_section(w, vm):
