@@ -520,16 +520,28 @@ impl RdsSocket {
             let wide = self.shared.rx_wide.swap(false, Relaxed);
             hint.and_then(|(l, f)| self.engine.inner.rx_assist(l, f, lane, wide))
         };
-        let mut fds: Vec<libc::pollfd> = Vec::with_capacity(9);
-        let mut idx: Vec<usize> = Vec::with_capacity(8);
+        // The poll set: the socket's descriptor, then the assisted
+        // connections (`idx`: their index in the assist), on the stack up
+        // to POLL_STACK (path 0 and a lane, or every path of a pair of up
+        // to 15), else in vectors: no allocation per wait.
+        const POLL_STACK: usize = 16;
+        let none = libc::pollfd { fd: -1, events: 0, revents: 0 };
+        let (mut stack_fds, mut stack_idx) = ([none; POLL_STACK], [0usize; POLL_STACK]);
+        let (mut heap_fds, mut heap_idx) = (Vec::new(), Vec::new());
         loop {
-            fds.clear();
-            idx.clear();
-            fds.push(libc::pollfd { fd, events: libc::POLLIN, revents: 0 });
+            let n = 1 + assist.as_ref().map_or(0, |a| a.fds().count());
+            let (fds, idx): (&mut [libc::pollfd], &mut [usize]) = if n <= POLL_STACK {
+                (&mut stack_fds[..n], &mut stack_idx[..n])
+            } else {
+                heap_fds.resize(n, none);
+                heap_idx.resize(n, 0);
+                (&mut heap_fds[..], &mut heap_idx[..])
+            };
+            fds[0] = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
             if let Some(a) = &assist {
-                for (i, afd) in a.fds() {
-                    fds.push(libc::pollfd { fd: afd, events: libc::POLLIN, revents: 0 });
-                    idx.push(i);
+                for (k, (i, afd)) in a.fds().enumerate().take(n - 1) {
+                    fds[k + 1] = libc::pollfd { fd: afd, events: libc::POLLIN, revents: 0 };
+                    idx[k + 1] = i;
                 }
             }
             let ms = match deadline {
@@ -564,9 +576,9 @@ impl RdsSocket {
             if let Some(a) = &mut assist {
                 let by = &self.shared.assist_by;
                 by.store(crate::engine::thread_token(), std::sync::atomic::Ordering::SeqCst);
-                for (k, p) in fds[1..].iter().enumerate() {
+                for (p, &i) in fds[1..].iter().zip(&idx[1..]) {
                     if p.revents != 0 {
-                        read |= a.read(idx[k]);
+                        read |= a.read(i);
                     }
                 }
                 by.store(0, std::sync::atomic::Ordering::SeqCst);

@@ -11,7 +11,6 @@
 //! not a vector built and sorted per wait (connections come and go far
 //! less often than messages).
 
-use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::Arc;
 
@@ -27,9 +26,11 @@ pub(crate) struct PathTable {
     /// By the core's path id (keys this node chose: [`FastMap`]).
     by_id: FastMap<PathId, Arc<PathConn>>,
     /// Exactly the connections of `by_id`, by `(laddr, faddr)`, in path
-    /// order ([`PathTable::pair`]); no empty list. SipHash: a peer picks
-    /// its address.
-    by_pair: HashMap<(IpAddr, IpAddr), Arc<[Arc<PathConn>]>>,
+    /// order ([`PathTable::pair`]); no empty list. A peer picks its
+    /// address, but the core bounds the peers it keeps connections with
+    /// (`NodeConfig::max_peers`), which bounds these entries: [`FastMap`],
+    /// as the core's congestion maps by peer address.
+    by_pair: FastMap<(IpAddr, IpAddr), Arc<[Arc<PathConn>]>>,
 }
 
 fn pair_of(c: &PathConn) -> (IpAddr, IpAddr) {
