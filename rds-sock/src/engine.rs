@@ -128,6 +128,12 @@ impl SockShared {
         }
     }
 
+    /// The descriptor is kept in sync, has no update left for later
+    /// (`deferred`) and shows the socket not readable.
+    pub(crate) fn fd_shows_empty(&self) -> bool {
+        self.fd_active.load(Ordering::Acquire) && !self.deferred.load(Ordering::SeqCst) && !self.fd.readable()
+    }
+
     /// Current event count; a later [`SockShared::wait`] returns once it moved.
     pub fn snapshot(&self) -> u64 {
         *self.events.lock()

@@ -79,6 +79,12 @@ impl ReadyFd {
         self.user.as_raw_fd()
     }
 
+    /// Whether the descriptor shows the socket readable (as of the last
+    /// update applied).
+    pub fn readable(&self) -> bool {
+        self.state.lock().readable
+    }
+
     /// Applies readiness computed at sequence `seq`; stale updates are ignored.
     pub fn update(&self, seq: u64, readable: bool, writable: bool) {
         let mut st = self.state.lock();

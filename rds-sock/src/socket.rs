@@ -488,13 +488,15 @@ impl RdsSocket {
     /// queue.
     pub fn recv_msg_wait(&self, buf: &mut [u8], flags: RecvFlags, deadline: Option<Instant>) -> io::Result<RecvMeta> {
         let flags = RecvFlags { dontwait: true, ..flags };
+        let mut wait = self.known_empty(deadline);
         let r = loop {
-            match self.recv_msg(buf, flags) {
-                Err(e) if e.raw_os_error() == Some(Errno::EAGAIN.0) => {
-                    if let Err(e) = self.wait_readable(deadline) {
-                        break Err(e);
-                    }
+            if wait {
+                if let Err(e) = self.wait_readable(deadline) {
+                    break Err(e);
                 }
+            }
+            match self.recv_msg(buf, flags) {
+                Err(e) if e.raw_os_error() == Some(Errno::EAGAIN.0) => wait = true,
                 r => break r,
             }
         };
@@ -502,6 +504,18 @@ impl RdsSocket {
             self.engine.inner.refresh_fd(&self.shared, self.id);
         }
         r
+    }
+
+    /// Whether a blocking receive may wait before it first looks: the
+    /// socket's descriptor is kept in sync ([`AsRawFd`]) and shows it not
+    /// readable, with no update of it left for later (`deferred`), no
+    /// deadline (an expired one returns what is queued, as before) and the
+    /// engine running. A look that could only find nothing costs a node
+    /// call. A message queued since the descriptor's last update is on its
+    /// way to it (the wake-up is dispatched after the node lock): it turns
+    /// readable and the wait ends at once.
+    fn known_empty(&self, deadline: Option<Instant>) -> bool {
+        deadline.is_none() && self.shared.fd_shows_empty() && self.live().is_ok()
     }
 
     /// Waits until the socket may be readable: its descriptor is

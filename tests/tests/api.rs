@@ -439,3 +439,70 @@ fn a_receiver_learns_the_lane_its_requests_moved_to() {
         r2 - r1
     );
 }
+
+/// The blocking receive without a deadline (the C ABI's, qperf's) waits
+/// before it first looks when the socket's descriptor shows nothing
+/// queued (`RdsSocket::known_empty`): it must still return what was
+/// queued before the call (the descriptor readable: it looks first), what
+/// arrives while it waits, and what a wake-up still on its way to the
+/// descriptor announces, every message once, in order, with nothing left.
+/// Each round: the answer to a request (so it waits first), then a burst
+/// of 0..3 more sent before the receiver calls again, and one sent from
+/// another thread a moment after it started waiting.
+#[test]
+fn a_receive_without_deadline_that_waits_first_misses_nothing() {
+    use rds_sock::RecvFlags;
+    const ROUNDS: u32 = 200;
+    let ip = addr_block(43);
+    let Pair { e1: _e1, e2: _e2, a, b } = pair(ip, 4016);
+    first_exchange(&a, &b);
+    let (a_addr, b_addr) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+    // A hang here is the failure this test looks for: end the process.
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watch = done.clone();
+    std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_secs(120));
+        if !watch.load(std::sync::atomic::Ordering::SeqCst) {
+            eprintln!("a receive without deadline never returned");
+            std::process::exit(101);
+        }
+    });
+    let mut buf = [0u8; 16];
+    let mut next = 0u32;
+    let mut expect = |b: &rds_sock::RdsSocket, buf: &mut [u8; 16]| {
+        let m = b.recv_msg_wait(buf, RecvFlags::default(), None).unwrap();
+        assert_eq!((&buf[..m.len], m.from), (&next.to_le_bytes()[..], Some(a_addr)), "message {next}");
+        next += 1;
+    };
+    let mut sent = 0u32;
+    for round in 0..ROUNDS {
+        // The request, answered: b waits first, then its reply goes out.
+        a.send_to(&sent.to_le_bytes(), b_addr).unwrap();
+        sent += 1;
+        expect(&b, &mut buf);
+        // A burst queued before b looks again (readable: it looks first).
+        for _ in 0..round % 4 {
+            a.send_to(&sent.to_le_bytes(), b_addr).unwrap();
+            sent += 1;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+        for _ in 0..round % 4 {
+            expect(&b, &mut buf);
+        }
+        // One more from another thread, a moment after b started waiting.
+        std::thread::scope(|s| {
+            let a = &a;
+            let n = sent;
+            s.spawn(move || {
+                std::thread::sleep(Duration::from_micros(u64::from(round % 5) * 100));
+                a.send_to(&n.to_le_bytes(), b_addr).unwrap();
+            });
+            expect(&b, &mut buf);
+        });
+        sent += 1;
+    }
+    done.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(next, sent);
+    let none = RecvFlags { dontwait: true, ..RecvFlags::default() };
+    assert!(b.recv_msg(&mut buf, none).is_err(), "nothing more");
+}
