@@ -93,6 +93,9 @@ fn three_nodes_all_to_all_100k() {
         }
         for (i, en) in engines.iter().enumerate() {
             eprintln!("--- engine {i}\n{}", en.with_node(|n| n.dump()));
+            let set: Vec<String> =
+                en.counters().into_iter().filter(|c| c.1 != 0).map(|c| format!("{}={}", c.0, c.1)).collect();
+            eprintln!("counters: {}", set.join(" "));
         }
         panic!("{e}");
     }

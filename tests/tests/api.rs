@@ -280,6 +280,24 @@ fn the_descriptor_stays_exact_around_a_receive_that_reads_the_connection() {
 /// same size. Every request and answer must arrive once, in order, with
 /// its content; nothing more.
 fn answered_exchange(a: &rds_sock::RdsSocket, b: &rds_sock::RdsSocket, (rounds, size, pause): (u32, usize, Duration)) {
+    exchange(a, b, (rounds, size), pause, Duration::ZERO);
+}
+
+/// [`answered_exchange`] with `lead` between an answer and the next
+/// request (the pause is the requester's), answered at once.
+fn paced_exchange(a: &rds_sock::RdsSocket, b: &rds_sock::RdsSocket, (rounds, size, lead): (u32, usize, Duration)) {
+    exchange(a, b, (rounds, size), Duration::ZERO, lead);
+}
+
+/// `rounds` requests of `size` bytes from `a` to `b`, each sent `lead`
+/// after the answer before it and answered `pause` after it came.
+fn exchange(
+    a: &rds_sock::RdsSocket,
+    b: &rds_sock::RdsSocket,
+    (rounds, size): (u32, usize),
+    pause: Duration,
+    lead: Duration,
+) {
     use rds_sock::RecvFlags;
     let (a_addr, b_addr) = (a.local_addr().unwrap(), b.local_addr().unwrap());
     let deadline = || Some(std::time::Instant::now() + Duration::from_secs(10));
@@ -291,34 +309,6 @@ fn answered_exchange(a: &rds_sock::RdsSocket, b: &rds_sock::RdsSocket, (rounds, 
                 let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
                 assert_eq!((&buf[..m.len], m.from), (&msg(i)[..], Some(a_addr)), "request {i}");
                 std::thread::sleep(pause);
-                b.send_to(&msg(i | 1 << 31), a_addr).unwrap();
-            }
-        });
-        let mut buf = vec![0u8; size + 1];
-        for i in 0..rounds {
-            a.send_to(&msg(i), b_addr).unwrap();
-            let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
-            assert_eq!((&buf[..m.len], m.from), (&msg(i | 1 << 31)[..], Some(b_addr)), "answer {i}");
-        }
-    });
-    let mut buf = [0u8; 8];
-    let none = RecvFlags { dontwait: true, ..RecvFlags::default() };
-    assert!(a.recv_msg(&mut buf, none).is_err() && b.recv_msg(&mut buf, none).is_err(), "nothing more");
-}
-
-/// [`answered_exchange`] with `lead` between an answer and the next
-/// request (the pause is the requester's).
-fn paced_exchange(a: &rds_sock::RdsSocket, b: &rds_sock::RdsSocket, (rounds, size, lead): (u32, usize, Duration)) {
-    use rds_sock::RecvFlags;
-    let (a_addr, b_addr) = (a.local_addr().unwrap(), b.local_addr().unwrap());
-    let deadline = || Some(std::time::Instant::now() + Duration::from_secs(10));
-    let msg = |i: u32| -> Vec<u8> { (0..size).map(|k| (k as u32).wrapping_mul(31).wrapping_add(i) as u8).collect() };
-    std::thread::scope(|s| {
-        s.spawn(|| {
-            let mut buf = vec![0u8; size + 1];
-            for i in 0..rounds {
-                let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
-                assert_eq!((&buf[..m.len], m.from), (&msg(i)[..], Some(a_addr)), "request {i}");
                 b.send_to(&msg(i | 1 << 31), a_addr).unwrap();
             }
         });
