@@ -171,8 +171,10 @@
 //! Before a path above 0 is read, path 0 of the same connection is read
 //! until it is drained (or the budget: the other path then waits for a later
 //! pass, counted in `tcp_rx_lane_deferred`), unless path 0 had no readable
-//! event since its last pass drained it (`tcp_rx_path0_skipped`: no read
-//! that could only return `EAGAIN`). A socket's messages move from
+//! event since its last pass drained it and its socket holds nothing
+//! (`ioctl(FIONREAD)`; `tcp_rx_path0_skipped`: no read that could only
+//! return `EAGAIN`; `tcp_rx_path0_pending`: bytes without an event, read
+//! first). A socket's messages move from
 //! path 0 to its own lane once the path-0 ones are acked, and an ack says
 //! our TCP has the bytes, not that we read them; this keeps the lane's
 //! first message behind them, whatever order readiness is reported in.

@@ -31,6 +31,10 @@ pub(crate) struct Stats {
     /// readable event since it was last drained (ours; see
     /// `Reactor::path0_read`).
     pub rx_path0_skipped: AtomicU64,
+    /// Reads of path 0 before a lane made because its socket held bytes
+    /// although no readable event of it was taken since it was last
+    /// drained (ours; see `Reactor::path0_read`).
+    pub rx_path0_pending: AtomicU64,
     /// Read passes made by application threads blocked in a receive
     /// (`crate::assist`), and readable events the reactor left to them.
     pub rx_assist_reads: AtomicU64,
@@ -98,6 +102,7 @@ impl Stats {
             ("tcp_ack_timer_answered", self.ack_timer_answered.load(Relaxed)),
             ("tcp_ack_timer_polls", self.ack_timer_polls.load(Relaxed)),
             ("tcp_rx_assist_acks_left", self.rx_assist_acks_left.load(Relaxed)),
+            ("tcp_rx_path0_pending", self.rx_path0_pending.load(Relaxed)),
         ]
     }
 }

@@ -1,4 +1,5 @@
-//! The few system calls std, mio and socket2 do not wrap: `SIOCOUTQ`, a
+//! The few system calls std, mio and socket2 do not wrap: `SIOCOUTQ`,
+//! `FIONREAD`, a
 //! `timerfd` for sub-millisecond reactor wake-ups, and an epoll
 //! registration for no event but errors and hang-ups.
 
@@ -13,6 +14,18 @@ pub(crate) fn outq(fd: RawFd) -> io::Result<u64> {
     let mut v: libc::c_int = 0;
     // SAFETY: TIOCOUTQ writes one c_int through a pointer to a live local.
     let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut v as *mut libc::c_int) };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u64::try_from(v).unwrap_or(0))
+}
+
+/// Bytes waiting to be read in the socket's receive queue
+/// (`ioctl(FIONREAD)`, `SIOCINQ` for TCP sockets).
+pub(crate) fn inq(fd: RawFd) -> io::Result<u64> {
+    let mut v: libc::c_int = 0;
+    // SAFETY: FIONREAD writes one c_int through a pointer to a live local.
+    let r = unsafe { libc::ioctl(fd, libc::FIONREAD, &mut v as *mut libc::c_int) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }

@@ -333,7 +333,8 @@ fn listener_and_address_checks() {
             "tcp_tx_coalesced",
             "tcp_ack_timer_answered",
             "tcp_ack_timer_polls",
-            "tcp_rx_assist_acks_left"
+            "tcp_rx_assist_acks_left",
+            "tcp_rx_path0_pending"
         ]
     );
     t1.close();
