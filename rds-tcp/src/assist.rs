@@ -147,8 +147,7 @@ impl TcpTransport {
             return None;
         }
         // At most 64 paths: a bit each.
-        let up = |i: &usize| conns[*i].state() == UP;
-        let held = (0..conns.len()).filter(up).fold(0u64, |m, i| m | 1 << i);
+        let held = (0..conns.len()).filter(|&i| conns[i].state() == UP).fold(0u64, |m, i| m | 1 << i);
         if held == 0 {
             return None;
         }
@@ -156,7 +155,8 @@ impl TcpTransport {
         // the other paths only have their acks polled and their answers
         // marked (a request goes out on the lane of its socket's port, the
         // answer comes back on another).
-        let at = (lane != 0).then(|| (0..conns.len()).filter(up).find(|&i| lane_of(&conns[i]) == lane)).flatten();
+        let at =
+            (lane != 0).then(|| (0..conns.len()).find(|&i| held & 1 << i != 0 && lane_of(&conns[i]) == lane)).flatten();
         let mut polled = 0u64;
         for i in (0..conns.len()).filter(|i| held & 1 << i != 0) {
             let c = &conns[i];
@@ -189,7 +189,12 @@ impl RxAssist {
 
     /// Indexes of the connections it polls, in path order.
     fn polled_ix(&self) -> impl Iterator<Item = usize> + '_ {
-        (0..self.conns.len()).filter(|&i| self.polled & 1 << i != 0)
+        (0..self.conns.len()).filter(|&i| self.polls(i))
+    }
+
+    /// Whether it polls connection `i` (and has not given it back).
+    fn polls(&self, i: usize) -> bool {
+        i < self.conns.len() && self.polled & 1 << i != 0
     }
 
     /// The connections it still holds (`held`), in path order.
@@ -216,7 +221,7 @@ impl RxAssist {
     /// (busy, paused, ending, path 0 not readable here), the caller then
     /// hands it back.
     fn try_read(&mut self, i: usize) -> Option<bool> {
-        if i >= self.conns.len() || self.polled & 1 << i == 0 {
+        if !self.polls(i) {
             return None;
         }
         let c = self.conns[i].clone();
@@ -369,7 +374,7 @@ impl RxAssist {
     /// here either); `None` when it was not polled or is given back
     /// already.
     fn release(&mut self, i: usize) -> Option<Arc<PathConn>> {
-        if i >= self.conns.len() || self.polled & 1 << i == 0 {
+        if !self.polls(i) {
             return None;
         }
         self.polled &= !(1 << i);
@@ -393,7 +398,7 @@ impl Drop for RxAssist {
     /// same `read` there).
     fn drop(&mut self) {
         for i in 0..self.conns.len() {
-            if self.polled & 1 << i == 0 {
+            if !self.polls(i) {
                 continue;
             }
             if self.conns[i].rx_unread.load(SeqCst) {

@@ -331,11 +331,13 @@ instr_run() {
     callgrind_annotate --inclusive=yes "$f" >"$dir/a.txt" 2>/dev/null
     # The "PROGRAM TOTALS" line, and the inclusive counts of the shim's
     # read (qperf's receive) and sendto (its send) entry points.
-    tot=$(awk '/PROGRAM TOTALS/ { gsub(",", "", $1); print $1; exit }' "$dir/a.txt")
-    INSTR_OUT="$n ${tot:-0} $(instr_of "$dir/a.txt" 'preload/src/io.rs:read ') $(instr_of "$dir/a.txt" 'preload/src/io.rs:sendto ')"
+    tot=$(instr_of "$dir/a.txt" 'PROGRAM TOTALS')
+    INSTR_OUT="$n $tot $(instr_of "$dir/a.txt" 'preload/src/io.rs:read ') $(instr_of "$dir/a.txt" 'preload/src/io.rs:sendto ')"
     rm -rf "$dir"
 }
 
+# instr_of FILE TEXT: the count of callgrind_annotate's first line holding
+# TEXT (0 when none).
 instr_of() {
     awk -v pat="$2" 'index($0, pat) { gsub(",", "", $1); print $1; found = 1; exit } END { if (!found) print 0 }' "$1"
 }
