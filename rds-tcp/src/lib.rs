@@ -198,6 +198,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod assist;
+mod coalesce;
 mod interest;
 mod path_conn;
 mod path_table;
@@ -269,16 +270,26 @@ pub struct TcpConfig {
     /// replace a path's old one.
     pub defer_per_peer: usize,
     /// Write coalescing of one-way streams: once 16 sends in a row came
-    /// each less than this long after the one before, with nothing read by
+    /// each less than a window after the one before, with nothing read by
     /// the reactor in between, an application thread that finds the
-    /// connection written less than this long ago leaves its message
+    /// connection written less than a window ago leaves its message
     /// queued, and the messages of the window go out in one `writev` (by
     /// the next send after the window, or by the reactor at its end). A
     /// message sent after a pause, and request/response traffic, go out at
-    /// once; a stream's messages wait at most this long. Zero writes every
-    /// message at once. Default 20 µs
-    /// (`RDS_TCP_COALESCE_US` in the environment overrides it).
+    /// once. The window is this long, or longer where a transmit of small
+    /// messages costs more ([`TcpConfig::coalesce_max`]); a stream's
+    /// messages wait at most a window. Zero writes every message at once.
+    /// Default 20 µs (`RDS_TCP_COALESCE_US` in the environment overrides
+    /// it).
     pub coalesce: Duration,
+    /// The longest the coalescing window grows to: where sending messages
+    /// of up to 2 KiB measured slow (emulated, loaded), the window is 4
+    /// times what one transmit took on the connection (its pull and
+    /// `sendmsg`, sampled), between [`TcpConfig::coalesce`] and this. Zero
+    /// keeps the window at [`TcpConfig::coalesce`]. Default 500 µs
+    /// (`RDS_TCP_COALESCE_MAX_US` overrides it). See the `coalesce`
+    /// module's docs (`src/coalesce.rs`).
+    pub coalesce_max: Duration,
     /// A connection whose partly received message (header or payload) got
     /// no byte for this long is reset (counted in `tcp_rx_frame_stalled`,
     /// reported as [`DownReason::ProtocolError`]); a path the core paused
@@ -307,6 +318,9 @@ impl Default for TcpConfig {
             defer_per_peer: 8,
             coalesce: Duration::from_micros(
                 std::env::var("RDS_TCP_COALESCE_US").ok().and_then(|v| v.parse().ok()).unwrap_or(20),
+            ),
+            coalesce_max: Duration::from_micros(
+                std::env::var("RDS_TCP_COALESCE_MAX_US").ok().and_then(|v| v.parse().ok()).unwrap_or(500),
             ),
             rx_frame_timeout: Duration::from_secs(30),
         }

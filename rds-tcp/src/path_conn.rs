@@ -138,6 +138,9 @@ pub(crate) struct PathConn {
     /// coalescing starts once such a run shows (`xmit::COALESCE_RUN`).
     pub last_send: AtomicU64,
     pub send_run: AtomicU32,
+    /// What a transmit of small messages costs here, sampled: the
+    /// coalescing window follows it (`crate::coalesce`).
+    pub write_cost: crate::coalesce::WriteCost,
     /// [`now_ns`] of the last readable event: the reactor polls the acks
     /// of a watched connection at each of its events, so one that receives
     /// needs its ack timer only as a fallback.
@@ -194,6 +197,7 @@ impl PathConn {
             flush_pending: AtomicBool::new(false),
             last_send: AtomicU64::new(0),
             send_run: AtomicU32::new(0),
+            write_cost: Default::default(),
             last_rx_event: AtomicU64::new(0),
             rx_unread: AtomicBool::new(true),
             rx_busy: AtomicBool::new(false),

@@ -15,15 +15,13 @@
 //! in the `sendmsg` caller's context: it pulls up to
 //! [`crate::TcpConfig::pull_budget`] bytes of messages and writes them with
 //! `writev` (header and payload slices, up to 1024 per call), so a burst of
-//! small messages costs few system calls. The writes of a stream are
-//! coalesced in time ([`crate::TcpConfig::coalesce`], 20 µs by default):
-//! once a run of sends (`COALESCE_RUN`, 16) came each within the window of
-//! the one before with nothing read by the reactor in between (a one-way
-//! stream), a thread that finds the connection written moments ago leaves
-//! its message queued, and the next send after the window (or the reactor,
-//! through its timer, at the window's end) writes everything queued at
-//! once (`tcp_tx_coalesced` counts those sends). A message sent after a
-//! pause, a reply and request/response traffic go out immediately. On
+//! small messages costs few system calls. The writes of a one-way stream
+//! are coalesced in time: a send inside the window leaves its message to
+//! the window's single write (the `coalesce` module, [`Inner::coalesced`];
+//! the window is [`crate::TcpConfig::coalesce`] or a few times what a
+//! transmit measured here, up to [`crate::TcpConfig::coalesce_max`]). A
+//! message sent after a pause, a reply and request/response traffic go out
+//! immediately. On
 //! `EAGAIN` the connection waits for the reactor's next writable event,
 //! which resumes transmission there (the reactor's registration of a
 //! connection asks for writable events only while a write waits:
@@ -76,24 +74,7 @@ impl Inner {
         if !on_reactor && !self.cfg.coalesce.is_zero() {
             let now = path_conn::now_ns();
             stamp = Some(now);
-            let window = u64::try_from(self.cfg.coalesce.as_nanos()).unwrap_or(u64::MAX);
-            let prev = conn.last_send.swap(now, SeqCst);
-            let quiet = self.reactors[conn.reactor].last_rx.load(SeqCst) < prev;
-            let run = if quiet && now.saturating_sub(prev) < window {
-                conn.send_run.fetch_add(1, SeqCst).saturating_add(1)
-            } else {
-                conn.send_run.store(0, SeqCst);
-                0
-            };
-            let due = conn.last_write.load(SeqCst).saturating_add(window);
-            if now < due && run >= COALESCE_RUN {
-                // Written moments ago, in a run of sends each moments after
-                // the one before (a stream): let this window's messages go
-                // out together; the reactor flushes at the window's end.
-                inc(&self.stats.tx_coalesced);
-                if !conn.flush_pending.swap(true, SeqCst) {
-                    self.reactors[conn.reactor].flush_at(conn.clone(), path_conn::instant_of(due));
-                }
+            if self.coalesced(conn, now) {
                 return;
             }
         }
@@ -208,7 +189,17 @@ impl Inner {
                     let now = stamp.take().unwrap_or_else(path_conn::now_ns);
                     last = Some(now);
                     conn.last_write.store(now, SeqCst);
-                    tx.write(&conn.stream)
+                    let n = tx.queued_len();
+                    let timed = conn.write_cost.sample_due(n);
+                    let res = tx.write(&conn.stream);
+                    if timed && matches!(res, Ok(WriteRes::Flushed)) {
+                        // The coalescing window's measure: from the send's
+                        // clock read (before its pull) to the end of the write.
+                        let t = path_conn::now_ns();
+                        last = Some(t);
+                        conn.write_cost.record(t.saturating_sub(now), n, tx.written - before);
+                    }
+                    res
                 } else {
                     Ok(WriteRes::Flushed)
                 };
@@ -267,19 +258,6 @@ impl Inner {
         }
     }
 }
-
-/// Sends in a row on a connection, each within the coalescing window of
-/// the one before and with no readable event on the connection's reactor
-/// in between, from which a send inside the window is left to the
-/// window's flush. Request/response traffic (a reply between two sends)
-/// and up to 16 messages in flight (their acks come back between sends)
-/// are written at once: waiting for the window added it to every round
-/// trip (`rds-stress -d 1` on loopback: 3x the round trip), and with 16 in
-/// flight it cost more message rate than the saved `writev` calls brought
-/// (`-d 16`). A one-way stream (`rds-gen`) reaches it at once, and one
-/// `writev` per window instead of one per message is what its bandwidth
-/// gains.
-const COALESCE_RUN: u32 = 16;
 
 /// Bytes a transmitting thread writes between two polls of the acks.
 const ACK_POLL_BYTES: u64 = 32 << 10;

@@ -112,6 +112,51 @@ fn coalescing_holds_back_streams_not_round_trips() {
     b.shutdown();
 }
 
+/// The coalescing window follows what a write costs: with a floor of 1 ns
+/// (no two sends are that close) a burst is coalesced only when the window
+/// may grow to a few times the measured cost of a transmit
+/// (`coalesce_max`), never when it may not. Every message arrives once, in
+/// order, intact, either way.
+#[test]
+fn the_coalescing_window_grows_with_what_a_write_costs() {
+    let run = |addr: (&str, &str), max: Duration, seed: u32| {
+        let cfg = |port| rds_tcp::TcpConfig {
+            port,
+            coalesce: Duration::from_nanos(1),
+            coalesce_max: max,
+            ..Default::default()
+        };
+        let a = Host::with_config(ip(addr.0), cfg(17118), common::node_config(seed));
+        let b = Host::with_config(ip(addr.1), cfg(17118), common::node_config(seed + 1));
+        let d = deadline(60);
+        let sa = a.socket(5000);
+        let sb = b.socket(4000);
+        let to_b = SocketAddr::new(b.addr, 4000);
+        a.send(sa, to_b, &Payload::new(pattern(0, 64)), d);
+        assert_eq!(index_of(&b.recv(sb, d).payload), 0);
+        let c0 = a.counter("tcp_tx_coalesced");
+        const BURST: u64 = 3000;
+        for i in 1..=BURST {
+            a.send(sa, to_b, &Payload::new(pattern(i, 200)), d);
+        }
+        for i in 1..=BURST {
+            let m = b.recv(sb, d);
+            assert_eq!(index_of(&m.payload), i, "burst order");
+            assert!(m.payload[..] == pattern(i, 200)[..], "burst message {i}");
+        }
+        let coalesced = a.counter("tcp_tx_coalesced") - c0;
+        a.wait_for(d, "all acked", |n| n.snd_bytes(sa) == 0);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!matches!(b.with(|n| n.recv(sb, false)), Ok(Received::Data(_))), "nothing more, nothing twice");
+        a.shutdown();
+        b.shutdown();
+        coalesced
+    };
+    assert_eq!(run(("127.0.25.5", "127.0.25.6"), Duration::ZERO, 255), 0, "a 1 ns window holds nothing");
+    let grown = run(("127.0.25.7", "127.0.25.8"), Duration::from_micros(500), 257);
+    assert!(grown > 0, "the window grew to what a write costs and held sends back");
+}
+
 /// A one-way stream from a socket whose lane is path 0 (its port hashes
 /// there, as one socket in eight does) to a receiver that goes congested:
 /// the receiver's congestion maps come back on path 0, where the sender
