@@ -60,6 +60,7 @@
 //! thread per engine. Sends are written by the calling thread when the
 //! connection has room, as the kernel does.
 
+mod copy;
 mod engine;
 pub mod info;
 mod readiness;

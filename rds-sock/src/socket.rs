@@ -209,7 +209,7 @@ impl RdsSocket {
     /// or above half the send buffer (the kernel's accounting).
     pub fn send_msg(&self, buf: &[u8], dst: Option<SocketAddr>, flags: &SendFlags) -> io::Result<usize> {
         self.live()?;
-        self.send_payload(Payload::copy_from(buf), dst, flags)
+        self.send_payload(crate::copy::payload_of(buf), dst, flags)
     }
 
     /// Sends a payload the caller already owns (no copy).
@@ -268,7 +268,7 @@ impl RdsSocket {
         Ok(match self.recv_inner(flags)? {
             Received::Data(inc) => {
                 let n = inc.payload.len().min(buf.len());
-                buf[..n].copy_from_slice(&inc.payload[..n]);
+                crate::copy::copy_bytes(&mut buf[..n], &inc.payload[..n]);
                 let truncated = inc.payload.len() > buf.len();
                 RecvMeta {
                     len: if flags.trunc { inc.payload.len() } else { n },
