@@ -58,7 +58,9 @@ use crate::stats::inc;
 /// gains.
 pub(crate) const COALESCE_RUN: u32 = 16;
 
-/// The window is this many times the measured cost of a transmit.
+/// The window is this many times the measured cost of a transmit (8 did
+/// no better in the VM rig: qperf `rds_bw`, 64 B and 1 KiB, 3 rounds
+/// alternating in one boot).
 pub(crate) const COST_FACTOR: u64 = 4;
 
 /// One in this many transmits of at most two messages is timed.

@@ -135,7 +135,7 @@ pub(crate) struct PathConn {
     /// [`now_ns`] of the last send from an application thread, and the
     /// number of sends in a row each within the coalescing window of the
     /// one before with no readable event on the reactor in between: write
-    /// coalescing starts once such a run shows (`xmit::COALESCE_RUN`).
+    /// coalescing starts once such a run shows (`coalesce::COALESCE_RUN`).
     pub last_send: AtomicU64,
     pub send_run: AtomicU32,
     /// What a transmit of small messages costs here, sampled: the
