@@ -316,15 +316,17 @@ impl Default for TcpConfig {
             shutdown_drain: Duration::from_secs(2),
             defer_max: Duration::from_secs(5),
             defer_per_peer: 8,
-            coalesce: Duration::from_micros(
-                std::env::var("RDS_TCP_COALESCE_US").ok().and_then(|v| v.parse().ok()).unwrap_or(20),
-            ),
-            coalesce_max: Duration::from_micros(
-                std::env::var("RDS_TCP_COALESCE_MAX_US").ok().and_then(|v| v.parse().ok()).unwrap_or(500),
-            ),
+            coalesce: env_micros("RDS_TCP_COALESCE_US", 20),
+            coalesce_max: env_micros("RDS_TCP_COALESCE_MAX_US", 500),
             rx_frame_timeout: Duration::from_secs(30),
         }
     }
+}
+
+/// Microseconds from the environment variable `name` (a whole number),
+/// else `default`.
+fn env_micros(name: &str, default: u64) -> Duration {
+    Duration::from_micros(std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default))
 }
 
 /// What the facade ([`TcpTransport`]) and the reactor threads share: the
