@@ -26,7 +26,10 @@
 //! (sockaddr in and out), `msg` (sendmsg / recvmsg, cmsgs, blocking),
 //! `opts` (setsockopt / getsockopt / ioctl / fcntl).
 //!
-//! Blocking calls wait on the descriptor itself. A blocking receive
+//! A blocking receive waits on the descriptor itself; a blocking send
+//! until the event that lets it go on (room in the send buffer, the
+//! congestion map update that clears its destination port) wakes it
+//! ([`rds_sock::RdsSocket::send_msg_wait`]). A blocking receive
 //! without SO_RCVTIMEO follows SA_RESTART as the kernel's (restarted with
 //! it, EINTR without); a receive with SO_RCVTIMEO and a blocking send fail
 //! with EINTR on any signal (the kernel would restart them under

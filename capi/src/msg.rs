@@ -15,7 +15,6 @@
 
 use std::mem::size_of;
 use std::net::SocketAddr;
-use std::os::fd::RawFd;
 use std::time::{Duration, Instant, SystemTime};
 
 use libc::{c_int, cmsghdr, msghdr};
@@ -84,36 +83,6 @@ fn handlers_restart() -> bool {
         }
         old.sa_sigaction == libc::SIG_DFL || old.sa_sigaction == libc::SIG_IGN || old.sa_flags & libc::SA_RESTART != 0
     })
-}
-
-/// ppoll() for `events` until `deadline` (to the nanosecond): ETIMEDOUT
-/// after it, EINTR on a signal. `events` 0 just sleeps until the deadline (interruptibly).
-fn poll_until(fd: RawFd, events: libc::c_short, deadline: Option<Instant>) -> Result<(), Errno> {
-    let ts = match deadline {
-        None => None,
-        Some(d) => {
-            let left = d.saturating_duration_since(Instant::now());
-            if left.is_zero() {
-                return Err(libc::ETIMEDOUT);
-            }
-            Some(libc::timespec {
-                tv_sec: left.as_secs().min(i64::MAX as u64) as libc::time_t,
-                tv_nsec: left.subsec_nanos() as _,
-            })
-        }
-    };
-    let mut p = libc::pollfd { fd, events, revents: 0 };
-    let tp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: one valid pollfd; `tp` is null or points at a live local;
-    // no signal mask (ppoll then waits as poll does, signals included).
-    match unsafe { libc::ppoll(&mut p, 1, tp, std::ptr::null()) } {
-        r if r < 0 => Err(crate::last_errno()),
-        0 if events != 0 => match deadline {
-            Some(d) if Instant::now() >= d => Err(libc::ETIMEDOUT),
-            _ => Ok(()),
-        },
-        _ => Ok(()),
-    }
 }
 
 fn deadline(t: Option<Duration>) -> Option<Instant> {
@@ -289,49 +258,17 @@ pub unsafe fn sendmsg(e: &Entry, m: &msghdr, flags: c_int) -> Result<usize, Errn
     }
 }
 
-/// The first sleep of a blocking send that finds its destination port
-/// congested. A congested port usually clears within tens of microseconds
-/// (the receiver reads and sends its map), and the sleep used to be a fixed
-/// millisecond: qperf `rds_bw` with 64 KiB messages on loopback, whose
-/// receiving socket goes congested and back for most messages, fell to
-/// about 330 MB/s in some runs (7 of 12 below 800 MB/s, against 0.9-1.4
-/// GB/s since), the slow runs asleep half of the time.
-const NAP_MIN: Duration = Duration::from_micros(50);
-/// The longest sleep between two tries (the old fixed one).
-const NAP_MAX: Duration = Duration::from_millis(1);
-
-/// Sends, waiting on the descriptor while a blocking socket has no room
-/// (EAGAIN) or the destination port is congested (ENOBUFS).
+/// Sends; a blocking socket waits while it has no room (EAGAIN) or the
+/// destination port is congested (ENOBUFS), until the event that lets the
+/// send go on (room, a congestion map update: the kernel's socket wait and
+/// `rds_cong_wait`), interruptibly (EINTR), up to SO_SNDTIMEO
+/// (ETIMEDOUT): [`rds_sock::RdsSocket::send_msg_wait`].
 pub fn send(e: &Entry, data: &[u8], dst: Option<SocketAddr>, sf: &SendFlags, dontwait: bool) -> Result<usize, Errno> {
     let blocking = !dontwait && !e.nonblock.load(std::sync::atomic::Ordering::Relaxed);
-    let deadline = deadline(*e.sndtimeo.lock());
-    let mut retried = false;
-    let mut nap = NAP_MIN;
-    loop {
-        match e.sock.send_msg(data, dst, sf).map_err(io_errno) {
-            Err(err @ (libc::EAGAIN | libc::ENOBUFS)) if blocking => {
-                // POLLOUT tells of room in the send buffer, not of a
-                // congested port; and the last message may overshoot the
-                // buffer with POLLOUT still up: then sleep, from
-                // `NAP_MIN` doubling up to `NAP_MAX`, in a wait that a
-                // signal interrupts as the kernel's congestion wait.
-                if err == libc::ENOBUFS || retried {
-                    let d = Instant::now() + nap;
-                    nap = (nap * 2).min(NAP_MAX);
-                    match poll_until(e.base, 0, Some(deadline.map_or(d, |x| x.min(d)))) {
-                        Err(libc::ETIMEDOUT) if deadline.is_some_and(|x| Instant::now() >= x) => {
-                            return Err(libc::ETIMEDOUT);
-                        }
-                        Err(libc::ETIMEDOUT) | Ok(()) => {}
-                        Err(e) => return Err(e),
-                    }
-                } else {
-                    poll_until(e.base, libc::POLLOUT, deadline)?;
-                }
-                retried = true;
-            }
-            r => return r,
-        }
+    if blocking {
+        e.sock.send_msg_wait(data, dst, sf, deadline(*e.sndtimeo.lock())).map_err(io_errno)
+    } else {
+        e.sock.send_msg(data, dst, sf).map_err(io_errno)
     }
 }
 

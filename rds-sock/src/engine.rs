@@ -88,6 +88,21 @@ pub(crate) struct SockShared {
     /// the reactor reads better, reading ahead while the receiver works
     /// through the queue ([`crate::RdsSocket::recv_msg_wait`]).
     pub(crate) assist_skip: AtomicU32,
+    /// The eventfd of a thread waiting for the socket's next wake-up in
+    /// a wait that signals interrupt ([`crate::RdsSocket::send_msg_wait`]).
+    pub(crate) waiter: SendWaiter,
+}
+
+/// The eventfd [`crate::RdsSocket::send_msg_wait`] waits on: created the
+/// first time a thread waits, written by every wake-up while a thread
+/// holds it (`busy`), closed with the socket's shared state (no wake-up
+/// can write to a closed or reused descriptor number: each holds the
+/// state). One thread at a time: it alone drains it, so no wake-up is
+/// lost between its look at the event count and its `ppoll`.
+#[derive(Default)]
+pub(crate) struct SendWaiter {
+    pub(crate) efd: OnceLock<std::os::fd::OwnedFd>,
+    pub(crate) busy: AtomicBool,
 }
 
 /// A number for the calling thread, never 0.
@@ -112,12 +127,21 @@ impl SockShared {
             assist_by: AtomicU64::new(0),
             deferred: AtomicBool::new(false),
             assist_skip: AtomicU32::new(0),
+            waiter: SendWaiter::default(),
         })
     }
 
     fn wake(&self, seq: u64, readable: bool, writable: bool) {
         *self.events.lock() += 1;
         self.cond.notify_all();
+        // After the count moved (the waiter marks itself busy before it
+        // looks at the count): a waiter that saw the old count is in, or
+        // on its way to, `ppoll` on the eventfd.
+        if self.waiter.busy.load(Ordering::SeqCst) {
+            if let Some(fd) = self.waiter.efd.get() {
+                crate::wait::eventfd_signal(fd);
+            }
+        }
         if self.fd_active.load(Ordering::Acquire) {
             let by = self.assist_by.load(Ordering::SeqCst);
             if by != 0 && by == thread_token() {

@@ -65,6 +65,7 @@ mod engine;
 pub mod info;
 mod readiness;
 mod socket;
+mod wait;
 
 pub use engine::{ENV_IB_PSK_TCP, Engine, EngineConfig, RESERVED_FDS, ShutdownReport, nofile_limit, peers_for_fds};
 pub use rds_core::{

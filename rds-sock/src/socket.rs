@@ -212,21 +212,59 @@ impl RdsSocket {
         self.send_payload(crate::copy::payload_of(buf), dst, flags)
     }
 
+    /// `sendmsg` that blocks until `deadline` (`None`: without end; past
+    /// it, `ETIMEDOUT`) whatever the socket's own blocking mode and
+    /// timeout, while the send buffer is full or the destination port is
+    /// congested, and that a signal interrupts (`EINTR`), as the kernel's
+    /// blocking `sendmsg` (its socket wait and `rds_cong_wait` are
+    /// interruptible). The C ABI's blocking send. It waits for the event
+    /// that lets the send go on (room in the send buffer, a congestion map
+    /// update), in a `ppoll` (the `wait` module), not a sleep.
+    pub fn send_msg_wait(
+        &self,
+        buf: &[u8],
+        dst: Option<SocketAddr>,
+        flags: &SendFlags,
+        deadline: Option<Instant>,
+    ) -> io::Result<usize> {
+        self.live()?;
+        self.send_loop(crate::copy::payload_of(buf), dst, flags, true, deadline, true)
+    }
+
     /// Sends a payload the caller already owns (no copy).
     pub fn send_payload(&self, payload: Payload, dst: Option<SocketAddr>, flags: &SendFlags) -> io::Result<usize> {
         let (blocking, timeout) = {
             let l = self.local.lock();
             (!l.nonblocking && !flags.dontwait, l.write_timeout)
         };
+        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        self.send_loop(payload, dst, flags, blocking, deadline, false)
+    }
+
+    /// The send, and for a blocking one its waits (`interruptible`: in
+    /// `ppoll`, see [`RdsSocket::send_msg_wait`]; else on the socket's
+    /// condition variable) while the core answers `EAGAIN` or `ENOBUFS`.
+    /// A blocking send registers with the core as the kernel's does (a
+    /// writer to wake on room or on a congestion map update;
+    /// `cong_send_blocked`), so the wait ends on that wake-up.
+    fn send_loop(
+        &self,
+        payload: Payload,
+        dst: Option<SocketAddr>,
+        flags: &SendFlags,
+        blocking: bool,
+        deadline: Option<Instant>,
+        interruptible: bool,
+    ) -> io::Result<usize> {
         self.check_rdma_send(flags.rdma.as_ref(), flags.rdma_dest)?;
         let opts = SendOptions { rdma: flags.rdma.clone(), rdma_dest: flags.rdma_dest, blocking };
-        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         loop {
             let snap = self.shared.snapshot();
             match self.run(|n| n.send(self.id, dst, &payload, &opts)) {
-                Err(e @ (Errno::EAGAIN | Errno::ENOBUFS)) if blocking => {
-                    let _ = e;
-                    if !self.shared.wait(snap, deadline) {
+                Err(Errno::EAGAIN | Errno::ENOBUFS) if blocking => {
+                    if interruptible {
+                        crate::wait::wait_events(&self.shared, snap, deadline)?;
+                    } else if !self.shared.wait(snap, deadline) {
                         return Err(err(Errno::ETIMEDOUT));
                     }
                     self.live()?;

@@ -185,6 +185,123 @@ fn slow_receiver_enobufs_then_blocking_then_everything_once_in_order() {
     e2.shutdown(Duration::ZERO);
 }
 
+/// Two engines with small buffers, the receiver's port congested by
+/// non-blocking sends until ENOBUFS; returns (sender engine, receiver
+/// engine, sender, receiver, datagrams sent).
+fn congested_pair(ip: impl Fn(u8) -> std::net::IpAddr) -> (Engine, Engine, RdsSocket, RdsSocket, u64) {
+    let (e1, e2) = (small_tcp_engine(32 << 10, usize::MAX), small_tcp_engine(32 << 10, usize::MAX));
+    let (src, dst) = (sa(ip(1), 5000), sa(ip(2), 4000));
+    let s = e1.socket().unwrap();
+    s.bind(src).unwrap();
+    let r = e2.socket().unwrap();
+    r.bind(dst).unwrap();
+    r.set_recv_buffer_size(16 << 10).unwrap();
+    s.set_nonblocking(true).unwrap();
+    let mut sent = 0u64;
+    let end = Instant::now() + LONG;
+    loop {
+        match s.send_to(&payload(1, sent, 1024), dst) {
+            Ok(_) => sent += 1,
+            Err(e) if errno(&e) == libc::ENOBUFS => break,
+            Err(e) if errno(&e) == libc::EAGAIN => assert!(poll_fd(&s, libc::POLLOUT, LONG)),
+            Err(e) => panic!("send {sent}: {e}"),
+        }
+        assert!(Instant::now() < end, "no ENOBUFS after {sent} datagrams");
+    }
+    (e1, e2, s, r, sent)
+}
+
+/// The C ABI's blocking send (`RdsSocket::send_msg_wait`, whatever the
+/// socket's own mode) to a congested port waits for the congestion map
+/// that clears it, as the kernel's `rds_cong_wait`: it is counted as
+/// blocked (`cong_send_blocked`, not `cong_send_error`), it tries again
+/// only when the socket is woken, not on a timer (the wait it replaced
+/// slept 50 us doubling to 1 ms: hundreds of tries in the 300 ms here),
+/// and it goes through once the receiver drained.
+#[test]
+fn a_blocking_c_send_waits_for_the_map_that_clears_the_port() {
+    let ip = addr_block(44);
+    let (e1, e2, s, r, sent) = congested_pair(ip);
+    let dst = sa(ip(2), 4000);
+    let (errors, blocked) = (counter(&e1, "cong_send_error"), counter(&e1, "cong_send_blocked"));
+    let done = Arc::new(AtomicBool::new(false));
+    let s = Arc::new(s);
+    let sender = {
+        let (s, done) = (s.clone(), done.clone());
+        std::thread::spawn(move || {
+            let flags = rds_sock::SendFlags::default();
+            let n = s.send_msg_wait(&payload(1, sent, 1024), Some(dst), &flags, Some(Instant::now() + LONG)).unwrap();
+            done.store(true, Ordering::SeqCst);
+            n
+        })
+    };
+    wait_for("the sender to block", || counter(&e1, "cong_send_blocked") > blocked);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!done.load(Ordering::SeqCst), "a blocking send went through to a congested port");
+    let tries = counter(&e1, "cong_send_blocked") - blocked;
+    assert!(tries <= 10, "{tries} tries in 300 ms: the wait is a timer, not the map");
+    let mut buf = vec![0u8; 2048];
+    r.set_read_timeout(Some(LONG)).unwrap();
+    for i in 0..=sent {
+        let (n, _) = r.recv_from(&mut buf).unwrap_or_else(|e| panic!("datagram {i}: {e}"));
+        check_payload(1, i, &buf[..n]).unwrap();
+    }
+    assert_eq!(sender.join().unwrap(), 1024);
+    assert_eq!(counter(&e1, "cong_send_error"), errors, "a blocking send counted as a non-blocking one");
+    expect_nothing(&r);
+    e1.shutdown(Duration::ZERO);
+    e2.shutdown(Duration::ZERO);
+}
+
+extern "C" fn on_usr1(_: libc::c_int) {}
+
+/// A signal ends the wait of a blocking C send (`send_msg_wait`) with
+/// EINTR, as it ends the kernel's: the wait is a `ppoll`, and nothing
+/// was queued.
+#[test]
+fn a_signal_interrupts_a_blocking_c_send() {
+    let ip = addr_block(44);
+    let (e1, e2, s, r, sent) = congested_pair(ip);
+    let dst = sa(ip(2), 4000);
+    // SAFETY: installs a handler that does nothing, without SA_RESTART,
+    // for SIGUSR1, which nothing else in this test binary uses.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_usr1 as *const () as usize;
+        libc::sigemptyset(&mut sa.sa_mask);
+        assert_eq!(libc::sigaction(libc::SIGUSR1, &sa, std::ptr::null_mut()), 0);
+    }
+    let blocked = counter(&e1, "cong_send_blocked");
+    let (tx, rx) = mpsc::channel();
+    let s = Arc::new(s);
+    let sender = {
+        let s = s.clone();
+        std::thread::spawn(move || {
+            // SAFETY: pthread_self has no preconditions.
+            tx.send(unsafe { libc::pthread_self() }).unwrap();
+            let flags = rds_sock::SendFlags::default();
+            s.send_msg_wait(&payload(1, sent, 1024), Some(dst), &flags, Some(Instant::now() + LONG))
+        })
+    };
+    let thread = rx.recv().unwrap();
+    wait_for("the sender to block", || counter(&e1, "cong_send_blocked") > blocked);
+    std::thread::sleep(Duration::from_millis(50));
+    // SAFETY: the sender thread is alive until joined below.
+    assert_eq!(unsafe { libc::pthread_kill(thread, libc::SIGUSR1) }, 0);
+    let e = sender.join().unwrap().expect_err("interrupted");
+    assert_eq!(errno(&e), libc::EINTR);
+    // What was sent before arrives; the interrupted datagram does not.
+    let mut buf = vec![0u8; 2048];
+    r.set_read_timeout(Some(LONG)).unwrap();
+    for i in 0..sent {
+        let (n, _) = r.recv_from(&mut buf).unwrap_or_else(|e| panic!("datagram {i}: {e}"));
+        check_payload(1, i, &buf[..n]).unwrap();
+    }
+    expect_nothing(&r);
+    e1.shutdown(Duration::ZERO);
+    e2.shutdown(Duration::ZERO);
+}
+
 #[test]
 fn a_conformant_sender_to_a_tiny_receive_buffer_loses_nothing() {
     // 64 KiB datagrams to a socket that may queue 2 KiB: far more than 16 x
