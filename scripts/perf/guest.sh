@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # Runs inside one VM rig guest (scripts/perf.sh starts it with vmrig run):
-# two network namespaces joined by veth (netpair), then in this order
+# two network namespaces joined by veth (netpair), modprobe rds_tcp, then
+# PERF_ROUNDS times (default 2), one after the other in each round:
 #   1. raw TCP with qperf (tcp_lat, tcp_bw),
 #   2. ours: the same qperf (rds_lat, rds_bw) with both sides under the
-#      LD_PRELOAD shim, then our tools rds-stress and rds-gen/rds-sink
-#      (before rds_tcp is loaded: once loaded, the kernel listens on
-#      *:16385 in every namespace),
-#   3. modprobe rds_tcp, the kernel's RDS-TCP with qperf (rds_lat, rds_bw).
-# 1 and 2 alternate PERF_ROUNDS times (default 2), then 3 runs as many times;
-# the report keeps the best figure of each.
+#      LD_PRELOAD shim, then our tools rds-stress and rds-gen/rds-sink, on
+#      RDS-TCP port 16386 (RDS_TCP_PORT) beside the kernel's listener on
+#      16385 in every namespace,
+#   3. the kernel's RDS-TCP with qperf (rds_lat, rds_bw).
+# Each round measures the three within a minute or two of each other, so a
+# change in the shared machine's load moves them together (the kernel's
+# rounds used to come after all of ours, minutes later); the report keeps
+# the best figure of each.
 # Usage: guest.sh BIN_DIR
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -32,6 +35,10 @@ trap cleanup_pids EXIT
 netpair up || { echo "perf: netpair failed" >&2; exit 1; }
 echo "R vm_kernel $(uname -r)"
 echo "R vm_nproc $(nproc)"
+modprobe rds_tcp || { echo "perf: modprobe rds_tcp failed" >&2; exit 1; }
+# Ours beside the kernel's RDS-TCP (which listens on 16385 in every
+# namespace once loaded); the kernel's qperf does not read this.
+export RDS_TCP_PORT=16386
 for round in $(seq "$ROUNDS"); do
     echo "perf: [vm] round $round: raw TCP (qperf)" >&2
     qperf_suite raw tcp
@@ -39,6 +46,8 @@ for round in $(seq "$ROUNDS"); do
     shim_suite
     echo "perf: [vm] round $round: ours (rds-stress, rds-gen/rds-sink)" >&2
     ours_suite
+    echo "perf: [vm] round $round: kernel RDS-TCP (qperf)" >&2
+    qperf_suite kern rds
 done
 # Why the latencies differ: guest idle share, CPU time and context
 # switches per round trip of raw TCP, ours under the shim, then the kernel.
@@ -53,11 +62,6 @@ if [ -f "$SHIM" ]; then
     ON_A=(ip netns exec ns1)
     ON_B=(ip netns exec ns2)
 fi
-modprobe rds_tcp || { echo "perf: modprobe rds_tcp failed" >&2; exit 1; }
-for round in $(seq "$ROUNDS"); do
-    echo "perf: [vm] round $round: kernel RDS-TCP (qperf)" >&2
-    qperf_suite kern rds
-done
 echo "perf: [vm] where a round trip's and a message's time goes (kernel RDS-TCP)" >&2
 why_lat kern rds_lat
 why_bw kern 1024

@@ -157,8 +157,10 @@ def main():
     w("")
     w("Raw TCP: qperf `tcp_bw` / `tcp_lat`. Kernel: qperf `rds_bw` / `rds_lat` on the "
       "kernel's RDS-TCP (`modprobe rds_tcp`). Ours: the same unmodified qperf `rds_bw` / "
-      "`rds_lat`, server and client both under `LD_PRELOAD=librdspreload.so` (before "
-      "rds_tcp is loaded); the ratios and the targets use these figures. Ours with our "
+      "`rds_lat`, server and client both under `LD_PRELOAD=librdspreload.so`, on RDS-TCP "
+      "port 16386 (`RDS_TCP_PORT`) beside the kernel's module; the ratios and the targets "
+      "use these figures. Each round runs raw TCP, ours and the kernel one after the "
+      "other, so that the shared machine's load moves them together. Ours with our "
       "tools, for comparison: bandwidth = `rds-gen --no-digest` -> `rds-sink`, the whole "
       "transfer timed (connection set-up included, until everything is acknowledged); "
       "latency = `rds-stress -t 1 -d 1 -q 64 -a 64` round trip / 2; message rate = "
