@@ -80,19 +80,27 @@ fn small_tcp_engine(tcp_buf: usize, read_budget: usize) -> Engine {
     Engine::new(cfg).unwrap()
 }
 
+/// Two engines with small TCP buffers (32 KiB), a sender bound at
+/// `ip(1)`:5000 and a receiver at `ip(2)`:4000 whose socket may queue
+/// 16 KiB (SO_RCVBUF 16 KiB: RDS uses half of the doubled value).
+fn small_pair(ip: &impl Fn(u8) -> std::net::IpAddr) -> (Engine, Engine, RdsSocket, RdsSocket) {
+    let (e1, e2) = (small_tcp_engine(32 << 10, usize::MAX), small_tcp_engine(32 << 10, usize::MAX));
+    let s = e1.socket().unwrap();
+    s.bind(sa(ip(1), 5000)).unwrap();
+    let r = e2.socket().unwrap();
+    r.bind(sa(ip(2), 4000)).unwrap();
+    r.set_recv_buffer_size(16 << 10).unwrap();
+    (e1, e2, s, r)
+}
+
 #[test]
 fn slow_receiver_enobufs_then_blocking_then_everything_once_in_order() {
     let ip = addr_block(44);
     // Small TCP buffers: what TCP acked but the receiving node has not read
     // yet is part of what can be in flight past a congested port.
-    let (e1, e2) = (small_tcp_engine(32 << 10, usize::MAX), small_tcp_engine(32 << 10, usize::MAX));
+    let (e1, e2, s, r) = small_pair(&ip);
     let (src, dst) = (sa(ip(1), 5000), sa(ip(2), 4000));
-    let s = e1.socket().unwrap();
-    s.bind(src).unwrap();
-    let r = e2.socket().unwrap();
-    r.bind(dst).unwrap();
     // RDS uses half: 16 KiB of receive queue, 16 KiB unacked.
-    r.set_recv_buffer_size(16 << 10).unwrap();
     s.set_send_buffer_size(16 << 10).unwrap();
     let (rcv_limit, snd_limit) = (16u64 << 10, 16u64 << 10);
     const LEN: usize = 1024;
@@ -189,13 +197,8 @@ fn slow_receiver_enobufs_then_blocking_then_everything_once_in_order() {
 /// non-blocking sends until ENOBUFS; returns (sender engine, receiver
 /// engine, sender, receiver, datagrams sent).
 fn congested_pair(ip: impl Fn(u8) -> std::net::IpAddr) -> (Engine, Engine, RdsSocket, RdsSocket, u64) {
-    let (e1, e2) = (small_tcp_engine(32 << 10, usize::MAX), small_tcp_engine(32 << 10, usize::MAX));
-    let (src, dst) = (sa(ip(1), 5000), sa(ip(2), 4000));
-    let s = e1.socket().unwrap();
-    s.bind(src).unwrap();
-    let r = e2.socket().unwrap();
-    r.bind(dst).unwrap();
-    r.set_recv_buffer_size(16 << 10).unwrap();
+    let (e1, e2, s, r) = small_pair(&ip);
+    let dst = sa(ip(2), 4000);
     s.set_nonblocking(true).unwrap();
     let mut sent = 0u64;
     let end = Instant::now() + LONG;
