@@ -136,13 +136,14 @@ fn read_once(fd: RawFd) {
 /// gets them all (a short read then shows the queue empty), else until
 /// `EAGAIN`.
 fn drain(fd: RawFd, filled: usize) {
-    // One buffer for every socket (zeroed once, see `read_once`); the
-    // bytes read are discarded.
-    static SINK: Mutex<[u8; FILL_CHUNK]> = Mutex::new([0; FILL_CHUNK]);
-    let mut buf = SINK.lock();
+    // The bytes read are discarded: an uninitialised buffer on the stack
+    // (no `memset`, see `read_once`, and no lock shared by every socket,
+    // as a static buffer would need).
+    let mut buf = [std::mem::MaybeUninit::<u8>::uninit(); FILL_CHUNK];
     let mut left = filled;
     loop {
-        // SAFETY: reads into a valid buffer of the given length.
+        // SAFETY: the kernel writes at most `buf.len()` bytes into the
+        // buffer, which is valid for writes; nothing reads them.
         let r = unsafe { libc::recv(fd, buf.as_mut_ptr().cast(), buf.len(), libc::MSG_DONTWAIT) };
         if r <= 0 {
             break;
