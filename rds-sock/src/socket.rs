@@ -128,6 +128,17 @@ fn err(e: Errno) -> io::Error {
     io::Error::from_raw_os_error(e.0)
 }
 
+/// How a send waits while the core answers `EAGAIN` or `ENOBUFS`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SendWait {
+    /// It does not: the error is the caller's (a non-blocking send).
+    No,
+    /// On the socket's condition variable (the Rust API's blocking send).
+    Condvar,
+    /// In a `ppoll` that a signal interrupts ([`RdsSocket::send_msg_wait`]).
+    Interruptible,
+}
+
 impl RdsSocket {
     /// A socket of the process-wide engine ([`Engine::global`]).
     pub fn new() -> io::Result<RdsSocket> {
@@ -228,7 +239,7 @@ impl RdsSocket {
         deadline: Option<Instant>,
     ) -> io::Result<usize> {
         self.live()?;
-        self.send_loop(crate::copy::payload_of(buf), dst, flags, true, deadline, true)
+        self.send_loop(crate::copy::payload_of(buf), dst, flags, SendWait::Interruptible, deadline)
     }
 
     /// Sends a payload the caller already owns (no copy).
@@ -238,31 +249,31 @@ impl RdsSocket {
             (!l.nonblocking && !flags.dontwait, l.write_timeout)
         };
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-        self.send_loop(payload, dst, flags, blocking, deadline, false)
+        let wait = if blocking { SendWait::Condvar } else { SendWait::No };
+        self.send_loop(payload, dst, flags, wait, deadline)
     }
 
-    /// The send, and for a blocking one its waits (`interruptible`: in
-    /// `ppoll`, see [`RdsSocket::send_msg_wait`]; else on the socket's
-    /// condition variable) while the core answers `EAGAIN` or `ENOBUFS`.
-    /// A blocking send registers with the core as the kernel's does (a
-    /// writer to wake on room or on a congestion map update;
-    /// `cong_send_blocked`), so the wait ends on that wake-up.
+    /// The send, and for a blocking one its waits ([`SendWait`]) while
+    /// the core answers `EAGAIN` or `ENOBUFS`. A blocking send registers
+    /// with the core as the kernel's does (a writer to wake on room or on
+    /// a congestion map update; `cong_send_blocked`), so the wait ends on
+    /// that wake-up.
     fn send_loop(
         &self,
         payload: Payload,
         dst: Option<SocketAddr>,
         flags: &SendFlags,
-        blocking: bool,
+        wait: SendWait,
         deadline: Option<Instant>,
-        interruptible: bool,
     ) -> io::Result<usize> {
         self.check_rdma_send(flags.rdma.as_ref(), flags.rdma_dest)?;
+        let blocking = wait != SendWait::No;
         let opts = SendOptions { rdma: flags.rdma.clone(), rdma_dest: flags.rdma_dest, blocking };
         loop {
             let snap = self.shared.snapshot();
             match self.run(|n| n.send(self.id, dst, &payload, &opts)) {
                 Err(Errno::EAGAIN | Errno::ENOBUFS) if blocking => {
-                    if interruptible {
+                    if wait == SendWait::Interruptible {
                         crate::wait::wait_events(&self.shared, snap, deadline)?;
                     } else if !self.shared.wait(snap, deadline) {
                         return Err(err(Errno::ETIMEDOUT));
