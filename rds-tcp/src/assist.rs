@@ -265,7 +265,7 @@ impl RxAssist {
         if !acquire_rx(c, false) {
             return None;
         }
-        let pass = read_pass(&self.inner, sink, c, buf, batch, false);
+        let pass = read_pass(&self.inner, sink, c, buf, batch, false, self.inner.cfg.read_budget);
         c.rx_busy.store(false, SeqCst);
         self.delivered += pass.delivered;
         self.bytes += pass.bytes;

@@ -38,12 +38,17 @@
 //! ## Threads
 //!
 //! A fixed number of reactor threads ([`TcpConfig::threads`]) run a mio
-//! poll loop each, whatever the number of peers. All paths of one address
-//! pair live on the same reactor, chosen by hashing the pair, and when
-//! several of them are readable in one poll batch the lower path indexes are
-//! read first (this keeps the order of a socket's messages across the
-//! multipath fan-out from path 0). Requests from other threads reach a
-//! reactor through a command queue and a [`mio::Waker`].
+//! poll loop each, whatever the number of peers. Path 0 of an address pair
+//! lives on the reactor the pair hashes to, its other paths on the next
+//! reactors round (path `i` on reactor `(hash + i) % threads`), so the 8
+//! paths of one busy peer are read by every reactor thread, not by one.
+//! A socket's messages keep their order across the multipath fan-out from
+//! path 0: before a lane is read, the bytes its path 0 holds are read and
+//! delivered, by the lane's reactor if path 0 is another's and nobody is
+//! reading it, else the lane waits for that reader (`Reactor::path0_read`);
+//! within one poll batch the lower path indexes are read first. Requests
+//! from other threads reach a reactor through a command queue and a
+//! [`mio::Waker`].
 //!
 //! ## Transmit
 //!
@@ -213,7 +218,7 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::io;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Weak};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::Duration;
@@ -345,6 +350,9 @@ pub(crate) struct Inner {
     rx_flow: Mutex<rds_core::types::FastMap<PathId, (bool, u64)>>,
     /// Paths paused now (skips the lookup when none is).
     rx_paused_n: AtomicUsize,
+    /// Counts the reactors' returns from `epoll_wait` (`Reactor::path0_read`,
+    /// `PathConn::rx_drained_epoch`).
+    pub rx_epoch: AtomicU64,
     /// Addresses listened on, and the reactor serving each.
     listeners: Mutex<HashMap<IpAddr, usize>>,
     pub stats: Stats,
@@ -362,11 +370,15 @@ impl Inner {
         mio::Token(self.next_token.fetch_add(1, Relaxed))
     }
 
-    /// The reactor of an address pair (every path of a connection).
-    pub fn reactor_of(&self, laddr: IpAddr, faddr: IpAddr) -> usize {
+    /// The reactor of path `index` of an address pair: the pair's hash
+    /// picks the reactor of path 0, and the other paths follow round the
+    /// reactors, so that the paths of one peer are read by as many
+    /// reactor threads as there are (module docs, "Threads").
+    pub fn reactor_of(&self, laddr: IpAddr, faddr: IpAddr, index: u8) -> usize {
         let mut h = std::collections::hash_map::DefaultHasher::new();
         (laddr, faddr).hash(&mut h);
-        (h.finish() % self.reactors.len() as u64) as usize
+        let n = self.reactors.len() as u64;
+        ((h.finish() % n + u64::from(index)) % n) as usize
     }
 
     pub fn is_closed(&self) -> bool {
@@ -420,6 +432,7 @@ impl TcpTransport {
             paths: Mutex::new(path_table::PathTable::default()),
             rx_flow: Mutex::new(Default::default()),
             rx_paused_n: AtomicUsize::new(0),
+            rx_epoch: AtomicU64::new(0),
             listeners: Mutex::new(HashMap::new()),
             stats: Stats::default(),
             next_token: AtomicUsize::new(reactor::FIRST_TOKEN),
@@ -506,7 +519,7 @@ impl RdsTransport for TcpTransport {
         s.listen(64)?;
         s.set_nonblocking(true)?;
         let l: TcpListener = s.into();
-        let r = self.inner.reactor_of(addr, addr);
+        let r = self.inner.reactor_of(addr, addr, 0);
         listeners.insert(addr, r);
         self.inner.reactors[r].send(Cmd::Listen(addr, l));
         Ok(())
@@ -522,7 +535,7 @@ impl RdsTransport for TcpTransport {
         if self.inner.is_closed() {
             return;
         }
-        let r = self.inner.reactor_of(path.laddr, path.faddr);
+        let r = self.inner.reactor_of(path.laddr, path.faddr, path.id.index);
         self.inner.reactors[r].send(Cmd::Connect(path));
     }
 
@@ -530,7 +543,7 @@ impl RdsTransport for TcpTransport {
         if self.inner.is_closed() {
             return;
         }
-        let r = self.inner.reactor_of(path.laddr, path.faddr);
+        let r = self.inner.reactor_of(path.laddr, path.faddr, path.id.index);
         self.inner.reactors[r].send(Cmd::Shutdown(path));
     }
 
@@ -563,7 +576,7 @@ impl RdsTransport for TcpTransport {
         if !paused {
             // Readiness is edge-triggered: what waits in the socket raises
             // no new event. The reactor reads it now.
-            let r = self.inner.reactor_of(path.laddr, path.faddr);
+            let r = self.inner.reactor_of(path.laddr, path.faddr, path.id.index);
             self.inner.reactors[r].send(Cmd::RxResume(path.id));
         }
     }

@@ -158,6 +158,9 @@ pub(crate) struct PathConn {
     /// time keeps the stream's messages in order, and a connection is
     /// only closed once the read in progress delivered what it read.
     pub rx_busy: AtomicBool,
+    /// `Inner::rx_epoch` as a read pass that drained this connection
+    /// started (`Reactor::path0_read`).
+    pub rx_drained_epoch: AtomicU64,
     /// Application threads blocked in a receive that poll this
     /// connection and read it themselves (`crate::assist`); while there
     /// is one, the reactor leaves its readable events to them.
@@ -201,6 +204,7 @@ impl PathConn {
             last_rx_event: AtomicU64::new(0),
             rx_unread: AtomicBool::new(true),
             rx_busy: AtomicBool::new(false),
+            rx_drained_epoch: AtomicU64::new(0),
             assist: AtomicU32::new(0),
         }
     }

@@ -202,6 +202,11 @@ struct Reactor {
     defer_at: Option<Instant>,
     /// When the current pass began (a `now_ns` value).
     woke_ns: u64,
+    /// `Inner::rx_epoch` after this pass's `epoll_wait` returned: a
+    /// connection drained by a pass that started at this epoch or later
+    /// holds no byte that came before the pass's events
+    /// (`Reactor::path0_read`).
+    epoch: u64,
 }
 
 pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
@@ -229,6 +234,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         deferred: Vec::new(),
         defer_at: None,
         woke_ns: 0,
+        epoch: 0,
     };
     let mut events = Events::with_capacity(1024);
     // Reused from one pass to the next (no allocation per event).
@@ -251,6 +257,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         // them due).
         let now = Instant::now();
         r.woke_ns = crate::path_conn::ns_of(now);
+        r.epoch = r.inner.rx_epoch.fetch_add(1, SeqCst) + 1;
         if !r.run_commands() {
             r.stop();
             return;
@@ -421,18 +428,20 @@ impl Reactor {
                     if let Some(c) = conn.filter(|c| c.reactor == self.idx && matches!(c.state(), UP | DRAINING)) {
                         c.rx.lock().progress_at = Instant::now();
                         // Path 0 held its connection's other paths back
-                        // (`path0_read`): read them too.
-                        let lanes: Vec<Arc<PathConn>> = if id.index == 0 {
-                            self.conns
-                                .values()
-                                .filter(|x| x.info.id.conn == id.conn && x.info.id.index != 0)
-                                .cloned()
-                                .collect()
-                        } else {
-                            Vec::new()
-                        };
-                        for c in std::iter::once(c).chain(lanes) {
-                            self.read_next_pass(c);
+                        // (`path0_read`): read them too, each by its
+                        // reactor.
+                        let pair =
+                            if id.index == 0 { self.inner.paths.lock().pair(c.info.laddr, c.info.faddr) } else { None };
+                        self.read_next_pass(c);
+                        for l in pair.iter().flat_map(|p| p.iter()) {
+                            if l.info.id.conn != id.conn || l.info.id.index == 0 {
+                                continue;
+                            }
+                            if l.reactor == self.idx {
+                                self.read_next_pass(l.clone());
+                            } else {
+                                self.inner.reactors[l.reactor].send(Cmd::RxRead(l.clone()));
+                            }
                         }
                     }
                 }

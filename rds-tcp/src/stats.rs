@@ -24,8 +24,8 @@ pub(crate) struct Stats {
     /// Connections that ended in the middle of a message being written.
     pub tx_partial: AtomicU64,
     /// Reads of a path above 0 put off because path 0 of the same
-    /// connection still had more than the read budget (ours; see
-    /// `Reactor::path0_read`).
+    /// connection was being read by another thread, or paused, with bytes
+    /// that must go first (ours; see `Reactor::path0_read`).
     pub rx_lane_deferred: AtomicU64,
     /// Reads of path 0 before a lane skipped because path 0 had no
     /// readable event since it was last drained (ours; see

@@ -548,11 +548,10 @@ def scale_section(w, sc, meta):
             "node alone is not shown to be the limit.")
     if any(st == "not met" and t.startswith("a multipath") for t, st in checks.items()):
         notes.append(
-            "Multipath: rds-tcp keeps all paths of one address pair on one reactor thread "
-            "(`reactor_of` hashes the address pair; its crate docs: the order of a socket's "
-            "messages across the multipath fan-out), so the receiving node reads the 8 paths "
-            "from one thread, and the rest of the CPU time is the sending node's (its 8 sending "
-            "threads transmit inline; compare the 1-path column).")
+            "Multipath: rds-tcp spreads the paths of one address pair over its reactor threads "
+            "(`reactor_of`: path i on reactor (hash of the pair + i) % threads), so the serving "
+            "node's two reactors should each read four of the 8 paths; see their CPU above "
+            "and the messages per path.")
     for n in notes:
         w(n)
         w("")

@@ -691,8 +691,31 @@ fn one_path_against_a_peer_whose_pong_has_no_npaths() {
 
 #[test]
 fn flows_keep_their_order_across_the_fan_out_from_path_0() {
+    fan_out_in_order(1, 1, 0);
+}
+
+/// The same with the paths of each node spread over reactor threads (three
+/// on the sender, two on the receiver): a lane's reactor reads path 0,
+/// which another reactor serves, before the lane (`rds_tcp`'s
+/// `path0_read`).
+#[test]
+fn flows_keep_their_order_across_the_fan_out_read_by_two_reactors() {
+    fan_out_in_order(3, 2, 40_000);
+}
+
+/// 16 sockets (two per lane) send their first datagrams on path 0 before
+/// the handshake, then on their own lanes: every flow arrives in order.
+/// `tx_threads`, `rx_threads`: the reactor threads of the sending and
+/// receiving engines; `first_len`: the first datagrams' extra bytes (more
+/// bytes on path 0 still unread when the lanes' first datagrams arrive).
+fn fan_out_in_order(tx_threads: usize, rx_threads: usize, first_len: usize) {
     let ip = addr_block(44);
-    let e1 = engine();
+    let engine = |threads: usize| {
+        let mut cfg = EngineConfig::default();
+        cfg.tcp.threads = threads;
+        Engine::new(cfg).unwrap()
+    };
+    let e1 = engine(tx_threads);
     const SOCKS: u16 = 16;
     const FIRST: u64 = 20;
     const MID: u64 = 100;
@@ -710,14 +733,15 @@ fn flows_keep_their_order_across_the_fan_out_from_path_0() {
     // The peer's socket is bound, but the peer is stalled: our connection
     // comes up (its kernel accepts), the probe goes unanswered, and every
     // socket's first datagrams go on path 0.
-    let e2 = engine();
+    let e2 = engine(rx_threads);
     let r = e2.socket().unwrap();
     r.set_recv_buffer_size_force(64 << 20).unwrap();
     r.bind(dst).unwrap();
     let (release, frozen) = freeze(&e2);
+    let len = move |i: u64| 100 + (i as usize * 37) % 3000 + if i < FIRST { first_len } else { 0 };
     for (f, s) in socks.iter().enumerate() {
         for i in 0..FIRST {
-            s.send_to(&payload(f as u32, i, 100 + (i as usize * 37) % 3000), dst).unwrap();
+            s.send_to(&payload(f as u32, i, len(i)), dst).unwrap();
         }
     }
     let c = e1.connections().into_iter().find(|c| c.faddr == ip(2)).unwrap();
@@ -736,7 +760,7 @@ fn flows_keep_their_order_across_the_fan_out_from_path_0() {
             let (s, e1) = (s.clone(), e1.clone());
             std::thread::spawn(move || {
                 let send = |i: u64| {
-                    s.send_to(&payload(f as u32, i, 100 + (i as usize * 37) % 3000), dst).unwrap();
+                    s.send_to(&payload(f as u32, i, len(i)), dst).unwrap();
                 };
                 (FIRST..MID).for_each(send);
                 wait_for("the handshake", || e1.connections().iter().any(|c| c.faddr == dst.ip() && c.npaths == 8));
@@ -745,7 +769,7 @@ fn flows_keep_their_order_across_the_fan_out_from_path_0() {
         })
         .collect();
     let mut next = vec![0u64; usize::from(SOCKS)];
-    let mut buf = vec![0u8; 4096];
+    let mut buf = vec![0u8; 4096 + first_len];
     r.set_read_timeout(Some(LONG)).unwrap();
     for _ in 0..u64::from(SOCKS) * N {
         let (n, from) = r.recv_from(&mut buf).unwrap();

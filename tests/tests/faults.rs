@@ -88,8 +88,12 @@ fn all_to_all_100k_read_by_the_receivers_with_paths_cut() {
 fn run(ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + 'static, whole_cuts: bool, assisted: bool) {
     let t0 = Instant::now();
     let engines: Vec<Engine> = (0..NODES)
-        .map(|_| {
+        .map(|i| {
             let mut cfg = EngineConfig::default();
+            // Nodes 1 and 2 read with two reactor threads: the paths of a
+            // peer are spread over them, and a lane's reactor reads path 0
+            // of another before the lane (`rds_tcp`'s `path0_read`).
+            cfg.tcp.threads = 1 + i % 2 + i / 2;
             assert_eq!(
                 cfg.node.handshake_exts,
                 HandshakeExts::Full,

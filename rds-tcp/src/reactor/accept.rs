@@ -118,7 +118,7 @@ impl Reactor {
         };
         match sink.accept(TransportKind::Tcp, local.ip(), peer.ip(), peer.port()) {
             Accept::Path(info) => {
-                let r = self.inner.reactor_of(info.laddr, info.faddr);
+                let r = self.inner.reactor_of(info.laddr, info.faddr, info.id.index);
                 let conn = Arc::new(PathConn::new(self.inner.token(), r, info, stream, peer, UP));
                 if r == self.idx {
                     self.adopt(conn);

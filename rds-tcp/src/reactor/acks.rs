@@ -117,7 +117,10 @@ impl Reactor {
     /// its sender (qperf rds_bw 64 KiB on loopback: a third of its
     /// bandwidth; the polls alone still cost a fifth). Skipped when more
     /// than [`SIBLING_SCAN_MAX`] paths are watched (the scan is linear;
-    /// the timer still polls them).
+    /// the timer still polls them). With more than one reactor thread the
+    /// paths of a connection are spread over them: only this reactor's
+    /// watched paths are polled here, the others by their own reactors'
+    /// events and timers.
     pub(super) fn poll_siblings(&mut self, conn: &Arc<PathConn>) {
         let id = conn.info.id;
         if id.index == 0 || self.watch.len() > SIBLING_SCAN_MAX {

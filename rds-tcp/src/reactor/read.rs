@@ -29,7 +29,7 @@ use std::time::Instant;
 use rds_core::wire::{Frame, HEADER_LEN};
 use rds_core::{DownReason, PathId, RxMessage, TransportSink};
 
-use super::Reactor;
+use super::{Cmd, Reactor};
 use crate::path_conn::{DRAINING, PathConn, UP};
 use crate::stats::inc;
 use crate::{Inner, down_reason};
@@ -128,28 +128,32 @@ impl Intake<'_> {
 }
 
 impl Reactor {
-    /// Before another path of a connection is read, its path 0 is read
-    /// until it is drained. A socket moves from path 0 to its own lane
-    /// once its path-0 messages are acked, and our TCP acks what it
-    /// queued, not what we read: the peer's first message on the lane may
-    /// arrive while its last path-0 message still waits in our socket, and
-    /// whatever order readiness is reported in, the path-0 bytes must be
-    /// delivered first.
+    /// Before another path of a connection is read, the bytes its path 0
+    /// holds are read and delivered. A socket moves from path 0 to its
+    /// own lane once its path-0 messages are acked, and our TCP acks what
+    /// it queued, not what we read: the peer's first message on the lane
+    /// may arrive while its last path-0 message still waits in our socket,
+    /// and whatever order readiness is reported in, the path-0 bytes must
+    /// be delivered first.
     ///
-    /// When a readable event of path 0 was taken since its last pass
-    /// drained it (`PathConn::rx_unread`), path 0 is read. When none was,
-    /// its socket is asked (`ioctl(FIONREAD)`, cheaper than a read that
-    /// finds nothing): the flag alone was meant to suffice (those bytes
-    /// were acked, so their event was queued before the lane's first byte
-    /// was even sent, and the reactor sets the flags of a whole batch
-    /// before it handles any event), but the all-to-all test under load
-    /// showed otherwise: once in about 40 runs, a lane's event came in an
-    /// epoll batch before the event of path-0 bytes the sender had seen
-    /// acked before it sent on the lane, and the lane's messages were
-    /// delivered first (why epoll reported them in that order is not
-    /// established).
-    /// Returns false when path 0 stopped at the read budget: `conn` is then
-    /// read on a later pass (after path 0 again).
+    /// Those bytes were in path 0's socket before the lane's were (they
+    /// were acked before the lane's were sent), so what must go first is
+    /// at most what path 0's socket holds now (`ioctl(FIONREAD)`), plus
+    /// what a reader in another thread holds in a pass not yet delivered
+    /// (`PathConn::rx_busy`): the lane waits for that pass. Path 0 is read
+    /// up to the bytes it holds now, not to the read budget, and the lane
+    /// then goes on even if more came meanwhile: reading path 0 to the
+    /// budget before every lane (and putting the lane off when path 0 had
+    /// more) gave path 0's stream the bandwidth of the other seven
+    /// (`rds-scale paths`, 8 KiB messages, a socket a path: path 0 carried
+    /// 480 k messages in 4 s, each lane about 40 k; now each about the
+    /// same).
+    ///
+    /// The socket is asked first, then the reader: a pass that took bytes
+    /// before the question still holds `rx_busy` when it is asked, one
+    /// that starts after it takes only bytes that came after the lane's.
+    /// Returns false when the lane must wait: `conn` is then read on a
+    /// later pass (after path 0 again).
     pub(super) fn path0_read(&mut self, conn: &Arc<PathConn>) -> bool {
         let id = conn.info.id;
         if id.index == 0 {
@@ -157,13 +161,28 @@ impl Reactor {
         }
         let p0 = self.inner.paths.lock().get(&PathId { conn: id.conn, index: 0 }).cloned();
         let Some(p0) = p0.filter(|p| matches!(p.state(), UP | DRAINING)) else { return true };
+        if p0.rx_drained_epoch.load(SeqCst) >= self.epoch {
+            // Drained (and delivered) by a pass that began after this
+            // pass's events were taken: the lane's bytes came before.
+            inc(&self.inner.stats.rx_path0_skipped);
+            return true;
+        }
+        let queued = crate::sys::inq(p0.stream.as_raw_fd()).unwrap_or(0) as usize;
+        if p0.rx_busy.load(SeqCst) {
+            // Another thread's pass of path 0 (an assisting receiver).
+            inc(&self.inner.stats.rx_lane_deferred);
+            self.read_next_pass(conn.clone());
+            return false;
+        }
+        if queued == 0 {
+            inc(&self.inner.stats.rx_path0_skipped);
+            return true;
+        }
         if !p0.rx_unread.load(SeqCst) {
-            // No readable event of path 0 taken since its last pass drained
-            // it: its socket is asked all the same (doc above).
-            if !crate::sys::inq(p0.stream.as_raw_fd()).is_ok_and(|n| n > 0) {
-                inc(&self.inner.stats.rx_path0_skipped);
-                return true;
-            }
+            // Bytes with no readable event taken since path 0's last
+            // pass drained it: epoll reported the lane's event first
+            // (seen once in about 40 runs of the all-to-all test under
+            // load; why is not established).
             inc(&self.inner.stats.rx_path0_pending);
             p0.rx_unread.store(true, SeqCst);
         }
@@ -173,13 +192,53 @@ impl Reactor {
             inc(&self.inner.stats.rx_lane_deferred);
             return false;
         }
-        if self.read_conn(&p0, false) {
-            // Path 0 has more than the budget: it goes first again.
-            self.rx_more.push(conn.clone());
-            inc(&self.inner.stats.rx_lane_deferred);
-            return false;
+        let read = if p0.reactor == self.idx {
+            self.read_conn_upto(&p0, false, queued)
+        } else {
+            self.read_foreign(&p0, queued)
+        };
+        match read {
+            // Another thread took path 0 between the question and now: its
+            // pass may hold the bytes.
+            None | Some(ReadEnd::Paused) => {
+                inc(&self.inner.stats.rx_lane_deferred);
+                self.read_next_pass(conn.clone());
+                false
+            }
+            // Drained, or read at least what it held (the rest is read on
+            // the next pass), or ended.
+            Some(_) => true,
         }
-        true
+    }
+
+    /// One read pass, up to `budget` bytes, on `conn`, which another
+    /// reactor serves (path 0 before a lane of ours, `path0_read`), as an
+    /// assisting thread reads (`crate::assist`): what the pass leaves
+    /// (more bytes, the end of the stream, an error) goes to `conn`'s
+    /// reactor. `None` when another thread is reading it, or when it is
+    /// ending (its reactor reads it to its end).
+    fn read_foreign(&mut self, conn: &Arc<PathConn>, budget: usize) -> Option<ReadEnd> {
+        let sink = self.inner.sink()?;
+        let owner = &self.inner.reactors[conn.reactor];
+        if conn.rx_ending.load(SeqCst) {
+            owner.send(Cmd::RxRead(conn.clone()));
+            return None;
+        }
+        if !acquire_rx(conn, false) {
+            return None;
+        }
+        let mut batch: Vec<RxMessage> = std::mem::take(&mut self.rx_batch);
+        let end = read_pass(&self.inner, &*sink, conn, &mut self.rbuf, &mut batch, false, budget).end;
+        conn.rx_busy.store(false, SeqCst);
+        batch.clear();
+        self.rx_batch = batch;
+        match end {
+            ReadEnd::Drained => {}
+            ReadEnd::Budget | ReadEnd::Paused => owner.send(Cmd::RxRead(conn.clone())),
+            ReadEnd::Eof | ReadEnd::Error => owner.send(Cmd::RxFailed(conn.clone(), false)),
+            ReadEnd::Protocol => owner.send(Cmd::RxFailed(conn.clone(), true)),
+        }
+        Some(end)
     }
 
     /// Queues `conn` to be read on the next pass (`rx_more`), once.
@@ -200,12 +259,20 @@ impl Reactor {
     /// dropped). A pause that comes with a batch handed to the sink stops
     /// the reading after that batch: the overshoot is one batch.
     pub(super) fn read_conn(&mut self, conn: &Arc<PathConn>, force: bool) -> bool {
-        let Some(sink) = self.inner.sink() else { return false };
+        let budget = self.inner.cfg.read_budget;
+        matches!(self.read_conn_upto(conn, force, budget), None | Some(ReadEnd::Budget))
+    }
+
+    /// [`Self::read_conn`] with a budget of `budget` bytes; how the pass
+    /// ended, `None` when another thread is reading `conn` (it is then
+    /// read on the next pass). A paused path is not read: `Paused`.
+    pub(super) fn read_conn_upto(&mut self, conn: &Arc<PathConn>, force: bool, budget: usize) -> Option<ReadEnd> {
+        let Some(sink) = self.inner.sink() else { return Some(ReadEnd::Drained) };
         let id = conn.info.id;
         let force = force || conn.rx_ending.load(SeqCst);
         if !force && self.inner.rx_paused(id) {
             inc(&self.inner.stats.rx_paused);
-            return false;
+            return Some(ReadEnd::Paused);
         }
         // One reader at a time (`PathConn::rx_busy`): an application thread
         // reading it in a blocking receive (`crate::assist`) finishes its
@@ -214,28 +281,25 @@ impl Reactor {
         // next pass.
         if !acquire_rx(conn, force) {
             self.read_next_pass(conn.clone());
-            return true;
+            return None;
         }
         // The reactor's batch, for its capacity (a nested call, should
         // there be one, starts an empty one).
         let mut batch: Vec<RxMessage> = std::mem::take(&mut self.rx_batch);
-        let end = read_pass(&self.inner, &*sink, conn, &mut self.rbuf, &mut batch, force).end;
+        let end = read_pass(&self.inner, &*sink, conn, &mut self.rbuf, &mut batch, force, budget).end;
         conn.rx_busy.store(false, SeqCst);
         batch.clear();
         self.rx_batch = batch;
         match end {
             ReadEnd::Drained | ReadEnd::Paused => {}
-            ReadEnd::Budget => {
-                self.rx_more.push(conn.clone());
-                return true;
-            }
+            ReadEnd::Budget => self.read_next_pass(conn.clone()),
             ReadEnd::Eof | ReadEnd::Error => {
                 let why = down_reason(conn, DownReason::Closed);
                 self.close_conn(conn, why, false);
             }
             ReadEnd::Protocol => self.close_conn(conn, DownReason::ProtocolError, true),
         }
-        false
+        Some(end)
     }
 
     /// Resets the connections whose partly received message got no byte
@@ -287,10 +351,13 @@ pub(crate) fn read_pass(
     rbuf: &mut [u8],
     batch: &mut Vec<RxMessage>,
     force: bool,
+    budget: usize,
 ) -> Pass {
     let (id, inst) = (conn.info.id, conn.info.inst);
+    // Before the first read: a drain this pass finds covers every byte
+    // that came before this epoch began.
+    let epoch = inner.rx_epoch.load(SeqCst);
     conn.rx_unread.store(false, SeqCst);
-    let budget = inner.cfg.read_budget;
     // A short read drained the socket (module docs), unless the end
     // came with the event: then read on to EOF or the error.
     let short_drains = !force;
@@ -379,6 +446,10 @@ pub(crate) fn read_pass(
     delivered += taken.deliver(sink, id, inst, at);
     if matches!(end, ReadEnd::Budget | ReadEnd::Paused) {
         conn.rx_unread.store(true, SeqCst);
+    }
+    if matches!(end, ReadEnd::Drained) {
+        // After the delivery: whoever sees it may read the lanes.
+        conn.rx_drained_epoch.fetch_max(epoch, SeqCst);
     }
     Pass { end, delivered, bytes: total, at }
 }
