@@ -219,19 +219,15 @@ impl Reactor {
     /// ending (its reactor reads it to its end).
     fn read_foreign(&mut self, conn: &Arc<PathConn>, budget: usize) -> Option<ReadEnd> {
         let sink = self.inner.sink()?;
-        let owner = &self.inner.reactors[conn.reactor];
         if conn.rx_ending.load(SeqCst) {
-            owner.send(Cmd::RxRead(conn.clone()));
+            self.inner.reactors[conn.reactor].send(Cmd::RxRead(conn.clone()));
             return None;
         }
         if !acquire_rx(conn, false) {
             return None;
         }
-        let mut batch: Vec<RxMessage> = std::mem::take(&mut self.rx_batch);
-        let end = read_pass(&self.inner, &*sink, conn, &mut self.rbuf, &mut batch, false, budget).end;
-        conn.rx_busy.store(false, SeqCst);
-        batch.clear();
-        self.rx_batch = batch;
+        let end = self.held_pass(conn, &*sink, false, budget);
+        let owner = &self.inner.reactors[conn.reactor];
         match end {
             ReadEnd::Drained => {}
             ReadEnd::Budget | ReadEnd::Paused => owner.send(Cmd::RxRead(conn.clone())),
@@ -239,6 +235,19 @@ impl Reactor {
             ReadEnd::Protocol => owner.send(Cmd::RxFailed(conn.clone(), true)),
         }
         Some(end)
+    }
+
+    /// A [`read_pass`] on `conn`, whose read side this thread took
+    /// (`acquire_rx`), which it gives back.
+    fn held_pass(&mut self, conn: &PathConn, sink: &dyn TransportSink, force: bool, budget: usize) -> ReadEnd {
+        // The reactor's batch, for its capacity (a nested call, should
+        // there be one, starts an empty one).
+        let mut batch: Vec<RxMessage> = std::mem::take(&mut self.rx_batch);
+        let end = read_pass(&self.inner, sink, conn, &mut self.rbuf, &mut batch, force, budget).end;
+        conn.rx_busy.store(false, SeqCst);
+        batch.clear();
+        self.rx_batch = batch;
+        end
     }
 
     /// Queues `conn` to be read on the next pass (`rx_more`), once.
@@ -283,13 +292,7 @@ impl Reactor {
             self.read_next_pass(conn.clone());
             return None;
         }
-        // The reactor's batch, for its capacity (a nested call, should
-        // there be one, starts an empty one).
-        let mut batch: Vec<RxMessage> = std::mem::take(&mut self.rx_batch);
-        let end = read_pass(&self.inner, &*sink, conn, &mut self.rbuf, &mut batch, force, budget).end;
-        conn.rx_busy.store(false, SeqCst);
-        batch.clear();
-        self.rx_batch = batch;
+        let end = self.held_pass(conn, &*sink, force, budget);
         match end {
             ReadEnd::Drained | ReadEnd::Paused => {}
             ReadEnd::Budget => self.read_next_pass(conn.clone()),
