@@ -266,7 +266,7 @@ impl RxAssist {
             return None;
         }
         let pass = read_pass(&self.inner, sink, c, buf, batch, false, self.inner.cfg.read_budget);
-        c.rx_busy.store(false, SeqCst);
+        crate::reactor::read::release_rx(&self.inner, c);
         self.delivered += pass.delivered;
         self.bytes += pass.bytes;
         inc(&self.inner.stats.rx_assist_reads);

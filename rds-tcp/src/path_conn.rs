@@ -5,6 +5,7 @@
 //! decoder).
 
 use std::net::{SocketAddr, TcpStream};
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering::SeqCst};
 
 use mio::Token;
@@ -161,6 +162,12 @@ pub(crate) struct PathConn {
     /// `Inner::rx_epoch` as a read pass that drained this connection
     /// started (`Reactor::path0_read`).
     pub rx_drained_epoch: AtomicU64,
+    /// Other paths of the connection (this being path 0) whose read waits
+    /// for the pass that holds this one's read side (`rx_busy`), and
+    /// whether there are any: the pass's end, or the connection's close,
+    /// hands them back to their reactors (`reactor::read::release_rx`).
+    pub lanes_waiting: Mutex<Vec<Arc<PathConn>>>,
+    pub lanes_wait: AtomicBool,
     /// Application threads blocked in a receive that poll this
     /// connection and read it themselves (`crate::assist`); while there
     /// is one, the reactor leaves its readable events to them.
@@ -205,6 +212,8 @@ impl PathConn {
             rx_unread: AtomicBool::new(true),
             rx_busy: AtomicBool::new(false),
             rx_drained_epoch: AtomicU64::new(0),
+            lanes_waiting: Mutex::new(Vec::new()),
+            lanes_wait: AtomicBool::new(false),
             assist: AtomicU32::new(0),
         }
     }

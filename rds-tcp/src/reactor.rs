@@ -629,6 +629,8 @@ impl Reactor {
             }
             (acked, prev != CONNECTING)
         };
+        // Lanes waiting for a reader of this path 0 read on (it is closed).
+        read::wake_lanes(&self.inner, conn);
         if !conn.rx.lock().decoder.is_idle() {
             inc(&self.inner.stats.rx_partial_discarded);
         }

@@ -169,10 +169,9 @@ impl Reactor {
         }
         let queued = crate::sys::inq(p0.stream.as_raw_fd()).unwrap_or(0) as usize;
         if p0.rx_busy.load(SeqCst) {
-            // Another thread's pass of path 0 (an assisting receiver).
-            inc(&self.inner.stats.rx_lane_deferred);
-            self.read_next_pass(conn.clone());
-            return false;
+            // Another thread's pass of path 0 (another reactor, an
+            // assisting receiver).
+            return self.wait_for_path0(&p0, conn);
         }
         if queued == 0 {
             inc(&self.inner.stats.rx_path0_skipped);
@@ -200,7 +199,8 @@ impl Reactor {
         match read {
             // Another thread took path 0 between the question and now: its
             // pass may hold the bytes.
-            None | Some(ReadEnd::Paused) => {
+            None => self.wait_for_path0(&p0, conn),
+            Some(ReadEnd::Paused) => {
                 inc(&self.inner.stats.rx_lane_deferred);
                 self.read_next_pass(conn.clone());
                 false
@@ -209,6 +209,30 @@ impl Reactor {
             // the next pass), or ended.
             Some(_) => true,
         }
+    }
+
+    /// `lane` waits for the pass another thread makes of its path 0 `p0`:
+    /// the pass's end hands it back to its reactor (`release_rx`), which
+    /// then reads it (after path 0 again). Put off to the next pass instead,
+    /// the lane was tried again in every turn of the reactor's loop while
+    /// the other reactor read path 0 (`rds-scale paths`: seven times as
+    /// many put-offs as readable events). Returns false (the lane waits).
+    fn wait_for_path0(&mut self, p0: &PathConn, lane: &Arc<PathConn>) -> bool {
+        inc(&self.inner.stats.rx_lane_deferred);
+        {
+            let mut w = p0.lanes_waiting.lock();
+            if !w.iter().any(|c| Arc::ptr_eq(c, lane)) {
+                w.push(lane.clone());
+            }
+        }
+        // Then the flag, then the reader: `release_rx` clears the reader
+        // before it takes the flag, so either it finds the flag and hands
+        // the lane back, or this finds path 0 free and tries again.
+        p0.lanes_wait.store(true, SeqCst);
+        if !p0.rx_busy.load(SeqCst) || p0.state() == crate::path_conn::CLOSED {
+            self.read_next_pass(lane.clone());
+        }
+        false
     }
 
     /// One read pass, up to `budget` bytes, on `conn`, which another
@@ -244,7 +268,7 @@ impl Reactor {
         // there be one, starts an empty one).
         let mut batch: Vec<RxMessage> = std::mem::take(&mut self.rx_batch);
         let end = read_pass(&self.inner, sink, conn, &mut self.rbuf, &mut batch, force, budget).end;
-        conn.rx_busy.store(false, SeqCst);
+        release_rx(&self.inner, conn);
         batch.clear();
         self.rx_batch = batch;
         end
@@ -338,6 +362,24 @@ pub(crate) fn acquire_rx(conn: &PathConn, wait: bool) -> bool {
             return false;
         }
         std::thread::yield_now();
+    }
+}
+
+/// Gives `conn`'s read side back (`PathConn::rx_busy`) and hands the lanes
+/// that waited for it (`Reactor::wait_for_path0`) back to their reactors.
+pub(crate) fn release_rx(inner: &Inner, conn: &PathConn) {
+    conn.rx_busy.store(false, SeqCst);
+    wake_lanes(inner, conn);
+}
+
+/// Hands the lanes waiting for `conn`'s reader back to their reactors (its
+/// pass ended, or it closed).
+pub(crate) fn wake_lanes(inner: &Inner, conn: &PathConn) {
+    if conn.lanes_wait.swap(false, SeqCst) {
+        let lanes = std::mem::take(&mut *conn.lanes_waiting.lock());
+        for l in lanes {
+            inner.reactors[l.reactor].send(Cmd::RxRead(l));
+        }
     }
 }
 
