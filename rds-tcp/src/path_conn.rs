@@ -167,6 +167,10 @@ pub(crate) struct PathConn {
     /// whether there are any: the pass's end, or the connection's close,
     /// hands them back to their reactors (`reactor::read::release_rx`).
     pub lanes_waiting: Mutex<Vec<Arc<PathConn>>>,
+    /// The reactor's ack timer found the transmit state held by a writing
+    /// thread: the writer polls the acks before it lets go
+    /// (`Reactor::poll_watched`).
+    pub ack_poll_owed: AtomicBool,
     pub lanes_wait: AtomicBool,
     /// Application threads blocked in a receive that poll this
     /// connection and read it themselves (`crate::assist`); while there
@@ -213,6 +217,7 @@ impl PathConn {
             rx_busy: AtomicBool::new(false),
             rx_drained_epoch: AtomicU64::new(0),
             lanes_waiting: Mutex::new(Vec::new()),
+            ack_poll_owed: AtomicBool::new(false),
             lanes_wait: AtomicBool::new(false),
             assist: AtomicU32::new(0),
         }

@@ -206,9 +206,15 @@ impl Inner {
                 sent += tx.written - before;
                 // Acks only free send-buffer space; the reactor's ack timer
                 // polls them too. Ask the kernel (an ioctl) once per
-                // ACK_POLL_BYTES written, not after every write.
-                let polled =
-                    if tx.written_since_poll() >= ACK_POLL_BYTES { tx.poll_acks(&conn.stream) } else { (None, false) };
+                // ACK_POLL_BYTES written, not after every write, or when
+                // the timer found us writing (`PathConn::ack_poll_owed`).
+                let polled = if tx.written_since_poll() >= ACK_POLL_BYTES
+                    || (conn.ack_poll_owed.load(SeqCst) && conn.ack_poll_owed.swap(false, SeqCst))
+                {
+                    tx.poll_acks(&conn.stream)
+                } else {
+                    (None, false)
+                };
                 (res, polled)
             };
             self.acks_polled(Some(sink), conn, polled);

@@ -2,9 +2,10 @@
 //! their TCP ack, `SIOCOUTQ` polled on the reactor's timer (backing off
 //! while nothing changes) and after every event of a connection; a
 //! connection that an event leaves with nothing unacked is no longer
-//! watched. At an event, a connection whose transmit state a writing
-//! thread holds is skipped, not waited for (the writer polls as it
-//! writes; the timer, which does wait, keeps it watched).
+//! watched. A connection whose transmit state a writing thread holds is
+//! skipped, not waited for (the writer polls as it writes); the timer
+//! keeps it watched and asks the writer to poll before it lets go
+//! (`PathConn::ack_poll_owed`).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering::SeqCst;
@@ -38,10 +39,23 @@ impl Reactor {
         let mut progress = false;
         let mut reports = Vec::new();
         self.watch.retain(|c| {
-            // Waits for a thread writing (it holds the transmit state across
-            // its `writev`): skipping would back the timer off while a
-            // stream's sender fills its send buffer and waits for acks.
-            let mut tx = c.tx.lock();
+            // A thread writing holds the transmit state across its
+            // `writev`: it is asked to poll before it lets go
+            // (`PathConn::ack_poll_owed`), not waited for. Waiting spun:
+            // 82% of a 64 KiB qperf rds_bw sender's sched_yield calls
+            // (perf, host loopback) were this lock's, each a system call
+            // (and under the VM rig's emulation a costly one). The timer
+            // backs off as without progress (not backing off woke the
+            // reactor every `ack_poll_min` for nothing while a 64 KiB
+            // message was written: qperf rds_bw 64 KiB in the VM rig,
+            // 4 rounds, 44-55 MB/s against 63-75 waiting); the writer
+            // polls as it lets go, and one that let go just before the
+            // request was made leaves it to the next turn of the timer.
+            let Some(mut tx) = c.tx.try_lock() else {
+                c.ack_poll_owed.store(true, SeqCst);
+                return true;
+            };
+            c.ack_poll_owed.store(false, SeqCst);
             let (seq, advanced) = tx.poll_acks(&c.stream);
             progress |= advanced;
             if let Some(s) = seq {
