@@ -351,13 +351,7 @@ impl RxAssist {
         if let Some(i) = i {
             self.release(i);
         }
-        let r = &self.inner.reactors[c.reactor];
-        match end {
-            ReadEnd::Drained => {}
-            ReadEnd::Budget | ReadEnd::Paused => r.send(Cmd::RxRead(c.clone())),
-            ReadEnd::Eof | ReadEnd::Error => r.send(Cmd::RxFailed(c.clone(), false)),
-            ReadEnd::Protocol => r.send(Cmd::RxFailed(c.clone(), true)),
-        }
+        crate::reactor::read::leave_to_reactor(&self.inner, c, &end);
     }
 
     /// Stops assisting connection `i`; an event the reactor left to us

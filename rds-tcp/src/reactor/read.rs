@@ -251,13 +251,7 @@ impl Reactor {
             return None;
         }
         let end = self.held_pass(conn, &*sink, false, budget);
-        let owner = &self.inner.reactors[conn.reactor];
-        match end {
-            ReadEnd::Drained => {}
-            ReadEnd::Budget | ReadEnd::Paused => owner.send(Cmd::RxRead(conn.clone())),
-            ReadEnd::Eof | ReadEnd::Error => owner.send(Cmd::RxFailed(conn.clone(), false)),
-            ReadEnd::Protocol => owner.send(Cmd::RxFailed(conn.clone(), true)),
-        }
+        leave_to_reactor(&self.inner, conn, &end);
         Some(end)
     }
 
@@ -362,6 +356,18 @@ pub(crate) fn acquire_rx(conn: &PathConn, wait: bool) -> bool {
             return false;
         }
         std::thread::yield_now();
+    }
+}
+
+/// What a pass by a thread other than `conn`'s reactor left (more bytes,
+/// the end of the stream, an error) goes to that reactor.
+pub(crate) fn leave_to_reactor(inner: &Inner, conn: &Arc<PathConn>, end: &ReadEnd) {
+    let owner = &inner.reactors[conn.reactor];
+    match end {
+        ReadEnd::Drained => {}
+        ReadEnd::Budget | ReadEnd::Paused => owner.send(Cmd::RxRead(conn.clone())),
+        ReadEnd::Eof | ReadEnd::Error => owner.send(Cmd::RxFailed(conn.clone(), false)),
+        ReadEnd::Protocol => owner.send(Cmd::RxFailed(conn.clone(), true)),
     }
 }
 
