@@ -149,9 +149,10 @@ pub(crate) struct PathConn {
     /// Bytes may wait in the socket: a readable event came since the last
     /// read pass that drained it (set by the reactor when it takes the
     /// event, before it handles any event of that batch; cleared when a
-    /// pass starts, set again when one stops before draining). Lets the
-    /// reactor skip the read of path 0 that would only return `EAGAIN`
-    /// before it reads a lane (`Reactor::path0_read`). Starts set: a new
+    /// pass starts, set again when one stops before draining). An
+    /// assisting thread that stops hands such a connection back to the
+    /// reactor (`crate::assist`); `Reactor::path0_read` counts path-0
+    /// bytes found without it (`tcp_rx_path0_pending`). Starts set: a new
     /// connection is read once whatever its events say.
     pub rx_unread: AtomicBool,
     /// A thread is reading the connection (the reactor, or an application
@@ -164,14 +165,16 @@ pub(crate) struct PathConn {
     pub rx_drained_epoch: AtomicU64,
     /// Other paths of the connection (this being path 0) whose read waits
     /// for the pass that holds this one's read side (`rx_busy`), and
-    /// whether there are any: the pass's end, or the connection's close,
-    /// hands them back to their reactors (`reactor::read::release_rx`).
+    /// whether there are any (`lanes_wait`, so that the end of a pass
+    /// takes no lock when none waits): the pass's end, or the connection's
+    /// close, hands them back to their reactors
+    /// (`reactor::read::release_rx`).
     pub lanes_waiting: Mutex<Vec<Arc<PathConn>>>,
+    pub lanes_wait: AtomicBool,
     /// The reactor's ack timer found the transmit state held by a writing
     /// thread: the writer polls the acks before it lets go
     /// (`Reactor::poll_watched`).
     pub ack_poll_owed: AtomicBool,
-    pub lanes_wait: AtomicBool,
     /// Application threads blocked in a receive that poll this
     /// connection and read it themselves (`crate::assist`); while there
     /// is one, the reactor leaves its readable events to them.
@@ -217,8 +220,8 @@ impl PathConn {
             rx_busy: AtomicBool::new(false),
             rx_drained_epoch: AtomicU64::new(0),
             lanes_waiting: Mutex::new(Vec::new()),
-            ack_poll_owed: AtomicBool::new(false),
             lanes_wait: AtomicBool::new(false),
+            ack_poll_owed: AtomicBool::new(false),
             assist: AtomicU32::new(0),
         }
     }

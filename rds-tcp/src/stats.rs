@@ -27,9 +27,9 @@ pub(crate) struct Stats {
     /// connection was being read by another thread, or paused, with bytes
     /// that must go first (ours; see `Reactor::path0_read`).
     pub rx_lane_deferred: AtomicU64,
-    /// Reads of path 0 before a lane skipped because path 0 had no
-    /// readable event since it was last drained (ours; see
-    /// `Reactor::path0_read`).
+    /// Reads of path 0 before a lane skipped because path 0 held nothing
+    /// that must go first: drained since the lane's event was taken, or
+    /// its socket empty (ours; see `Reactor::path0_read`).
     pub rx_path0_skipped: AtomicU64,
     /// Reads of path 0 before a lane made because its socket held bytes
     /// although no readable event of it was taken since it was last
