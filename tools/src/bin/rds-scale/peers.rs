@@ -123,22 +123,29 @@ pub fn run(args: &rds_tools::Args) -> bool {
     // bulk transfer on a connection is slower).
     let mut sent = n as u64;
     for active in [1, n] {
-        sent += blast(&mut peers[..active], server, size, total / 4, burst, &mut buf).1;
+        sent += blast(&mut peers[..active], server, size, total / 4, burst, &mut buf).msgs;
     }
     for r in 0..rounds {
         for active in [1, n] {
             let k = if active == 1 { "1" } else { "n" };
-            let (srv0, me0) = (stat_u64(&get("round"), "cpu_ms"), crate::proc::process_cpu_ms());
-            let (mbps, msgs, wall_ms) = blast(&mut peers[..active], server, size, total, burst, &mut buf);
-            let (srv1, me1) = (stat_u64(&get("round"), "cpu_ms"), crate::proc::process_cpu_ms());
-            sent += msgs;
-            let pct = |a: u64, b: u64| b.saturating_sub(a) as f64 * 100.0 / wall_ms.max(1) as f64;
-            println!("R scale_bw_{k} {mbps:.1} MB/sec");
+            let srv0 = stat_u64(&get("round"), "cpu_ms");
+            let (me0, th0) = (crate::proc::process_cpu_ms(), crate::proc::thread_cpu_ms());
+            let b = blast(&mut peers[..active], server, size, total, burst, &mut buf);
+            let (me1, th1) = (crate::proc::process_cpu_ms(), crate::proc::thread_cpu_ms());
+            let srv1 = stat_u64(&get("round"), "cpu_ms");
+            sent += b.msgs;
+            let pct = |a: u64, b_: u64| b_.saturating_sub(a) as f64 * 100.0 / b.wall_ms.max(1) as f64;
+            println!("R scale_bw_{k} {:.1} MB/sec", b.mbps);
             // CPU of the serving node and of the peers' process over the
             // round, in percent of one core.
             println!("R scale_bw_{k}_server_cpu {:.0} %", pct(srv0, srv1));
             println!("R scale_bw_{k}_peers_cpu {:.0} %", pct(me0, me1));
-            eprintln!("rds-scale: round {}: {active} active peer(s): {mbps:.1} MB/s", r + 1);
+            // The sending thread (this one), which sends for every peer:
+            // its CPU over the round and how long it waited for a socket
+            // to take more (every active peer's send buffer full).
+            println!("R scale_bw_{k}_sender_cpu {:.0} %", pct(th0, th1));
+            println!("R scale_bw_{k}_sender_waited {} ms", b.waited_ms);
+            eprintln!("rds-scale: round {}: {active} active peer(s): {:.1} MB/s", r + 1, b.mbps);
         }
     }
     println!("R scale_msg_size {size}");
@@ -169,8 +176,7 @@ pub fn run(args: &rds_tools::Args) -> bool {
 /// Every peer of `peers` sends its share of `total` bytes in `size`
 /// messages to `server`, from this thread, round robin without blocking,
 /// up to `burst_max` messages to one peer before the next (poll when every
-/// socket is full); returns MB/s from the first send
-/// until everything is acknowledged, the messages sent and the time, ms.
+/// socket is full); returns what it measured ([`Blast`]).
 fn blast(
     peers: &mut [Peer],
     server: SocketAddr,
@@ -178,7 +184,7 @@ fn blast(
     total: u64,
     burst_max: u64,
     buf: &mut [u8],
-) -> (f64, u64, u64) {
+) -> Blast {
     let per = (total / peers.len() as u64).div_ceil(size as u64).max(1);
     let mut left: Vec<u64> = vec![per; peers.len()];
     for p in peers.iter() {
@@ -187,6 +193,7 @@ fn blast(
     let t0 = Instant::now();
     let deadline = t0 + Duration::from_secs(120);
     let mut remaining = per * peers.len() as u64;
+    let mut waited = Duration::ZERO;
     while remaining > 0 {
         if Instant::now() > deadline {
             fail("a throughput round took over 120 s");
@@ -210,7 +217,9 @@ fn blast(
             }
         }
         if !progressed {
+            let t = Instant::now();
             wait_writable(peers, &left);
+            waited += t.elapsed();
         }
     }
     for p in peers.iter() {
@@ -221,7 +230,23 @@ fn blast(
     }
     let secs = t0.elapsed().as_secs_f64();
     let msgs = per * peers.len() as u64;
-    (msgs as f64 * size as f64 / secs / 1e6, msgs, (secs * 1e3) as u64)
+    Blast {
+        mbps: msgs as f64 * size as f64 / secs / 1e6,
+        msgs,
+        wall_ms: (secs * 1e3) as u64,
+        waited_ms: waited.as_millis() as u64,
+    }
+}
+
+/// What one [`blast`] measured.
+struct Blast {
+    /// Throughput, the whole transfer timed until everything was
+    /// acknowledged.
+    mbps: f64,
+    msgs: u64,
+    wall_ms: u64,
+    /// Time the sending thread spent waiting for room (in `poll`).
+    waited_ms: u64,
 }
 
 /// Waits (at most 10 ms) until a socket with messages left is writable.
