@@ -57,14 +57,18 @@ if [ -f "$SHIM" ]; then
     ON_A=(ip netns exec ns1 env LD_PRELOAD="$SHIM")
     ON_B=(ip netns exec ns2 env LD_PRELOAD="$SHIM")
     why_lat shim rds_lat
+    why_bw shim 64
     why_bw shim 1024
+    why_bw shim 8192
     why_bw shim 65536
     ON_A=(ip netns exec ns1)
     ON_B=(ip netns exec ns2)
 fi
 echo "perf: [vm] where a round trip's and a message's time goes (kernel RDS-TCP)" >&2
 why_lat kern rds_lat
+why_bw kern 64
 why_bw kern 1024
+why_bw kern 8192
 why_bw kern 65536
 netpair down
 echo "R vm_done 1"

@@ -214,6 +214,10 @@ def main():
             return
         met = r >= bound if cmp == ">=" else r <= bound
         w(f"- [{'x' if met else ' '}] {text}: {r:.2f} ({'met' if met else 'not met'})")
+        if not met:
+            why = gap_cause(vm, row, base, raw, kern)
+            if why:
+                w(f"  - measured cause: {why}")
 
     target("bandwidth 1 KiB >= 1.5x the kernel's", "bandwidth 1 KiB", "kernel", ">=", 1.5)
     target("bandwidth 8 KiB >= 1.5x the kernel's", "bandwidth 8 KiB", "kernel", ">=", 1.5)
@@ -221,7 +225,8 @@ def main():
     target("bandwidth 64 KiB >= 0.9x raw TCP's", "bandwidth 64 KiB", "raw", ">=", 0.9)
     target("one-way latency 64 B <= the kernel's", "one-way latency 64 B", "kernel", "<=", 1.0)
     target("one-way latency 64 B <= 1.3x raw TCP's", "one-way latency 64 B", "raw", "<=", 1.3)
-    target("message rate 64 B (16 in flight) >= 2x the kernel's", "message rate 64 B",
+    target("message rate 64 B >= 2x the kernel's (the issue asks 16 in flight; qperf's "
+           "`rds_bw -m 64` streams with no limit)", "message rate 64 B",
            "kernel", ">=", 2.0)
     checks = scale_checks(scale)
     for text, state, detail in checks:
@@ -333,6 +338,66 @@ def why_section(w, vm):
     bw_why_section(w, vm)
 
 
+def why_val(vm, key):
+    """A figure of the why runs as a float, None when not measured."""
+    v = vm.get(key)
+    try:
+        return float(v[0][0]) if v else None
+    except ValueError:
+        return None
+
+
+def gap_cause(vm, row, base, raw, kern):
+    """What this run measured of an unmet VM target's gap: the why runs'
+    CPU time and context switches of ours against the kernel's."""
+    def per(size, k):
+        c = f"vm_why_bw{size}_{k}" if size else f"vm_why_{k}"
+        return {x: why_val(vm, f"{c}_{x}") for x in ("cpu", "user", "engine", "switches", "idle")}
+    sizes = {"bandwidth 1 KiB": 1024, "bandwidth 8 KiB": 8192, "bandwidth 64 KiB": 65536,
+             "message rate 64 B": 64}
+    if row in sizes and base == "kernel":
+        size = sizes[row]
+        o, k = per(size, "shim"), per(size, "kern")
+        if o["cpu"] is None or k["cpu"] is None:
+            return None
+        s = (f"the two qperf processes spent {o['cpu']:.0f} us of CPU per message against the "
+             f"kernel's {k['cpu']:.0f} us ({o['user']:.0f} us in user space against "
+             f"{k['user']:.0f}, {o['engine']:.0f} us in our engine's threads; "
+             f"{o['switches']:.2f} context switches against {k['switches']:.2f}), with the "
+             f"guest's two vCPUs {o['idle']:.0f}% idle against {k['idle']:.0f}%")
+        s += " (one more run of each: \"Where a message's time goes in a stream\")"
+        if size >= 8192:
+            s += ("; ours copies each payload twice more than the kernel's RDS (a pooled buffer "
+                  "on each side) and reads the stream in the reactor's thread")
+        else:
+            s += ("; what is left per message is the user-space code of the shim and the "
+                  "engine and the sender's system calls (the user-space instructions counted on the host, above)")
+        return s
+    if row == "bandwidth 64 KiB" and base == "raw":
+        if raw and kern:
+            return (f"raw TCP copies each payload once per side with one system call per "
+                    f"64 KiB; RDS adds a header, acks and its own buffering: the kernel's "
+                    f"RDS-TCP reaches {kern / raw:.2f}x raw TCP in this run, ours the ratio above")
+        return None
+    if row == "one-way latency 64 B":
+        o, k, r = per(None, "shim"), per(None, "kern"), per(None, "raw")
+        if o["cpu"] is None or k["cpu"] is None:
+            return None
+        if base == "raw":
+            return ("as for the kernel's target above: CPU time per round trip, ours "
+                    f"{o['cpu']:.0f} us against raw TCP's "
+                    + (f"{r['cpu']:.0f} us" if r["cpu"] is not None else "(not measured)"))
+        return (f"a round trip is serial (one message in flight) and its time is the CPU time "
+                f"of the two processes: ours {o['cpu']:.0f} us per round trip, of it "
+                f"{o['user']:.0f} us in user space, against the kernel's {k['cpu']:.0f} us"
+                + (f" and raw TCP's {r['cpu']:.0f} us" if r["cpu"] is not None else "")
+                + f"; ours spends {o['cpu'] - o['user']:.0f} us in the guest's kernel alone (its "
+                "system calls: a poll, the read, the send and the descriptor's bookkeeping per "
+                "side, each microseconds under emulation), where the kernel's RDS works inside "
+                "two system calls and softirq (\"Where a round trip's time goes\")")
+    return None
+
+
 def why_table(w, vm, cols, first, per):
     """A table of where the time goes (guest.sh's why_lat, why_bw): one
     column per measured run, (key prefix, header); `first` is the run's own
@@ -358,14 +423,14 @@ def bw_why_section(w, vm):
     why_bw): one more qperf rds_bw run of 1 KiB and of 64 KiB messages,
     ours under the shim and the kernel, per message."""
     cols = [(f"vm_why_bw{size}_{k}", f"{name}, {label}")
-            for size, label in ((1024, "1 KiB"), (65536, "64 KiB"))
+            for size, label in ((64, "64 B"), (1024, "1 KiB"), (8192, "8 KiB"), (65536, "64 KiB"))
             for k, name in (("kern", "kernel"), ("shim", "ours (shim)"))]
     if not any(f"{c}_rate" in vm for c, _ in cols):
         return
     w("### Where a message's time goes in a stream (VM rig)")
     w("")
-    w("One more qperf `rds_bw` run of 1 KiB and of 64 KiB messages, the kernel's RDS-TCP "
-      "and ours under the shim, measured as above, per message.")
+    w("One more qperf `rds_bw` run of 64 B, 1 KiB, 8 KiB and 64 KiB messages, the kernel's "
+      "RDS-TCP and ours under the shim, measured as above, per message.")
     w("")
     why_table(w, vm, cols, ("rate", "messages per second in this run"), "message")
     w("Ours copies each payload four times where the kernel's RDS copies it twice: the "

@@ -177,14 +177,7 @@ pub fn run(args: &rds_tools::Args) -> bool {
 /// messages to `server`, from this thread, round robin without blocking,
 /// up to `burst_max` messages to one peer before the next (poll when every
 /// socket is full); returns what it measured ([`Blast`]).
-fn blast(
-    peers: &mut [Peer],
-    server: SocketAddr,
-    size: usize,
-    total: u64,
-    burst_max: u64,
-    buf: &mut [u8],
-) -> Blast {
+fn blast(peers: &mut [Peer], server: SocketAddr, size: usize, total: u64, burst_max: u64, buf: &mut [u8]) -> Blast {
     let per = (total / peers.len() as u64).div_ceil(size as u64).max(1);
     let mut left: Vec<u64> = vec![per; peers.len()];
     for p in peers.iter() {
