@@ -35,11 +35,30 @@
 //! - a coalesced stream writes many messages per transmit, which are not
 //!   timed, so the window does not feed on itself.
 //!
+//!
+//! # Handing a stream's writes to the reactor
+//!
+//! Where the last sampled transmit carried messages of at most
+//! [`HANDOFF_MSG`] bytes, a send of a stream (the run above) that comes after the window's end does not
+//! write either: it leaves its message queued and has the reactor flush
+//! at once (its timer; `tcp_tx_handed_off` counts those sends). Every
+//! write of such a stream is then the reactor's, in its thread, and the
+//! application's thread only queues: its `sendmsg` (and, on a local link,
+//! the receiving side's TCP processing, which runs in the sending
+//! thread's system call) was most of what a small message cost it, and
+//! the sending thread was the stream's bottleneck (qperf `rds_bw` of 64 B
+//! in the VM rig: the sending qperf thread at 100% of a vCPU; with the
+//! writes in the reactor, medians of 4 alternating rounds, 48 -> 66 k
+//! messages/s). Larger messages keep writing in the caller's thread when
+//! the window is over, and request/response traffic never reaches the run.
+//! [`TcpConfig::stream_handoff`] turns it off.
+//!
 //! [`TcpConfig::coalesce`]: crate::TcpConfig::coalesce
 //! [`TcpConfig::coalesce_max`]: crate::TcpConfig::coalesce_max
+//! [`TcpConfig::stream_handoff`]: crate::TcpConfig::stream_handoff
 
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
-use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 
 use crate::Inner;
 use crate::path_conn::{self, PathConn};
@@ -63,6 +82,11 @@ pub(crate) const COALESCE_RUN: u32 = 16;
 /// alternating in one boot).
 pub(crate) const COST_FACTOR: u64 = 4;
 
+/// Messages averaging at most this many bytes (header included) leave
+/// their stream's writes to the reactor after the window's end (module
+/// docs).
+pub(crate) const HANDOFF_MSG: u64 = 512;
+
 /// One in this many transmits of at most two messages is timed.
 pub(crate) const SAMPLE_EVERY: u32 = 8;
 
@@ -80,6 +104,9 @@ pub(crate) struct WriteCost {
     avg_ns: AtomicU64,
     /// Transmits of at most two messages since the last sample.
     count: AtomicU32,
+    /// Whether the last sample's messages averaged at most
+    /// [`HANDOFF_MSG`] bytes.
+    tiny: AtomicBool,
 }
 
 impl WriteCost {
@@ -91,6 +118,7 @@ impl WriteCost {
 
     /// A timed transmit of `msgs` messages and `bytes` took `ns`.
     pub fn record(&self, ns: u64, msgs: usize, bytes: u64) {
+        self.tiny.store(msgs > 0 && bytes / msgs as u64 <= HANDOFF_MSG, Relaxed);
         if msgs == 0 || bytes / msgs as u64 > SMALL_MSG {
             self.avg_ns.store(0, Relaxed);
             return;
@@ -98,6 +126,12 @@ impl WriteCost {
         let old = self.avg_ns.load(Relaxed);
         let new = if old == 0 { ns } else { old - old / 8 + ns / 8 };
         self.avg_ns.store(new.max(1), Relaxed);
+    }
+
+    /// Whether the last sampled transmit carried messages of at most
+    /// [`HANDOFF_MSG`] bytes each on average.
+    pub fn tiny(&self) -> bool {
+        self.tiny.load(Relaxed)
     }
 
     /// The window in nanoseconds: at least `floor`, at most `cap` (unless
@@ -127,18 +161,27 @@ impl Inner {
             conn.send_run.store(0, SeqCst);
             0
         };
-        let due = conn.last_write.load(SeqCst).saturating_add(window);
-        if now < due && run >= COALESCE_RUN {
-            // Written moments ago, in a run of sends each moments after
-            // the one before (a stream): let this window's messages go
-            // out together; the reactor flushes at the window's end.
-            inc(&self.stats.tx_coalesced);
-            if !conn.flush_pending.swap(true, SeqCst) {
-                self.reactors[conn.reactor].flush_at(conn.clone(), path_conn::instant_of(due));
-            }
-            return true;
+        if run < COALESCE_RUN {
+            return false;
         }
-        false
+        let due = conn.last_write.load(SeqCst).saturating_add(window);
+        if now >= due {
+            // The window is over. A stream of small messages leaves the
+            // write to the reactor all the same (module docs, "Handing a
+            // stream's writes to the reactor"); any other writes now.
+            if !(self.cfg.stream_handoff && conn.write_cost.tiny()) {
+                return false;
+            }
+            inc(&self.stats.tx_handed_off);
+        }
+        // Written moments ago, in a run of sends each moments after the
+        // one before (a stream): let this window's messages go out
+        // together; the reactor flushes at the window's end.
+        inc(&self.stats.tx_coalesced);
+        if !conn.flush_pending.swap(true, SeqCst) {
+            self.reactors[conn.reactor].flush_at(conn.clone(), path_conn::instant_of(due.max(now)));
+        }
+        true
     }
 }
 

@@ -115,7 +115,9 @@
 //! no ack for the message and sends it again), `tcp_tx_partial` those that
 //! ended with a message partly written, `tcp_rx_short_reads` the read
 //! passes a short read ended (see "Receive"), `tcp_tx_coalesced` the
-//! sends left to the end of a write-coalescing window and
+//! sends left to the end of a write-coalescing window (of them
+//! `tcp_tx_handed_off` those left to the reactor after it,
+//! [`TcpConfig::stream_handoff`]) and
 //! `tcp_ack_timer_answered` the waits for acks whose timer started at
 //! `ack_poll_max` and `tcp_ack_timer_polls` the reactor's polls on its ack
 //! timer, a wake-up each (see "Acks"). [`TcpTransport::abort_path`] is a fault-injection
@@ -300,6 +302,12 @@ pub struct TcpConfig {
     /// reported as [`DownReason::ProtocolError`]); a path the core paused
     /// is exempt. Zero disables it. Default 30 s.
     pub rx_frame_timeout: Duration,
+    /// A one-way stream of small messages (see [`TcpConfig::coalesce`])
+    /// leaves every write to the reactor, also after a coalescing window
+    /// ended, instead of writing in the sending thread then: the sending
+    /// thread only queues. Default on (`RDS_TCP_STREAM_HANDOFF=0` in the
+    /// environment turns it off). See the `coalesce` module's docs.
+    pub stream_handoff: bool,
 }
 
 impl Default for TcpConfig {
@@ -324,6 +332,7 @@ impl Default for TcpConfig {
             coalesce: env_micros("RDS_TCP_COALESCE_US", 20),
             coalesce_max: env_micros("RDS_TCP_COALESCE_MAX_US", 500),
             rx_frame_timeout: Duration::from_secs(30),
+            stream_handoff: std::env::var("RDS_TCP_STREAM_HANDOFF").map_or(true, |v| v != "0"),
         }
     }
 }

@@ -65,6 +65,10 @@ pub(crate) struct Stats {
     /// Sends left queued for the end of a write-coalescing window (ours;
     /// see [`crate::TcpConfig::coalesce`]).
     pub tx_coalesced: AtomicU64,
+    /// Of those, the sends of a stream of small messages left to the
+    /// reactor after the window's end (ours; see
+    /// [`crate::TcpConfig::stream_handoff`]).
+    pub tx_handed_off: AtomicU64,
     /// Ack timers armed at [`crate::TcpConfig::ack_poll_max`] because the
     /// connection brought a message (not a congestion map) within that
     /// long: when a wait for acks starts (`Inner::ack_timer`), and when
@@ -99,6 +103,7 @@ impl Stats {
             ("tcp_accept_shed", self.accept_shed.load(Relaxed)),
             ("tcp_rx_short_reads", self.rx_short_reads.load(Relaxed)),
             ("tcp_tx_coalesced", self.tx_coalesced.load(Relaxed)),
+            ("tcp_tx_handed_off", self.tx_handed_off.load(Relaxed)),
             ("tcp_ack_timer_answered", self.ack_timer_answered.load(Relaxed)),
             ("tcp_ack_timer_polls", self.ack_timer_polls.load(Relaxed)),
             ("tcp_rx_assist_acks_left", self.rx_assist_acks_left.load(Relaxed)),

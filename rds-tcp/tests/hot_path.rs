@@ -157,6 +157,52 @@ fn the_coalescing_window_grows_with_what_a_write_costs() {
     assert!(grown > 0, "the window grew to what a write costs and held sends back");
 }
 
+/// A stream of small messages leaves its writes to the reactor also after
+/// a coalescing window ended (`TcpConfig::stream_handoff`, counted in
+/// `tcp_tx_handed_off`); switched off, no send is handed off. Every
+/// message arrives once, in order, intact, either way.
+#[test]
+fn a_stream_of_small_messages_leaves_its_writes_to_the_reactor() {
+    let run = |addr: (&str, &str), handoff: bool, seed: u32| {
+        let cfg = |port| rds_tcp::TcpConfig { port, stream_handoff: handoff, ..Default::default() };
+        let a = Host::with_config(ip(addr.0), cfg(17119), common::node_config(seed));
+        let b = Host::with_config(ip(addr.1), cfg(17119), common::node_config(seed + 1));
+        let d = deadline(60);
+        let sa = a.socket(5000);
+        let sb = b.socket(4000);
+        let to_b = SocketAddr::new(b.addr, 4000);
+        a.send(sa, to_b, &Payload::new(pattern(0, 64)), d);
+        assert_eq!(index_of(&b.recv(sb, d).payload), 0);
+        let (c0, h0) = (a.counter("tcp_tx_coalesced"), a.counter("tcp_tx_handed_off"));
+        const BURST: u64 = 5000;
+        let reader = {
+            let b = b.clone();
+            std::thread::spawn(move || {
+                for i in 1..=BURST {
+                    let m = b.recv(sb, d);
+                    assert_eq!(index_of(&m.payload), i, "stream order");
+                    assert!(m.payload[..] == pattern(i, 64)[..], "stream message {i}");
+                }
+            })
+        };
+        for i in 1..=BURST {
+            a.send(sa, to_b, &Payload::new(pattern(i, 64)), d);
+        }
+        reader.join().unwrap();
+        let (coalesced, handed) = (a.counter("tcp_tx_coalesced") - c0, a.counter("tcp_tx_handed_off") - h0);
+        a.wait_for(d, "all acked", |n| n.snd_bytes(sa) == 0);
+        std::thread::sleep(Duration::from_millis(50));
+        assert!(!matches!(b.with(|n| n.recv(sb, false)), Ok(Received::Data(_))), "nothing more, nothing twice");
+        a.shutdown();
+        b.shutdown();
+        (coalesced, handed)
+    };
+    let (coalesced, handed) = run(("127.0.25.9", "127.0.25.10"), true, 259);
+    assert!(handed > 0 && coalesced >= handed, "sends handed to the reactor: {handed} of {coalesced} coalesced");
+    let (_, handed) = run(("127.0.25.11", "127.0.25.12"), false, 261);
+    assert_eq!(handed, 0, "switched off, no send is handed off");
+}
+
 /// A one-way stream from a socket whose lane is path 0 (its port hashes
 /// there, as one socket in eight does) to a receiver that goes congested:
 /// the receiver's congestion maps come back on path 0, where the sender

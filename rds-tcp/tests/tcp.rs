@@ -331,6 +331,7 @@ fn listener_and_address_checks() {
             "tcp_accept_shed",
             "tcp_rx_short_reads",
             "tcp_tx_coalesced",
+            "tcp_tx_handed_off",
             "tcp_ack_timer_answered",
             "tcp_ack_timer_polls",
             "tcp_rx_assist_acks_left",
