@@ -112,6 +112,53 @@ fn coalescing_holds_back_streams_not_round_trips() {
     b.shutdown();
 }
 
+/// Two hosts at `addr` with transport configuration `cfg` (its port is
+/// set here); after one message has gone through, `n` messages of `size`
+/// bytes from one socket of the first to one of the second, read by a
+/// thread of their own as they come: every one arrives once, in order,
+/// intact, and all are acknowledged. Returns how far the sender's
+/// `counters` moved over the burst.
+fn one_way_burst(
+    addr: (&str, &str),
+    cfg: rds_tcp::TcpConfig,
+    seed: u32,
+    n: u64,
+    size: usize,
+    counters: &[&str],
+) -> Vec<u64> {
+    let cfg = rds_tcp::TcpConfig { port: 17118, ..cfg };
+    let a = Host::with_config(ip(addr.0), cfg.clone(), common::node_config(seed));
+    let b = Host::with_config(ip(addr.1), cfg, common::node_config(seed + 1));
+    let d = deadline(60);
+    let sa = a.socket(5000);
+    let sb = b.socket(4000);
+    let to_b = SocketAddr::new(b.addr, 4000);
+    a.send(sa, to_b, &Payload::new(pattern(0, 64)), d);
+    assert_eq!(index_of(&b.recv(sb, d).payload), 0);
+    let before: Vec<u64> = counters.iter().map(|c| a.counter(c)).collect();
+    let reader = {
+        let b = b.clone();
+        std::thread::spawn(move || {
+            for i in 1..=n {
+                let m = b.recv(sb, d);
+                assert_eq!(index_of(&m.payload), i, "burst order");
+                assert!(m.payload[..] == pattern(i, size)[..], "burst message {i}");
+            }
+        })
+    };
+    for i in 1..=n {
+        a.send(sa, to_b, &Payload::new(pattern(i, size)), d);
+    }
+    reader.join().unwrap();
+    let moved = counters.iter().zip(before).map(|(c, b0)| a.counter(c) - b0).collect();
+    a.wait_for(d, "all acked", |n| n.snd_bytes(sa) == 0);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!matches!(b.with(|n| n.recv(sb, false)), Ok(Received::Data(_))), "nothing more, nothing twice");
+    a.shutdown();
+    b.shutdown();
+    moved
+}
+
 /// The coalescing window follows what a write costs: with a floor of 1 ns
 /// (no two sends are that close) a burst is coalesced only when the window
 /// may grow to a few times the measured cost of a transmit
@@ -119,41 +166,10 @@ fn coalescing_holds_back_streams_not_round_trips() {
 /// order, intact, either way.
 #[test]
 fn the_coalescing_window_grows_with_what_a_write_costs() {
-    let run = |addr: (&str, &str), max: Duration, seed: u32| {
-        let cfg = |port| rds_tcp::TcpConfig {
-            port,
-            coalesce: Duration::from_nanos(1),
-            coalesce_max: max,
-            ..Default::default()
-        };
-        let a = Host::with_config(ip(addr.0), cfg(17118), common::node_config(seed));
-        let b = Host::with_config(ip(addr.1), cfg(17118), common::node_config(seed + 1));
-        let d = deadline(60);
-        let sa = a.socket(5000);
-        let sb = b.socket(4000);
-        let to_b = SocketAddr::new(b.addr, 4000);
-        a.send(sa, to_b, &Payload::new(pattern(0, 64)), d);
-        assert_eq!(index_of(&b.recv(sb, d).payload), 0);
-        let c0 = a.counter("tcp_tx_coalesced");
-        const BURST: u64 = 3000;
-        for i in 1..=BURST {
-            a.send(sa, to_b, &Payload::new(pattern(i, 200)), d);
-        }
-        for i in 1..=BURST {
-            let m = b.recv(sb, d);
-            assert_eq!(index_of(&m.payload), i, "burst order");
-            assert!(m.payload[..] == pattern(i, 200)[..], "burst message {i}");
-        }
-        let coalesced = a.counter("tcp_tx_coalesced") - c0;
-        a.wait_for(d, "all acked", |n| n.snd_bytes(sa) == 0);
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(!matches!(b.with(|n| n.recv(sb, false)), Ok(Received::Data(_))), "nothing more, nothing twice");
-        a.shutdown();
-        b.shutdown();
-        coalesced
-    };
-    assert_eq!(run(("127.0.25.5", "127.0.25.6"), Duration::ZERO, 255), 0, "a 1 ns window holds nothing");
-    let grown = run(("127.0.25.7", "127.0.25.8"), Duration::from_micros(500), 257);
+    let cfg = |max| rds_tcp::TcpConfig { coalesce: Duration::from_nanos(1), coalesce_max: max, ..Default::default() };
+    let coalesced = |addr, max, seed| one_way_burst(addr, cfg(max), seed, 3000, 200, &["tcp_tx_coalesced"])[0];
+    assert_eq!(coalesced(("127.0.25.5", "127.0.25.6"), Duration::ZERO, 255), 0, "a 1 ns window holds nothing");
+    let grown = coalesced(("127.0.25.7", "127.0.25.8"), Duration::from_micros(500), 257);
     assert!(grown > 0, "the window grew to what a write costs and held sends back");
 }
 
@@ -163,44 +179,14 @@ fn the_coalescing_window_grows_with_what_a_write_costs() {
 /// message arrives once, in order, intact, either way.
 #[test]
 fn a_stream_of_small_messages_leaves_its_writes_to_the_reactor() {
-    let run = |addr: (&str, &str), handoff: bool, seed: u32| {
-        let cfg = |port| rds_tcp::TcpConfig { port, stream_handoff: handoff, ..Default::default() };
-        let a = Host::with_config(ip(addr.0), cfg(17119), common::node_config(seed));
-        let b = Host::with_config(ip(addr.1), cfg(17119), common::node_config(seed + 1));
-        let d = deadline(60);
-        let sa = a.socket(5000);
-        let sb = b.socket(4000);
-        let to_b = SocketAddr::new(b.addr, 4000);
-        a.send(sa, to_b, &Payload::new(pattern(0, 64)), d);
-        assert_eq!(index_of(&b.recv(sb, d).payload), 0);
-        let (c0, h0) = (a.counter("tcp_tx_coalesced"), a.counter("tcp_tx_handed_off"));
-        const BURST: u64 = 5000;
-        let reader = {
-            let b = b.clone();
-            std::thread::spawn(move || {
-                for i in 1..=BURST {
-                    let m = b.recv(sb, d);
-                    assert_eq!(index_of(&m.payload), i, "stream order");
-                    assert!(m.payload[..] == pattern(i, 64)[..], "stream message {i}");
-                }
-            })
-        };
-        for i in 1..=BURST {
-            a.send(sa, to_b, &Payload::new(pattern(i, 64)), d);
-        }
-        reader.join().unwrap();
-        let (coalesced, handed) = (a.counter("tcp_tx_coalesced") - c0, a.counter("tcp_tx_handed_off") - h0);
-        a.wait_for(d, "all acked", |n| n.snd_bytes(sa) == 0);
-        std::thread::sleep(Duration::from_millis(50));
-        assert!(!matches!(b.with(|n| n.recv(sb, false)), Ok(Received::Data(_))), "nothing more, nothing twice");
-        a.shutdown();
-        b.shutdown();
-        (coalesced, handed)
+    let run = |addr, handoff, seed| {
+        let cfg = rds_tcp::TcpConfig { stream_handoff: handoff, ..Default::default() };
+        one_way_burst(addr, cfg, seed, 5000, 64, &["tcp_tx_coalesced", "tcp_tx_handed_off"])
     };
-    let (coalesced, handed) = run(("127.0.25.9", "127.0.25.10"), true, 259);
+    let moved = run(("127.0.25.9", "127.0.25.10"), true, 259);
+    let (coalesced, handed) = (moved[0], moved[1]);
     assert!(handed > 0 && coalesced >= handed, "sends handed to the reactor: {handed} of {coalesced} coalesced");
-    let (_, handed) = run(("127.0.25.11", "127.0.25.12"), false, 261);
-    assert_eq!(handed, 0, "switched off, no send is handed off");
+    assert_eq!(run(("127.0.25.11", "127.0.25.12"), false, 261)[1], 0, "switched off, no send is handed off");
 }
 
 /// A one-way stream from a socket whose lane is path 0 (its port hashes
