@@ -35,13 +35,12 @@
 //! - a coalesced stream writes many messages per transmit, which are not
 //!   timed, so the window does not feed on itself.
 //!
-//!
 //! # Handing a stream's writes to the reactor
 //!
 //! Where the last sampled transmit carried messages of at most
-//! [`HANDOFF_MSG`] bytes, a send of a stream (the run above) that comes after the window's end does not
-//! write either: it leaves its message queued and has the reactor flush
-//! at once (its timer; `tcp_tx_handed_off` counts those sends). Every
+//! [`HANDOFF_MSG`] bytes, a send of a stream (the run above) that comes
+//! after the window's end does not write either: it leaves its message
+//! queued and has the reactor flush at once (its timer; `tcp_tx_handed_off` counts those sends). Every
 //! write of such a stream is then the reactor's, in its thread, and the
 //! application's thread only queues: its `sendmsg` (and, on a local link,
 //! the receiving side's TCP processing, which runs in the sending
@@ -176,10 +175,12 @@ impl Inner {
         }
         // Written moments ago, in a run of sends each moments after the
         // one before (a stream): let this window's messages go out
-        // together; the reactor flushes at the window's end.
+        // together; the reactor flushes at the window's end (at once when
+        // it is over).
         inc(&self.stats.tx_coalesced);
         if !conn.flush_pending.swap(true, SeqCst) {
-            self.reactors[conn.reactor].flush_at(conn.clone(), path_conn::instant_of(due.max(now)));
+            let at = path_conn::instant_of(due.max(now));
+            self.reactors[conn.reactor].flush_at(conn.clone(), at, path_conn::instant_of(now));
         }
         true
     }

@@ -124,9 +124,9 @@ impl ReactorHandle {
     }
 
     /// Have the reactor transmit on the connection at `at` (the end of a
-    /// write-coalescing window), through its timer.
-    pub fn flush_at(&self, conn: Arc<PathConn>, at: Instant) {
-        let now = Instant::now();
+    /// write-coalescing window, or `now`, the caller's clock read), through
+    /// its timer.
+    pub fn flush_at(&self, conn: Arc<PathConn>, at: Instant, now: Instant) {
         let armed = {
             let mut t = self.timer.lock();
             t.flush_in.push((at, conn.clone()));

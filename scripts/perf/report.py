@@ -10,6 +10,7 @@ duration, vm_status, chart (the chart's status), and cmd lines (the exact
 commands)."""
 import json
 import os
+import statistics
 import sys
 
 
@@ -420,8 +421,8 @@ def why_table(w, vm, cols, first, per):
 
 def bw_why_section(w, vm):
     """Where a stream message's time goes in the VM rig (guest.sh's
-    why_bw): one more qperf rds_bw run of 1 KiB and of 64 KiB messages,
-    ours under the shim and the kernel, per message."""
+    why_bw): one more qperf rds_bw run of each size, ours under the shim
+    and the kernel, per message."""
     cols = [(f"vm_why_bw{size}_{k}", f"{name}, {label}")
             for size, label in ((64, "64 B"), (1024, "1 KiB"), (8192, "8 KiB"), (65536, "64 KiB"))
             for k, name in (("kern", "kernel"), ("shim", "ours (shim)"))]
@@ -474,12 +475,6 @@ def paired_ratios(sc):
     return [n / o for o, n in zip(ones, alls) if o and n]
 
 
-def median(xs):
-    xs = sorted(xs)
-    m = len(xs) // 2
-    return xs[m] if len(xs) % 2 else (xs[m - 1] + xs[m]) / 2
-
-
 def scale_checks(sc):
     """Issue 14's scale targets: (text, 'met' | 'not met' | 'not measured', detail)."""
     out = []
@@ -494,7 +489,7 @@ def scale_checks(sc):
     if not rs:
         out.append(("aggregate throughput, 256 active peers >= 0.8x one", "not measured", "-"))
     else:
-        r = median(rs)
+        r = statistics.median(rs)
         out.append((f"aggregate throughput, {peers} active peers >= 0.8x one",
                     "met" if r >= 0.8 else "not met",
                     f"{r:.2f}, the median of the rounds' ratios ({', '.join(f'{x:.2f}' for x in rs)})"))
@@ -558,10 +553,10 @@ def scale_section(w, sc, meta):
       f"**{fmt(bn, 'bw')}** (best against best: {fr(ratio(bn, b1))}x one) |")
     w(f"| **each round's ratio**, {peers} peers / 1 peer of the same round (the target uses their "
       f"median) | " + (", ".join(f"{x:.2f}" for x in rs) or "-") +
-      (f" (median **{median(rs):.2f}**)" if rs else "") + " |")
+      (f" (median **{statistics.median(rs):.2f}**)" if rs else "") + " |")
 
-    def cpus(k):
-        return ", ".join(f"{v}%" for v, _ in sc.get(k, [])) or "-"
+    def cpus(k, unit="%"):
+        return ", ".join(f"{v}{unit}" for v, _ in sc.get(k, [])) or "-"
     w(f"| CPU per round, 1 peer: serving node / peers' process (% of a core) | "
       f"{cpus('scale_bw_1_server_cpu')} / {cpus('scale_bw_1_peers_cpu')} |")
     w(f"| CPU per round, {peers} peers: serving node / peers' process | "
@@ -569,8 +564,7 @@ def scale_section(w, sc, meta):
     w(f"| the sending thread (sends for every peer): CPU per round, 1 peer / {peers} peers | "
       f"{cpus('scale_bw_1_sender_cpu')} / {cpus('scale_bw_n_sender_cpu')} |")
     w(f"| its time waiting for a socket to take more (all full), ms per round, 1 peer / {peers} peers | "
-      f"{cpus('scale_bw_1_sender_waited').replace('%', '')} / "
-      f"{cpus('scale_bw_n_sender_waited').replace('%', '')} |")
+      f"{cpus('scale_bw_1_sender_waited', '')} / {cpus('scale_bw_n_sender_waited', '')} |")
     w(f"| rounds (each figure the best; measured throughput of every round, 1 / {peers}) | "
       f"{len(sc.get('scale_bw_1', []))}: "
       f"{', '.join(fmt(one(v, u, 'bw'), 'bw') for v, u in sc.get('scale_bw_1', []))} / "

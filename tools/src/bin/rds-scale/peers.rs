@@ -130,12 +130,12 @@ pub fn run(args: &rds_tools::Args) -> bool {
             let k = if active == 1 { "1" } else { "n" };
             let srv0 = stat_u64(&get("round"), "cpu_ms");
             let (me0, th0) = (crate::proc::process_cpu_ms(), crate::proc::thread_cpu_ms());
-            let b = blast(&mut peers[..active], server, size, total, burst, &mut buf);
+            let round = blast(&mut peers[..active], server, size, total, burst, &mut buf);
             let (me1, th1) = (crate::proc::process_cpu_ms(), crate::proc::thread_cpu_ms());
             let srv1 = stat_u64(&get("round"), "cpu_ms");
-            sent += b.msgs;
-            let pct = |a: u64, b_: u64| b_.saturating_sub(a) as f64 * 100.0 / b.wall_ms.max(1) as f64;
-            println!("R scale_bw_{k} {:.1} MB/sec", b.mbps);
+            sent += round.msgs;
+            let pct = |a: u64, b: u64| b.saturating_sub(a) as f64 * 100.0 / round.wall_ms.max(1) as f64;
+            println!("R scale_bw_{k} {:.1} MB/sec", round.mbps);
             // CPU of the serving node and of the peers' process over the
             // round, in percent of one core.
             println!("R scale_bw_{k}_server_cpu {:.0} %", pct(srv0, srv1));
@@ -144,8 +144,8 @@ pub fn run(args: &rds_tools::Args) -> bool {
             // its CPU over the round and how long it waited for a socket
             // to take more (every active peer's send buffer full).
             println!("R scale_bw_{k}_sender_cpu {:.0} %", pct(th0, th1));
-            println!("R scale_bw_{k}_sender_waited {} ms", b.waited_ms);
-            eprintln!("rds-scale: round {}: {active} active peer(s): {:.1} MB/s", r + 1, b.mbps);
+            println!("R scale_bw_{k}_sender_waited {} ms", round.waited_ms);
+            eprintln!("rds-scale: round {}: {active} active peer(s): {:.1} MB/s", r + 1, round.mbps);
         }
     }
     println!("R scale_msg_size {size}");
