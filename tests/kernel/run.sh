@@ -5,7 +5,8 @@
 #
 # Environment: CONFORM_KNODE (1 or 2: the guest running the kernel's RDS),
 # CONFORM_BIN (directory with rds-conform and rds-ping), CONFORM_SCENARIOS
-# (space-separated; default all). Every line the scenarios print that
+# (space-separated; default all), CONFORM_LIMIT (seconds each scenario may
+# take; default per scenario, below). Every line the scenarios print that
 # starts with RESULT/INFO/HASH is what kernel_tcp.rs parses.
 set -u
 here=$(cd "$(dirname "$0")" && pwd)
@@ -40,14 +41,34 @@ limit() {
     esac
 }
 
+# A scenario still running 8 s before its time limit is about to be killed
+# by `timeout`: print the RDS-TCP sockets (both sides) and our node's state
+# (rds-info -v: connections, every path, send and retransmit queues,
+# counters), so that a stall leaves more than rc=124 behind.
+dump_before_timeout() {
+    local pid=$1 secs=$(( $2 - 8 )) i
+    for ((i = 0; i < secs; i++)); do
+        kill -0 "$pid" 2>/dev/null || return
+        sleep 1
+    done
+    kill -0 "$pid" 2>/dev/null || return
+    echo "INFO $sc ($role) still running after $secs s: its state follows (DUMP lines)"
+    [ $role = ours ] && timeout 5 "$bin/rds-info" -v 2>&1 | sed "s/^/DUMP $sc /"
+    ss -tni '( sport = :16385 or dport = :16385 )' 2>&1 | sed "s/^/DUMP $sc ss /"
+}
+
 for sc in $scenarios; do
     barrier "go-$sc" 400 || echo "INFO $sc start barrier timed out"
     export CONFORM_SC=$sc
     t0=$(date +%s.%N)
-    lim=$(limit "$sc")
+    lim=${CONFORM_LIMIT:-$(limit "$sc")}
     if [ $role = kernel ]; then
-        timeout -k 5 "$lim" python3 "$here/conform.py" "$sc" --self "$me" --peer "$peer"
+        timeout -k 5 "$lim" python3 "$here/conform.py" "$sc" --self "$me" --peer "$peer" &
+        cpid=$!
+        dump_before_timeout $cpid "$lim" &
+        wait $cpid
         rc=$?
+        wait
     elif [ "$sc" = restart ]; then
         # The first process stops itself once the kernel's burst is due,
         # we kill -9 it, then a new process takes the same address. A
@@ -82,8 +103,12 @@ for sc in $scenarios; do
         kill $tpid; wait $tpid 2>/dev/null
         python3 "$here/pcap_lanes.py" /tmp/$sc.pcap /tmp/$sc.log | sed 's/^/LANES /'
     else
-        timeout -k 5 "$lim" "$bin/rds-conform" "$sc" --self "$me" --peer "$peer"
+        timeout -k 5 "$lim" "$bin/rds-conform" "$sc" --self "$me" --peer "$peer" &
+        cpid=$!
+        dump_before_timeout $cpid "$lim" &
+        wait $cpid
         rc=$?
+        wait
     fi
     # A side that ended early makes the other side's barriers give up.
     [ "$rc" = 0 ] || : > "/vmrig/sync/ABORT.$sc"

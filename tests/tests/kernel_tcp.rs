@@ -364,13 +364,19 @@ fn kernel_tcp_conformance() {
             let _ = std::fs::write(&path, &b.log);
             println!("log of the {} boot: {}", b.order, path.display());
         }
-        // The INFO lines of the failed scenarios (what either side saw), in
+        // The INFO lines of the failed scenarios (what either side saw) and
+        // the state run.sh dumped when one was about to time out (DUMP), in
         // the message: a CI log shows it, not the log files.
         let mut infos = Vec::new();
         for b in &boots {
             for sc in wanted.iter().filter(|sc| failed.iter().any(|f| f.starts_with(&format!("{} {sc} ", b.order)))) {
-                let tag = format!("INFO {sc} ");
-                infos.extend(b.log.lines().filter(|l| l.contains(&tag)).map(|l| format!("{}: {l}", b.order)));
+                let (info, dump) = (format!("INFO {sc} "), format!("DUMP {sc} "));
+                infos.extend(
+                    b.log
+                        .lines()
+                        .filter(|l| l.contains(&info) || l.contains(&dump))
+                        .map(|l| format!("{}: {l}", b.order)),
+                );
             }
         }
         panic!("kernel conformance failures:\n{}\n{}", failed.join("\n"), infos.join("\n"));
