@@ -40,8 +40,9 @@
 //! Where the last sampled transmit carried messages of at most
 //! [`HANDOFF_MSG`] bytes, a send of a stream (the run above) that comes
 //! after the window's end does not write either: it leaves its message
-//! queued and has the reactor flush at once (its timer; `tcp_tx_handed_off` counts those sends). Every
-//! write of such a stream is then the reactor's, in its thread, and the
+//! queued and has the reactor flush at once (its timer;
+//! `tcp_tx_handed_off` counts those sends). Every write of such a stream
+//! is then the reactor's, in its thread, and the
 //! application's thread only queues: its `sendmsg` (and, on a local link,
 //! the receiving side's TCP processing, which runs in the sending
 //! thread's system call) was most of what a small message cost it, and

@@ -57,18 +57,27 @@ dump_before_timeout() {
     ss -tni '( sport = :16385 or dport = :16385 )' 2>&1 | sed "s/^/DUMP $sc ss /"
 }
 
+# Runs a scenario's command under the scenario's time limit ($lim), with
+# the dump above; returns the command's exit code (124 on timeout).
+run_limited() {
+    local cpid rc
+    timeout -k 5 "$lim" "$@" &
+    cpid=$!
+    dump_before_timeout $cpid "$lim" &
+    wait $cpid
+    rc=$?
+    wait
+    return $rc
+}
+
 for sc in $scenarios; do
     barrier "go-$sc" 400 || echo "INFO $sc start barrier timed out"
     export CONFORM_SC=$sc
     t0=$(date +%s.%N)
     lim=${CONFORM_LIMIT:-$(limit "$sc")}
     if [ $role = kernel ]; then
-        timeout -k 5 "$lim" python3 "$here/conform.py" "$sc" --self "$me" --peer "$peer" &
-        cpid=$!
-        dump_before_timeout $cpid "$lim" &
-        wait $cpid
+        run_limited python3 "$here/conform.py" "$sc" --self "$me" --peer "$peer"
         rc=$?
-        wait
     elif [ "$sc" = restart ]; then
         # The first process stops itself once the kernel's burst is due,
         # we kill -9 it, then a new process takes the same address. A
@@ -103,12 +112,8 @@ for sc in $scenarios; do
         kill $tpid; wait $tpid 2>/dev/null
         python3 "$here/pcap_lanes.py" /tmp/$sc.pcap /tmp/$sc.log | sed 's/^/LANES /'
     else
-        timeout -k 5 "$lim" "$bin/rds-conform" "$sc" --self "$me" --peer "$peer" &
-        cpid=$!
-        dump_before_timeout $cpid "$lim" &
-        wait $cpid
+        run_limited "$bin/rds-conform" "$sc" --self "$me" --peer "$peer"
         rc=$?
-        wait
     fi
     # A side that ended early makes the other side's barriers give up.
     [ "$rc" = 0 ] || : > "/vmrig/sync/ABORT.$sc"
