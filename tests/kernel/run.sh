@@ -58,15 +58,18 @@ dump_before_timeout() {
 }
 
 # Runs a scenario's command under the scenario's time limit ($lim), with
-# the dump above; returns the command's exit code (124 on timeout).
+# the dump above; returns the command's exit code (124 on timeout). Waits
+# for its own two jobs only: a bare `wait` would also wait for any other
+# background job of this shell.
 run_limited() {
-    local cpid rc
+    local cpid dpid rc
     timeout -k 5 "$lim" "$@" &
     cpid=$!
     dump_before_timeout $cpid "$lim" &
+    dpid=$!
     wait $cpid
     rc=$?
-    wait
+    wait $dpid
     return $rc
 }
 
