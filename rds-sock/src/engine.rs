@@ -152,6 +152,14 @@ impl SockShared {
         }
     }
 
+    /// Waits until no read-back of the descriptor's readable byte is owed
+    /// ([`ReadyFd::settle`]): before a wait polls it.
+    pub(crate) fn settle_fd(&self) {
+        if self.fd_active.load(Ordering::Acquire) {
+            self.fd.settle();
+        }
+    }
+
     /// The descriptor is kept in sync, has no update left for later
     /// (`deferred`) and shows the socket not readable.
     pub(crate) fn fd_shows_empty(&self) -> bool {

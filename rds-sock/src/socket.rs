@@ -601,6 +601,7 @@ impl RdsSocket {
                 (&mut heap_fds[..], &mut heap_idx[..])
             };
             fds[0] = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+            self.shared.settle_fd();
             if let Some(a) = &assist {
                 for (k, (i, afd)) in a.fds().enumerate().take(n - 1) {
                     fds[k + 1] = libc::pollfd { fd: afd, events: libc::POLLIN, revents: 0 };
