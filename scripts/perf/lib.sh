@@ -36,9 +36,15 @@ qperf_server_stop() {
 }
 
 # qperf_run TEST SIZE KEY: one qperf test from A against the qperf server on B.
-# The server sometimes refuses the next connection for a moment after an
-# RDS test (and does not always survive one): up to three attempts, 2 s
-# apart, the server restarted before the third. Prints what qperf -v reports.
+# An RDS test of qperf's sometimes fails at once with "connect failed:
+# Connection refused", whatever the RDS underneath: its server sends the
+# client the port of a TCP socket it then listens on (rds.c,
+# server_get_hosts: the port is sent before listen()), and a client that
+# connects before the listen() is refused; the send wakes the client,
+# which often runs first on a machine of two CPUs (under the shim, a few
+# tests in twenty in the VM rig and on the host). Up to three attempts, 2 s
+# apart, the server restarted before the third. Prints what qperf -v
+# reports.
 qperf_run() {
     local test=$1 size=$2 key=$3 out try
     for try in 1 2 3; do
@@ -214,9 +220,9 @@ why_bw() {
 
 why_run() {
     local kind=$1 test=$2 size=$3 key=$4 try
-    # qperf's server sometimes refuses the next connection for a moment
-    # (qperf_run's comment): up to three attempts, the server restarted
-    # for each.
+    # An RDS test of qperf's sometimes fails at once with "Connection
+    # refused" (qperf_run's comment): up to three attempts, the server
+    # restarted for each.
     for try in 1 2 3; do
         why_once "$kind" "$test" "$size" "$key" && return 0
         echo "perf: why $key: attempt $try failed" >&2
