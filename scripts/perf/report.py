@@ -565,6 +565,11 @@ def scale_section(w, sc, meta):
       f"{cpus('scale_bw_1_sender_cpu')} / {cpus('scale_bw_n_sender_cpu')} |")
     w(f"| its time waiting for a socket to take more (all full), ms per round, 1 peer / {peers} peers | "
       f"{cpus('scale_bw_1_sender_waited', '')} / {cpus('scale_bw_n_sender_waited', '')} |")
+    w(f"| its CPU time per message, us per round, 1 peer / {peers} peers | "
+      f"{cpus('scale_bw_1_sender_us_per_msg', '')} / {cpus('scale_bw_n_sender_us_per_msg', '')} |")
+    w(f"| sends left to a batched write (`tcp_tx_coalesced` of the active peers), per round, "
+      f"1 peer / {peers} peers | "
+      f"{cpus('scale_bw_1_coalesced')} / {cpus('scale_bw_n_coalesced')} |")
     w(f"| rounds (each figure the best; measured throughput of every round, 1 / {peers}) | "
       f"{len(sc.get('scale_bw_1', []))}: "
       f"{', '.join(fmt(one(v, u, 'bw'), 'bw') for v, u in sc.get('scale_bw_1', []))} / "
@@ -638,6 +643,25 @@ def scale_section(w, sc, meta):
                 f"thread, which sends for all {peers} peer engines and also carries the "
                 "loopback's TCP receive processing (softirq in the sender's context), is the "
                 "limit of that phase, not the serving node.")
+        us1 = [x for x in (pct(v) for v, _ in sc.get("scale_bw_1_sender_us_per_msg", [])) if x is not None]
+        usn = [x for x in (pct(v) for v, _ in sc.get("scale_bw_n_sender_us_per_msg", [])) if x is not None]
+        co1 = [x for x in (pct(v) for v, _ in sc.get("scale_bw_1_coalesced", [])) if x is not None]
+        con = [x for x in (pct(v) for v, _ in sc.get("scale_bw_n_coalesced", [])) if x is not None]
+        if us1 and usn and co1 and con:
+            notes.append(
+                f"What a message costs that thread: {statistics.median(usn):.1f} us of CPU with "
+                f"{peers} peers against {statistics.median(us1):.1f} us with one (medians of the "
+                f"rounds). Part of it is batching: {statistics.median(con):.0f}% of its sends with "
+                f"{peers} peers left their message to a batched write against "
+                f"{statistics.median(co1):.0f}% with one, because each visit to a peer (up to "
+                f"{first(sc, 'scale_burst')} messages) starts that connection's stream anew, and "
+                "its first 16 sends are written one `sendmsg` each before coalescing starts "
+                "(`rds-tcp/src/coalesce.rs`, `COALESCE_RUN`). The rest, seen in a `perf record` "
+                "of the sending thread (host, 2026-11-28): each of those writes goes to another "
+                "TCP connection, and the loopback's receive processing in the same system call "
+                "wakes one of the serving node's two reactors far more often than with one peer "
+                "(`sock_def_readable`; with one peer its one reactor is mostly busy already), "
+                "and each visit re-arms that peer engine's ack timer (`timerfd_settime`).")
         notes.append(
             f"Throughput with {peers} peers: the serving node used up to "
             f"{best_cpu('scale_bw_n_server_cpu')} of a core (with one peer "

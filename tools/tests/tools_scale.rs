@@ -132,6 +132,14 @@ fn peers_then_paths_then_quit() {
     for k in ["scale_rss_per_peer", "scale_pss_per_peer", "scale_bw_1", "scale_bw_n"] {
         assert!(f[k][0].parse::<f64>().is_ok(), "{k}: {:?}", f[k]);
     }
+    // What a message cost the sending thread, and the share of its sends
+    // coalesced: one figure per round and side, a share within 0..=100.
+    for k in ["scale_bw_1", "scale_bw_n"] {
+        let us = &f[&format!("{k}_sender_us_per_msg")];
+        assert!(us.len() == 1 && us[0].parse::<f64>().is_ok_and(|x| x >= 0.0), "{k}: {us:?}");
+        let co = &f[&format!("{k}_coalesced")];
+        assert!(co.len() == 1 && co[0].parse::<f64>().is_ok_and(|x| (0.0..=100.0).contains(&x)), "{k}: {co:?}");
+    }
 
     // 8 paths, 8 sockets, a thread each: every path carries messages.
     let (code, out, err) = run(

@@ -130,8 +130,10 @@ pub fn run(args: &rds_tools::Args) -> bool {
             let k = if active == 1 { "1" } else { "n" };
             let srv0 = stat_u64(&get("round"), "cpu_ms");
             let (me0, th0) = (crate::proc::process_cpu_ms(), crate::proc::thread_cpu_ms());
+            let coalesced0 = coalesced(&peers[..active]);
             let round = blast(&mut peers[..active], server, size, total, burst, &mut buf);
             let (me1, th1) = (crate::proc::process_cpu_ms(), crate::proc::thread_cpu_ms());
+            let coalesced1 = coalesced(&peers[..active]);
             let srv1 = stat_u64(&get("round"), "cpu_ms");
             sent += round.msgs;
             let pct = |a: u64, b: u64| b.saturating_sub(a) as f64 * 100.0 / round.wall_ms.max(1) as f64;
@@ -145,6 +147,12 @@ pub fn run(args: &rds_tools::Args) -> bool {
             // to take more (every active peer's send buffer full).
             println!("R scale_bw_{k}_sender_cpu {:.0} %", pct(th0, th1));
             println!("R scale_bw_{k}_sender_waited {} ms", round.waited_ms);
+            // Its CPU time per message, and the share of the sends that
+            // left their message to a batched write (`tcp_tx_coalesced`
+            // of the active peers' engines): what a message cost it.
+            let per_msg = |x: u64| x as f64 / round.msgs.max(1) as f64;
+            println!("R scale_bw_{k}_sender_us_per_msg {:.2} us", per_msg(th1.saturating_sub(th0) * 1000));
+            println!("R scale_bw_{k}_coalesced {:.0} %", 100.0 * per_msg(coalesced1.saturating_sub(coalesced0)));
             eprintln!("rds-scale: round {}: {active} active peer(s): {:.1} MB/s", r + 1, round.mbps);
         }
     }
@@ -171,6 +179,13 @@ pub fn run(args: &rds_tools::Args) -> bool {
     }
     ctl_engine.shutdown(Duration::from_millis(100));
     got == sent && dups == 0 && gaps == 0
+}
+
+/// Sends of `peers` left queued for a batched write so far (the engines'
+/// `tcp_tx_coalesced`).
+fn coalesced(peers: &[Peer]) -> u64 {
+    let of = |p: &Peer| p.engine.counters().into_iter().find(|(k, _)| k == "tcp_tx_coalesced").map_or(0, |(_, v)| v);
+    peers.iter().map(of).sum()
 }
 
 /// Every peer of `peers` sends its share of `total` bytes in `size`
