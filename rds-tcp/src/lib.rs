@@ -278,7 +278,8 @@ pub struct TcpConfig {
     pub defer_per_peer: usize,
     /// Write coalescing of one-way streams: once 16 sends in a row came
     /// each less than a window after the one before, with nothing read by
-    /// the reactor in between, an application thread that finds the
+    /// the reactor in between (a send held up for less than 8 windows
+    /// neither counts nor ends the run), an application thread that finds the
     /// connection written less than a window ago leaves its message
     /// queued, and the messages of the window go out in one `writev` (by
     /// the next send after the window, or by the reactor at its end). A

@@ -135,8 +135,10 @@ pub(crate) struct PathConn {
     pub flush_pending: AtomicBool,
     /// [`now_ns`] of the last send from an application thread, and the
     /// number of sends in a row each within the coalescing window of the
-    /// one before with no readable event on the reactor in between: write
-    /// coalescing starts once such a run shows (`coalesce::COALESCE_RUN`).
+    /// one before with no readable event on the reactor in between (a
+    /// send held up for less than `coalesce::RUN_KEEP` windows keeps it:
+    /// `coalesce::run_after`): write coalescing starts once such a run
+    /// shows (`coalesce::COALESCE_RUN`).
     pub last_send: AtomicU64,
     pub send_run: AtomicU32,
     /// What a transmit of small messages costs here, sampled: the
