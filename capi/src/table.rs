@@ -172,8 +172,11 @@ pub fn env_transport() -> Option<i32> {
 pub fn open(nonblock: bool, cloexec: bool) -> Result<RawFd, Errno> {
     let sock = engine()?.socket().map_err(|e| e.raw_os_error().unwrap_or(libc::ENOMEM))?;
     let base = sock.as_raw_fd();
-    // Blocking receives wait in a blocking recv(MSG_PEEK) on this file (so
-    // SA_RESTART works as the kernel's); rds-sock only uses MSG_DONTWAIT.
+    // The file is left blocking (O_NONBLOCK cleared), as a new socket's
+    // is: rds-sock reads and writes it with MSG_DONTWAIT only, a blocking
+    // receive waits in poll on it (msg.rs), and F_GETFL answers from
+    // `Entry::nonblock`, so the flag only shows to calls that reach the
+    // kernel descriptor without the C ABI.
     // SAFETY: F_SETFL on a descriptor the socket owns.
     cvt(unsafe { libc::fcntl(base, libc::F_SETFL, libc::O_RDWR) })?;
     let cmd = if cloexec { libc::F_DUPFD_CLOEXEC } else { libc::F_DUPFD };
