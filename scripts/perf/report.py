@@ -630,11 +630,15 @@ def scale_section(w, sc, meta):
     checks = {t.split(":")[0].split(" (")[0]: st for t, st, _ in scale_checks(sc)}
     notes = []
     if any(st == "not met" and t.startswith("aggregate") for t, st in checks.items()):
+        def rounds(k):
+            """Every round's figure of `k` that parses, as numbers."""
+            return [x for x in (pct(v) for v, _ in sc.get(k, [])) if x is not None]
+
         def best_cpu(k):
-            xs = [x for x in (pct(v) for v, _ in sc.get(k, [])) if x is not None]
+            xs = rounds(k)
             return f"{max(xs):.0f}%" if xs else "?"
-        sc_cpu = [x for x in (pct(v) for v, _ in sc.get("scale_bw_n_sender_cpu", [])) if x is not None]
-        waited = [x for x in (pct(v) for v, _ in sc.get("scale_bw_n_sender_waited", [])) if x is not None]
+        sc_cpu = rounds("scale_bw_n_sender_cpu")
+        waited = rounds("scale_bw_n_sender_waited")
         if sc_cpu and waited:
             notes.append(
                 f"With {peers} peers the sending thread never waited for room in a round "
@@ -643,10 +647,8 @@ def scale_section(w, sc, meta):
                 f"thread, which sends for all {peers} peer engines and also carries the "
                 "loopback's TCP receive processing (softirq in the sender's context), is the "
                 "limit of that phase, not the serving node.")
-        us1 = [x for x in (pct(v) for v, _ in sc.get("scale_bw_1_sender_us_per_msg", [])) if x is not None]
-        usn = [x for x in (pct(v) for v, _ in sc.get("scale_bw_n_sender_us_per_msg", [])) if x is not None]
-        co1 = [x for x in (pct(v) for v, _ in sc.get("scale_bw_1_coalesced", [])) if x is not None]
-        con = [x for x in (pct(v) for v, _ in sc.get("scale_bw_n_coalesced", [])) if x is not None]
+        us1, usn = rounds("scale_bw_1_sender_us_per_msg"), rounds("scale_bw_n_sender_us_per_msg")
+        co1, con = rounds("scale_bw_1_coalesced"), rounds("scale_bw_n_coalesced")
         if us1 and usn and co1 and con:
             notes.append(
                 f"What a message costs that thread: {statistics.median(usn):.1f} us of CPU with "
