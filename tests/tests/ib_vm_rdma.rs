@@ -65,12 +65,21 @@ fn check_initiator(out: &str, node: u8, phase: &str, badkey: bool) {
 }
 
 /// Our initiator's READ held its RdmaBuf while in flight (a queued or
-/// registered op keeps a handle) and let go of it once done.
+/// registered op keeps a handle) and let go of it once done. The handles
+/// are counted right after the send, then whether the message is still
+/// unacked (`in_flight 1`, nearly always): then a count below 2 is a
+/// release before the ack. When the READ, its completion and the ack all
+/// beat that look (`in_flight 0`, seen once under load) the count proves
+/// nothing and only the release is checked.
 fn check_hold(out: &str, node: u8, phase: &str) {
     let h = node_lines(out, node, &format!("{phase} HOLD R during "));
     assert_eq!(h.len(), 1, "{phase}: {h:?}");
     let during: usize = h[0].split_whitespace().next().and_then(|v| v.parse().ok()).expect("a count");
-    assert!(during >= 2, "{phase}: the op held no handle: {}", h[0]);
+    match field(h[0], "in_flight") {
+        Some("1") => assert!(during >= 2, "{phase}: the op held no handle while unacked: {}", h[0]),
+        Some("0") => println!("{phase}: the READ was acked before the look: handles not checked in flight"),
+        f => panic!("{phase}: in_flight {f:?}: {}", h[0]),
+    }
     assert_eq!(field(h[0], "after"), Some("1"), "{phase}: handles after the op: {}", h[0]);
 }
 
