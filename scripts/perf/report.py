@@ -520,12 +520,26 @@ def scale_section(w, sc, meta):
           f"failed steps: {', '.join(v for v, _ in sc.get('scale_failed', [])) or 'none reported'}.")
         w("")
     peers = first(sc, "scale_peers")
+    shared = first(sc, "scale_peer_engines") == "1"
+    how = ("a socket per peer, each bound to its own address, all on one shared Engine with one "
+           "reactor thread" if shared else "an Engine per peer, one reactor thread each")
     w(f"One serving node, its own process (`rds-scale serve`: an rds-sock Engine with "
       f"`TcpConfig::threads` = 2 reactor threads, 8 receiving sockets with a thread each, "
       f"the default 8 paths per peer), and {peers} peer nodes in another process "
-      f"(`rds-scale peers`: an Engine per peer, one reactor thread each, at 127.0.1.1, "
+      f"(`rds-scale peers`: {how}, at 127.0.1.1, "
       f"127.0.1.2, ... in a private network namespace; each peer connects all "
       f"{first(sc, 'scale_npaths')} paths, as the kernel does).")
+    if shared:
+        w("")
+        w("The serving node sees the same either way: one peer node per address, an RDS "
+          "connection and its paths each. The shared engine keeps the load generator's own "
+          "threads off the 2 cores the serving node runs on; with an Engine per peer "
+          "(`rds-scale peers --engine-per-peer`, what this page measured until 2026-11-28: "
+          "256 reactor and 256 timer threads), the peers' process used up to 112% of a core "
+          "for 1.2 GB/s and the 256-peer rounds reached 0.49-0.61x one peer "
+          "(docs/perf.md at 3bfb360); alternating the two harnesses on this machine "
+          "(2026-11-28, 2 runs of 2 rounds each), the 256-peer rounds reached 0.44-0.82x "
+          "one peer with an Engine per peer and 0.69-0.94x with the shared one.")
     w("")
     w("| | measured |")
     w("|---|---|")
@@ -644,7 +658,7 @@ def scale_section(w, sc, meta):
                 f"With {peers} peers the sending thread never waited for room in a round "
                 f"(waited {', '.join(f'{x:.0f}' for x in waited)} ms) and was busy "
                 f"{', '.join(f'{x:.0f}%' for x in sc_cpu)} of a core: the load generator's one "
-                f"thread, which sends for all {peers} peer engines and also carries the "
+                f"thread, which sends for all {peers} peers and also carries the "
                 "loopback's TCP receive processing (softirq in the sender's context), is the "
                 "limit of that phase, not the serving node.")
         us1, usn = rounds("scale_bw_1_sender_us_per_msg"), rounds("scale_bw_n_sender_us_per_msg")
@@ -659,7 +673,7 @@ def scale_section(w, sc, meta):
                 f"{first(sc, 'scale_burst')} messages) starts that connection's stream anew, and "
                 "its first 16 sends are written one `sendmsg` each before coalescing starts "
                 "(`rds-tcp/src/coalesce.rs`, `COALESCE_RUN`). The rest, seen in a `perf record` "
-                "of the sending thread (host, 2026-11-28): each of those writes goes to another "
+                "of the sending thread (host, 2026-11-28, an Engine per peer): each of those writes goes to another "
                 "TCP connection, and the loopback's receive processing in the same system call "
                 "wakes one of the serving node's two reactors far more often than with one peer "
                 "(`sock_def_readable`; with one peer its one reactor is mostly busy already), "
@@ -669,8 +683,10 @@ def scale_section(w, sc, meta):
             f"{best_cpu('scale_bw_n_server_cpu')} of a core (with one peer "
             f"{best_cpu('scale_bw_1_server_cpu')}), the peers' process up to "
             f"{best_cpu('scale_bw_n_peers_cpu')} (with one peer {best_cpu('scale_bw_1_peers_cpu')}): "
-            f"the {peers} peer engines, a reactor thread and a timer thread each, share the "
-            "machine's 2 cores with the serving node, so this measures both sides; the serving "
+            + (f"the peers' engine (a reactor and a timer thread) and the sending thread share the "
+               if shared else
+               f"the {peers} peer engines, a reactor thread and a timer thread each, share the ")
+            + "machine's 2 cores with the serving node, so this measures both sides; the serving "
             "node alone is not shown to be the limit.")
     if any(st == "not met" and t.startswith("a multipath") for t, st in checks.items()):
         notes.append(

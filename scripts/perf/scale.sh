@@ -3,8 +3,9 @@
 # loopback; perf.sh runs it inside a private network namespace (unshare -n)
 # when it can. One serving node, its own process with a fixed number of
 # threads (rds-scale serve: 2 reactor threads, 8 receiving sockets), then
-#   1. 256 peer nodes (rds-scale peers: one process, an rds-sock Engine per
-#      peer at 127.0.1.1, 127.0.1.2, ... skipping .0 and .255): the serving
+#   1. 256 peer nodes (rds-scale peers: one process, a socket per peer on
+#      one shared rds-sock Engine, at 127.0.1.1, 127.0.1.2, ... skipping .0
+#      and .255; --engine-per-peer would give each its own): the serving
 #      node's RSS and PSS before and after all 256 connected and went idle,
 #      and the aggregate throughput of 1 active peer against 256;
 #   2. one node with 8 paths (rds-scale paths --npaths 8: 8 sockets, a path

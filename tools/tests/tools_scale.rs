@@ -112,6 +112,8 @@ fn peers_then_paths_then_quit() {
     assert_eq!(one(&f, "scale_peers"), 8);
     assert_eq!(one(&f, "scale_burst"), 3);
     assert_eq!(one(&f, "scale_npaths"), 8);
+    // The peers share one engine (`--engine-per-peer` gives each its own).
+    assert_eq!(one(&f, "scale_peer_engines"), 1);
     assert_eq!(one(&f, "scale_flows"), 8);
     // The control node and the 8 peers, each with its 8 paths up.
     assert_eq!(one(&f, "scale_server_conns"), 9);
@@ -210,6 +212,7 @@ fn help_and_usage_errors() {
         "--control",
         "--rounds",
         "--settle",
+        "--engine-per-peer",
         "--quit",
     ] {
         assert!(out.split(|c: char| c.is_whitespace() || c == '[' || c == ']').any(|w| w == o), "--help lacks {o}");

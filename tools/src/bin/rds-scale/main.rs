@@ -8,8 +8,9 @@
 //!   gap is counted) and answers a stat request with what it received, its
 //!   memory (RSS, PSS), threads, CPU time per thread, TCP connections and
 //!   the per-path counters of the requester's connection (`proc.rs`).
-//! - `peers`: N peer nodes in one process, an Engine each (one reactor
-//!   thread), on N loopback addresses: the serving node's memory idle with
+//! - `peers`: N peer nodes in one process, on N loopback addresses, a
+//!   socket each on one shared Engine (one reactor thread), or an Engine
+//!   each with `--engine-per-peer`: the serving node's memory idle with
 //!   all N connected, and the aggregate throughput of 1 active peer against
 //!   N (`peers.rs`).
 //! - `paths`: one node with 8 paths (mprds) to the serving node, a socket
@@ -34,7 +35,8 @@ mod serve;
 const HELP: &str = "\
 usage: rds-scale serve -s addr:port [--sockets N] [--threads N] [--npaths N] [-t secs]
        rds-scale peers -d addr:port [--peers N] [--from addr] [--control addr] [-p port]
-                       [--npaths N] [-m size] [-l total] [--rounds N] [--burst N] [--settle secs] [--quit]
+                       [--npaths N] [-m size] [-l total] [--rounds N] [--burst N] [--settle secs]
+                       [--engine-per-peer] [--quit]
        rds-scale paths -d addr:port -s addr:port [--sockets N] [--threads N] [--npaths N]
                        [-m size] [-T secs] [--quit]
 
@@ -42,8 +44,9 @@ serve: the serving node. Binds --sockets sockets (default 1) at addr:port,
   addr:port+1, ...; --threads reactor threads (default 2); --npaths paths
   per peer (default 8, the kernel's); leaves after -t seconds (default 600)
   or when a peer sends it the quit request. Prints its totals at the end.
-peers: --peers peer nodes (default 256), an engine each (one reactor
-  thread), at --from (default 127.0.1.1) and the following addresses
+peers: --peers peer nodes (default 256), a socket each on one shared
+  engine (one reactor thread; --engine-per-peer: an engine each, one
+  reactor thread each), at --from (default 127.0.1.1) and the following addresses
   (skipping .0 and .255), port -p (default 5000), with a control node at
   --control (default 127.0.0.3). Each peer sends one message and the
   serving node's memory is read after --settle seconds (default 2); then
@@ -122,7 +125,7 @@ fn main() {
     ];
     let args = rds_tools::parse(argv, &with_value).unwrap_or_else(|e| usage(&e));
     let mut known: Vec<&str> = with_value.to_vec();
-    known.extend(["quit", "h", "help"]);
+    known.extend(["quit", "engine-per-peer", "h", "help"]);
     if let Err(e) = args.check(&known) {
         usage(&e);
     }

@@ -1,6 +1,16 @@
 //! `rds-scale peers`: N peer nodes of the serving node in one process (see
 //! main.rs): its idle memory per peer, and its aggregate throughput with
 //! one active peer against N.
+//!
+//! The peers share one engine (one reactor thread), each with its own
+//! socket bound to its own address: the serving node sees N peer nodes
+//! either way (N addresses, an RDS connection and its paths each), and on
+//! the 2-core machine the load generator then takes one reactor's share of
+//! the cores it shares with the serving node, not N engines' reactor and
+//! timer threads (`--engine-per-peer`, the earlier harness: 512 threads for
+//! 256 peers; its 256-peer rounds reached 0.49-0.61x one peer where the
+//! shared engine's reached 0.69-1.01x, same machine, alternating,
+//! 2026-11-28).
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -27,10 +37,10 @@ pub fn nth_addr(base: Ipv4Addr, i: usize) -> Ipv4Addr {
     }
 }
 
-/// A peer node: its engine and its one socket, and the next sequence
-/// number of its flow to the serving node.
+/// A peer node: its engine (`None`: it uses the shared one), its one
+/// socket, and the next sequence number of its flow to the serving node.
 struct Peer {
-    engine: Engine,
+    engine: Option<Engine>,
     sock: RdsSocket,
     seq: u64,
 }
@@ -44,12 +54,14 @@ fn engine(npaths: u8) -> Engine {
     Engine::new(cfg).unwrap_or_else(|e| fail(&format!("engine: {e}")))
 }
 
-fn peer(npaths: u8, at: SocketAddr) -> Peer {
-    let engine = engine(npaths);
-    let sock = engine.socket().unwrap_or_else(|e| fail(&format!("socket: {e}")));
+/// A peer at `at`: a socket of `shared`, or of an engine of its own.
+fn peer(npaths: u8, at: SocketAddr, shared: Option<&Engine>) -> Peer {
+    let own = shared.is_none().then(|| engine(npaths));
+    let e = shared.or(own.as_ref()).expect("one of the two");
+    let sock = e.socket().unwrap_or_else(|e| fail(&format!("socket: {e}")));
     sock.set_send_buffer_size_force(4 << 20).unwrap_or_else(|e| fail(&format!("SO_SNDBUF: {e}")));
     sock.bind(at).unwrap_or_else(|e| fail(&rds_tools::bind_error(at, &e)));
-    Peer { engine, sock, seq: 0 }
+    Peer { engine: own, sock, seq: 0 }
 }
 
 pub fn run(args: &rds_tools::Args) -> bool {
@@ -69,6 +81,7 @@ pub fn run(args: &rds_tools::Args) -> bool {
     // charge that thread's switching to the serving node's figure.
     let burst = num_of(args, "burst", 64).max(1);
     let settle = secs_of(args, "settle", 2.0);
+    let shared = (!args.has("engine-per-peer")).then(|| engine(npaths));
 
     // The control node: connected before the baseline, so that what the
     // serving node allocates once (its first connection) is not charged
@@ -85,7 +98,7 @@ pub fn run(args: &rds_tools::Args) -> bool {
     // N peers, each sends one message; all acknowledged; then idle.
     let t0 = Instant::now();
     let mut peers: Vec<Peer> =
-        (0..n).map(|i| peer(npaths, SocketAddr::new(IpAddr::V4(nth_addr(from, i)), port))).collect();
+        (0..n).map(|i| peer(npaths, SocketAddr::new(IpAddr::V4(nth_addr(from, i)), port), shared.as_ref())).collect();
     let mut buf = vec![0u8; size];
     for p in &mut peers {
         data(&mut buf, p.seq);
@@ -104,6 +117,7 @@ pub fn run(args: &rds_tools::Args) -> bool {
     let per_peer = |k: &str| (kb(&idle, k) - kb(&before, k)) / n as f64;
     println!("R scale_peers {n}");
     println!("R scale_npaths {npaths}");
+    println!("R scale_peer_engines {}", if shared.is_some() { 1 } else { n });
     println!("R scale_setup {:.2} s", setup.as_secs_f64());
     println!("R scale_flows {}", stat_u64(&idle, "flows"));
     println!("R scale_server_threads_before {}", stat_u64(&before, "threads"));
@@ -130,10 +144,10 @@ pub fn run(args: &rds_tools::Args) -> bool {
             let k = if active == 1 { "1" } else { "n" };
             let srv0 = stat_u64(&get("round"), "cpu_ms");
             let (me0, th0) = (crate::proc::process_cpu_ms(), crate::proc::thread_cpu_ms());
-            let coalesced0 = coalesced(&peers[..active]);
+            let coalesced0 = coalesced(&peers[..active], shared.as_ref());
             let round = blast(&mut peers[..active], server, size, total, burst, &mut buf);
             let (me1, th1) = (crate::proc::process_cpu_ms(), crate::proc::thread_cpu_ms());
-            let coalesced1 = coalesced(&peers[..active]);
+            let coalesced1 = coalesced(&peers[..active], shared.as_ref());
             let srv1 = stat_u64(&get("round"), "cpu_ms");
             sent += round.msgs;
             let pct = |a: u64, b: u64| b.saturating_sub(a) as f64 * 100.0 / round.wall_ms.max(1) as f64;
@@ -174,18 +188,22 @@ pub fn run(args: &rds_tools::Args) -> bool {
     if args.has("quit") {
         let _ = request(&ctl, server, QUIT);
     }
-    for p in &peers {
-        p.engine.shutdown(Duration::from_millis(100));
+    for e in peers.iter().filter_map(|p| p.engine.as_ref()).chain(shared.as_ref()) {
+        e.shutdown(Duration::from_millis(100));
     }
     ctl_engine.shutdown(Duration::from_millis(100));
     got == sent && dups == 0 && gaps == 0
 }
 
 /// Sends of `peers` left queued for a batched write so far (the engines'
-/// `tcp_tx_coalesced`).
-fn coalesced(peers: &[Peer]) -> u64 {
-    let of = |p: &Peer| p.engine.counters().into_iter().find(|(k, _)| k == "tcp_tx_coalesced").map_or(0, |(_, v)| v);
-    peers.iter().map(of).sum()
+/// `tcp_tx_coalesced`: their own, or the `shared` one's, which only the
+/// active peers send on during a round).
+fn coalesced(peers: &[Peer], shared: Option<&Engine>) -> u64 {
+    let of = |e: &Engine| e.counters().into_iter().find(|(k, _)| k == "tcp_tx_coalesced").map_or(0, |(_, v)| v);
+    match shared {
+        Some(e) => of(e),
+        None => peers.iter().filter_map(|p| p.engine.as_ref()).map(of).sum(),
+    }
 }
 
 /// Every peer of `peers` sends its share of `total` bytes in `size`
