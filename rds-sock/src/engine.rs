@@ -263,6 +263,12 @@ impl Inner {
         self.tcp.rx_assist(laddr, faddr, lane, wide)
     }
 
+    /// Polls the TCP acks of an address pair's paths for a blocked
+    /// sender ([`rds_tcp::TcpTransport::poll_pair_acks`]).
+    pub(crate) fn poll_pair_acks(&self, laddr: IpAddr, faddr: IpAddr) -> Option<bool> {
+        self.tcp.poll_pair_acks(laddr, faddr)
+    }
+
     fn transport(&self, kind: TransportKind) -> &dyn RdsTransport {
         match kind {
             TransportKind::Tcp => &*self.tcp,

@@ -17,6 +17,12 @@ mod rdma;
 /// them read a stream ([`RdsSocket::recv_msg_wait`]).
 const STREAM_SKIP: u32 = 64;
 
+/// A blocking send that found the send buffer full polls its TCP acks
+/// after this long without a wake-up, then after twice that, up to
+/// [`ACK_NAP_MAX`] (`RdsSocket::wait_to_send`).
+const ACK_NAP_MIN: Duration = Duration::from_micros(50);
+const ACK_NAP_MAX: Duration = Duration::from_millis(1);
+
 /// Flags of one `recvmsg` call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RecvFlags {
@@ -272,16 +278,76 @@ impl RdsSocket {
         loop {
             let snap = self.shared.snapshot();
             match self.run(|n| n.send(self.id, dst, &payload, &opts)) {
-                Err(Errno::EAGAIN | Errno::ENOBUFS) if blocking => {
-                    if wait == SendWait::Interruptible {
-                        crate::wait::wait_events(&self.shared, snap, deadline)?;
-                    } else if !self.shared.wait(snap, deadline) {
-                        return Err(err(Errno::ETIMEDOUT));
-                    }
+                Err(e @ (Errno::EAGAIN | Errno::ENOBUFS)) if blocking => {
+                    // EAGAIN: the send buffer is full (ENOBUFS: the port
+                    // is congested, which only a map update ends).
+                    let acks = if e == Errno::EAGAIN { self.ack_pair(dst) } else { None };
+                    self.wait_to_send(snap, wait, deadline, acks)?;
                     self.live()?;
                 }
                 r => return r.map_err(err),
             }
+        }
+    }
+
+    /// The TCP address pair whose acks make room for a send to `dst` (or
+    /// to the connected address): our bound address and its.
+    fn ack_pair(&self, dst: Option<SocketAddr>) -> Option<(IpAddr, IpAddr)> {
+        let to = dst.or_else(|| self.peer_addr().ok())?;
+        Some((self.local_addr().ok()?.ip(), to.ip()))
+    }
+
+    /// A blocking send's wait for the wake-up after `snap` (room in the
+    /// send buffer, a congestion map update), until `deadline`. With
+    /// `acks` (the send buffer is full), it polls that pair's TCP acks
+    /// itself and waits between polls at most [`ACK_NAP_MIN`], doubling to
+    /// [`ACK_NAP_MAX`], while a path of the pair has messages awaiting
+    /// acks (then only the wake-up ends it): the kernel learns of an ack in its TCP's
+    /// `sk_write_space` and wakes the sender at once, ours polls
+    /// `SIOCOUTQ`, and a sender that waited for the reactor's ack timer
+    /// idled with only two 64 KiB messages in its send buffer (qperf
+    /// `rds_bw`).
+    fn wait_to_send(
+        &self,
+        snap: u64,
+        wait: SendWait,
+        deadline: Option<Instant>,
+        acks: Option<(IpAddr, IpAddr)>,
+    ) -> io::Result<()> {
+        let mut nap = ACK_NAP_MIN;
+        let mut acks = acks;
+        loop {
+            if let Some((l, f)) = acks {
+                match self.engine.inner.poll_pair_acks(l, f) {
+                    Some(true) => return Ok(()),
+                    Some(false) => {}
+                    // Nothing awaits an ack (not a TCP pair, no path up):
+                    // only the wake-up can end the wait.
+                    None => acks = None,
+                }
+                if self.shared.snapshot() != snap {
+                    return Ok(());
+                }
+            }
+            let until = match acks.and_then(|_| Instant::now().checked_add(nap)) {
+                Some(n) => Some(deadline.map_or(n, |d| d.min(n))),
+                None => deadline,
+            };
+            let woke = if wait == SendWait::Interruptible {
+                match crate::wait::wait_events(&self.shared, snap, until) {
+                    Err(e) if e.raw_os_error() == Some(libc::ETIMEDOUT) => false,
+                    r => r.map(|()| true)?,
+                }
+            } else {
+                self.shared.wait(snap, until)
+            };
+            if woke {
+                return Ok(());
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                return Err(err(Errno::ETIMEDOUT));
+            }
+            nap = (nap * 2).min(ACK_NAP_MAX);
         }
     }
 

@@ -174,6 +174,40 @@ impl TcpTransport {
     }
 }
 
+impl TcpTransport {
+    /// Polls the acks (`SIOCOUTQ`) of the up paths from `laddr` to `faddr`
+    /// with messages awaiting theirs, and reports them to the core, as
+    /// the reactor's ack timer does: for a sending thread that found its
+    /// socket's send buffer full, the acks that make room (on a local link
+    /// mostly made inside its own writes, or while the receiver reads)
+    /// without waiting for the timer. A path whose transmit state a
+    /// writing thread holds is skipped (the writer polls as it writes).
+    /// Returns whether any path's acked offset advanced; `None` when no
+    /// path had messages awaiting acks (nothing to poll: the room will
+    /// come some other way, or with a connection that is not up yet).
+    pub fn poll_pair_acks(&self, laddr: IpAddr, faddr: IpAddr) -> Option<bool> {
+        let conns = self.inner.paths.lock().pair(laddr, faddr)?;
+        let sink = self.inner.sink();
+        let mut advanced = None;
+        for p in conns.iter().filter(|p| p.state() == UP) {
+            let polled = {
+                let Some(mut tx) = p.tx.try_lock() else {
+                    // A writer holds it, and polls as it writes.
+                    advanced = advanced.or(Some(false));
+                    continue;
+                };
+                if !tx.has_unacked() {
+                    continue;
+                }
+                tx.poll_acks(&p.stream)
+            };
+            advanced = Some(advanced.unwrap_or(false) | polled.1);
+            self.inner.acks_polled(sink.as_deref(), p, polled);
+        }
+        advanced
+    }
+}
+
 /// A connection's number for [`RxAssist::lane`] (its reactor token, unique
 /// in the transport and never 0).
 fn lane_of(c: &PathConn) -> u64 {

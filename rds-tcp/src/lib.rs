@@ -74,8 +74,11 @@
 //! ack (one left with none is no longer watched until it sends again), at
 //! each readable event of a lane (not path 0) of the same RDS connection (a
 //! reply comes on the lane of the answering socket's port, not always the
-//! request's), and on a reactor timer (a `timerfd`, finer than epoll's
-//! milliseconds). Writable events come only while a write waits for room
+//! request's), by a sending thread whose blocking send found its socket's
+//! send buffer full, between short naps while it waits
+//! ([`TcpTransport::poll_pair_acks`]: the acks that make its room, as the
+//! kernel's sender learns of them in `sk_write_space`), and on a reactor
+//! timer (a `timerfd`, finer than epoll's milliseconds). Writable events come only while a write waits for room
 //! in the TCP socket (the registration asks for them on demand: with them
 //! on, each acknowledged segment woke the reactor). A thread that reads in
 //! a blocking receive (`RxAssist`) marks the pair's paths as answered, as

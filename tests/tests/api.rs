@@ -496,3 +496,58 @@ fn a_receive_without_deadline_that_waits_first_misses_nothing() {
     let none = RecvFlags { dontwait: true, ..RecvFlags::default() };
     assert!(b.recv_msg(&mut buf, none).is_err(), "nothing more");
 }
+
+/// A blocking send that finds its send buffer full finds the room its
+/// messages' TCP acks made itself (`RdsSocket::wait_to_send` polls the
+/// pair's `SIOCOUTQ` between short naps), as the kernel's sender learns of
+/// them in `sk_write_space`. Here nothing else would: the sender's ack
+/// timer never fires (`ack_poll_min` and `ack_poll_max` an hour), the
+/// receiver sends nothing back (no readable event polls them), and the
+/// sender's own writes, 1000 bytes each, poll them only every 32 KiB.
+/// The send buffer (`SO_SNDBUF` 2048: the kernel's minimum of 4608, half
+/// of it usable) takes three messages; 60 go, half through the C ABI's
+/// interruptible wait (`send_msg_wait`), half through a blocking
+/// `send_to` with a write timeout, each bounded at 10 s; all 60 arrive
+/// once and in order.
+#[test]
+fn a_blocked_sender_polls_the_acks_that_make_room() {
+    const N: u32 = 60;
+    let ip = addr_block(43);
+    let mut cfg = rds_sock::EngineConfig::default();
+    cfg.tcp.ack_poll_min = Duration::from_secs(3600);
+    cfg.tcp.ack_poll_max = Duration::from_secs(3600);
+    let e1 = rds_sock::Engine::new(cfg).unwrap();
+    let e2 = rds_sock::Engine::new(rds_sock::EngineConfig::default()).unwrap();
+    let (a, b) = (e1.socket().unwrap(), e2.socket().unwrap());
+    a.bind(sa(ip(1), 4020)).unwrap();
+    b.bind(sa(ip(2), 4020)).unwrap();
+    a.set_send_buffer_size(2048).unwrap();
+    a.set_write_timeout(Some(Duration::from_secs(10))).unwrap();
+    b.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let to = sa(ip(2), 4020);
+    let recv = std::thread::spawn(move || {
+        let mut buf = [0u8; 2048];
+        (0..N)
+            .map(|_| {
+                let (n, from) = b.recv_from(&mut buf).expect("a message within 10 s");
+                assert_eq!((n, from), (1000, sa(ip(1), 4020)));
+                u32::from_le_bytes(buf[..4].try_into().unwrap())
+            })
+            .collect::<Vec<u32>>()
+    });
+    let polls0 = engine_counter(&e1, "tcp_ack_timer_polls");
+    let mut msg = [7u8; 1000];
+    for i in 0..N {
+        msg[..4].copy_from_slice(&i.to_le_bytes());
+        let r = if i % 2 == 0 {
+            let deadline = std::time::Instant::now() + Duration::from_secs(10);
+            a.send_msg_wait(&msg, Some(to), &rds_sock::SendFlags::default(), Some(deadline))
+        } else {
+            a.send_to(&msg, to)
+        };
+        assert_eq!(r.unwrap_or_else(|e| panic!("send {i}: {e}")), 1000);
+    }
+    assert_eq!(recv.join().unwrap(), (0..N).collect::<Vec<u32>>(), "every message once, in order");
+    assert_eq!(engine_counter(&e1, "tcp_ack_timer_polls"), polls0, "the ack timer never fired");
+    assert!(engine_counter(&e1, "send_queue_full") > 0, "the send buffer was full");
+}
