@@ -301,8 +301,8 @@ impl RdsSocket {
     /// send buffer, a congestion map update), until `deadline`. With
     /// `acks` (the send buffer is full), it polls that pair's TCP acks
     /// itself and waits between polls at most [`ACK_NAP_MIN`], doubling to
-    /// [`ACK_NAP_MAX`], while a path of the pair has messages awaiting
-    /// acks (then only the wake-up ends it): the kernel learns of an ack in its TCP's
+    /// [`ACK_NAP_MAX`], while a TCP path of the pair is up (else only the
+    /// wake-up ends it): the kernel learns of an ack in its TCP's
     /// `sk_write_space` and wakes the sender at once, ours polls
     /// `SIOCOUTQ`, and a sender that waited for the reactor's ack timer
     /// idled with only two 64 KiB messages in its send buffer (qperf
@@ -321,8 +321,7 @@ impl RdsSocket {
                 match self.engine.inner.poll_pair_acks(l, f) {
                     Some(true) => return Ok(()),
                     Some(false) => {}
-                    // Nothing awaits an ack (not a TCP pair, no path up):
-                    // only the wake-up can end the wait.
+                    // No TCP path up: only the wake-up can end the wait.
                     None => acks = None,
                 }
                 if self.shared.snapshot() != snap {

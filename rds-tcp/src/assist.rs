@@ -182,26 +182,26 @@ impl TcpTransport {
     /// mostly made inside its own writes, or while the receiver reads)
     /// without waiting for the timer. A path whose transmit state a
     /// writing thread holds is skipped (the writer polls as it writes).
-    /// Returns whether any path's acked offset advanced; `None` when no
-    /// path had messages awaiting acks (nothing to poll: the room will
-    /// come some other way, or with a connection that is not up yet).
+    /// Returns whether any path's acked offset advanced; `None` when the
+    /// pair has no path up (the room then comes with the connection, or
+    /// not over TCP). A path up with nothing awaiting acks is worth asking
+    /// again: the messages that filled the buffer may still be queued for
+    /// a write (a coalescing window's flush, the reactor's turn).
     pub fn poll_pair_acks(&self, laddr: IpAddr, faddr: IpAddr) -> Option<bool> {
         let conns = self.inner.paths.lock().pair(laddr, faddr)?;
         let sink = self.inner.sink();
         let mut advanced = None;
         for p in conns.iter().filter(|p| p.state() == UP) {
+            let was = advanced.get_or_insert(false);
             let polled = {
-                let Some(mut tx) = p.tx.try_lock() else {
-                    // A writer holds it, and polls as it writes.
-                    advanced = advanced.or(Some(false));
-                    continue;
-                };
+                // Held by a writer, which polls as it writes.
+                let Some(mut tx) = p.tx.try_lock() else { continue };
                 if !tx.has_unacked() {
                     continue;
                 }
                 tx.poll_acks(&p.stream)
             };
-            advanced = Some(advanced.unwrap_or(false) | polled.1);
+            *was |= polled.1;
             self.inner.acks_polled(sink.as_deref(), p, polled);
         }
         advanced

@@ -501,7 +501,8 @@ fn a_receive_without_deadline_that_waits_first_misses_nothing() {
 /// messages' TCP acks made itself (`RdsSocket::wait_to_send` polls the
 /// pair's `SIOCOUTQ` between short naps), as the kernel's sender learns of
 /// them in `sk_write_space`. Here nothing else would: the sender's ack
-/// timer never fires (`ack_poll_min` and `ack_poll_max` an hour), the
+/// timer never fires (`ack_poll_min` and `ack_poll_max` an hour, no
+/// write coalescing, whose flushes arm the same timer), the
 /// receiver sends nothing back (no readable event polls them), and the
 /// sender's own writes, 1000 bytes each, poll them only every 32 KiB.
 /// The send buffer (`SO_SNDBUF` 2048: the kernel's minimum of 4608, half
@@ -516,6 +517,10 @@ fn a_blocked_sender_polls_the_acks_that_make_room() {
     let mut cfg = rds_sock::EngineConfig::default();
     cfg.tcp.ack_poll_min = Duration::from_secs(3600);
     cfg.tcp.ack_poll_max = Duration::from_secs(3600);
+    // No write coalescing either: a window's flush arms the reactor's
+    // timer, and the acks awaited then are polled with it.
+    cfg.tcp.coalesce = Duration::ZERO;
+    cfg.tcp.coalesce_max = Duration::ZERO;
     let e1 = rds_sock::Engine::new(cfg).unwrap();
     let e2 = rds_sock::Engine::new(rds_sock::EngineConfig::default()).unwrap();
     let (a, b) = (e1.socket().unwrap(), e2.socket().unwrap());
