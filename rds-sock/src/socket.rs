@@ -322,10 +322,9 @@ impl RdsSocket {
         snap: u64,
         wait: SendWait,
         deadline: Option<Instant>,
-        acks: Option<(IpAddr, IpAddr)>,
+        mut acks: Option<(IpAddr, IpAddr)>,
     ) -> io::Result<()> {
         let (mut nap, mut fruitless) = (ACK_NAP_MIN, 0u32);
-        let mut acks = acks;
         loop {
             if let Some((l, f)) = acks {
                 match self.engine.inner.poll_pair_acks(l, f) {

@@ -174,40 +174,6 @@ impl TcpTransport {
     }
 }
 
-impl TcpTransport {
-    /// Polls the acks (`SIOCOUTQ`) of the up paths from `laddr` to `faddr`
-    /// with messages awaiting theirs, and reports them to the core, as
-    /// the reactor's ack timer does: for a sending thread that found its
-    /// socket's send buffer full, the acks that make room (on a local link
-    /// mostly made inside its own writes, or while the receiver reads)
-    /// without waiting for the timer. A path whose transmit state a
-    /// writing thread holds is skipped (the writer polls as it writes).
-    /// Returns whether any path's acked offset advanced; `None` when the
-    /// pair has no path up (the room then comes with the connection, or
-    /// not over TCP). A path up with nothing awaiting acks is worth asking
-    /// again: the messages that filled the buffer may still be queued for
-    /// a write (a coalescing window's flush, the reactor's turn).
-    pub fn poll_pair_acks(&self, laddr: IpAddr, faddr: IpAddr) -> Option<bool> {
-        let conns = self.inner.paths.lock().pair(laddr, faddr)?;
-        let sink = self.inner.sink();
-        let mut advanced = None;
-        for p in conns.iter().filter(|p| p.state() == UP) {
-            let was = advanced.get_or_insert(false);
-            let polled = {
-                // Held by a writer, which polls as it writes.
-                let Some(mut tx) = p.tx.try_lock() else { continue };
-                if !tx.has_unacked() {
-                    continue;
-                }
-                tx.poll_acks(&p.stream)
-            };
-            *was |= polled.1;
-            self.inner.acks_polled(sink.as_deref(), p, polled);
-        }
-        advanced
-    }
-}
-
 /// A connection's number for [`RxAssist::lane`] (its reactor token, unique
 /// in the transport and never 0).
 fn lane_of(c: &PathConn) -> u64 {
@@ -335,18 +301,13 @@ impl RxAssist {
     /// timer, which in such an exchange fires anyway, as the fallback).
     fn poll_acks(&self, sink: &dyn TransportSink) {
         for p in self.held() {
-            let polled = {
-                let Some(mut tx) = p.tx.try_lock() else { continue };
-                if !tx.has_unacked() {
-                    continue;
-                }
-                if tx.watched && tx.written - tx.acked < ASSIST_ACK_LAZY_BYTES {
+            self.inner.poll_conn_acks(Some(sink), p, |tx| {
+                let lazy = tx.watched && tx.written - tx.acked < ASSIST_ACK_LAZY_BYTES;
+                if lazy {
                     inc(&self.inner.stats.rx_assist_acks_left);
-                    continue;
                 }
-                tx.poll_acks(&p.stream)
-            };
-            self.inner.acks_polled(Some(sink), p, polled);
+                lazy
+            });
         }
     }
 

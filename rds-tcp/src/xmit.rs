@@ -62,6 +62,31 @@ enum Round {
     Dead,
 }
 
+impl crate::TcpTransport {
+    /// Polls the acks (`SIOCOUTQ`) of the up paths from `laddr` to `faddr`
+    /// with messages awaiting theirs, and reports them to the core, as
+    /// the reactor's ack timer does: for a sending thread that found its
+    /// socket's send buffer full, the acks that make room (on a local link
+    /// mostly made inside its own writes, or while the receiver reads)
+    /// without waiting for the timer. A path whose transmit state a
+    /// writing thread holds is skipped (the writer polls as it writes).
+    /// Returns whether any path's acked offset advanced; `None` when the
+    /// pair has no path up (the room then comes with the connection, or
+    /// not over TCP). A path up with nothing awaiting acks is worth asking
+    /// again: the messages that filled the buffer may still be queued for
+    /// a write (a coalescing window's flush, the reactor's turn).
+    pub fn poll_pair_acks(&self, laddr: std::net::IpAddr, faddr: std::net::IpAddr) -> Option<bool> {
+        let conns = self.inner.paths.lock().pair(laddr, faddr)?;
+        let sink = self.inner.sink();
+        let mut advanced = None;
+        for p in conns.iter().filter(|p| p.state() == UP) {
+            let polled = self.inner.poll_conn_acks(sink.as_deref(), p, |_| false);
+            *advanced.get_or_insert(false) |= polled == Some(true);
+        }
+        advanced
+    }
+}
+
 impl Inner {
     /// Transmits on the connection unless another thread is doing it (then
     /// that thread goes around once more).
@@ -141,6 +166,29 @@ impl Inner {
         if let (Some(s), Some(sink)) = (seq, sink) {
             sink.acked(conn.info.id, conn.info.inst, s);
         }
+    }
+
+    /// Polls `conn`'s acks and reports them ([`Self::acks_polled`]),
+    /// unless a writing thread holds its transmit state (it polls as it
+    /// writes), nothing on it awaits an ack, or `leave` says to leave them
+    /// (to the ack timer); whether its acked offset advanced, `None` when
+    /// it was not polled.
+    pub(crate) fn poll_conn_acks(
+        &self,
+        sink: Option<&dyn rds_core::TransportSink>,
+        conn: &PathConn,
+        leave: impl FnOnce(&TxState) -> bool,
+    ) -> Option<bool> {
+        let polled = {
+            let mut tx = conn.tx.try_lock()?;
+            if !tx.has_unacked() || leave(&tx) {
+                return None;
+            }
+            tx.poll_acks(&conn.stream)
+        };
+        let advanced = polled.1;
+        self.acks_polled(sink, conn, polled);
+        Some(advanced)
     }
 
     /// One transmitter's work: write what is queued, pull more, repeat.

@@ -8,9 +8,9 @@
 //! the 2-core machine the load generator then takes one reactor's share of
 //! the cores it shares with the serving node, not N engines' reactor and
 //! timer threads (`--engine-per-peer`, the earlier harness: 512 threads for
-//! 256 peers; its 256-peer rounds reached 0.49-0.61x one peer where the
-//! shared engine's reached 0.69-1.01x, same machine, alternating,
-//! 2026-11-28).
+//! 256 peers; alternating the two on the same machine, 2026-11-28, 2 runs
+//! of 2 rounds each, the 256-peer rounds reached 0.44-0.82x one peer with
+//! an engine each and 0.69-0.94x with the shared one).
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
