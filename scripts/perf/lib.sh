@@ -232,7 +232,7 @@ why_run() {
 }
 
 why_once() {
-    local kind=$1 test=$2 size=$3 key=$4 client a b t0 t1 out per hz
+    local kind=$1 test=$2 size=$3 key=$4 client a b sa sb t0 t1 out per hz
     hz=100 # USER_HZ: /proc reports CPU time in 1/100 s on Linux
     qperf_server_start
     timeout 30 "${ON_A[@]}" qperf -t 1 -m 64 "$ADDR_B" "$test" >/dev/null 2>&1 || true
@@ -240,9 +240,9 @@ why_once() {
     client=$!
     PIDS+=("$client")
     sleep 2
-    a=$(why_snap "$client" "$QPERF_PID"); t0=$(now_ns)
+    a=$(why_snap "$client" "$QPERF_PID"); sa=$(why_snap "$QPERF_PID"); t0=$(now_ns)
     sleep 2
-    b=$(why_snap "$client" "$QPERF_PID"); t1=$(now_ns)
+    b=$(why_snap "$client" "$QPERF_PID"); sb=$(why_snap "$QPERF_PID"); t1=$(now_ns)
     wait "$client" || true
     qperf_server_stop
     cleanup_pids
@@ -259,14 +259,16 @@ why_once() {
         return 1
     fi
     # a, b: idle total cpu switches user engine wakes ($1-$7, $8-$14); then
-    # t0 t1 ($15 $16); per: us per unit, what, value, unit ($17-$20); hz.
-    echo "$a $b $t0 $t1 $per $hz" | awk -v k="${PREFIX}${key}" '{
+    # t0 t1 ($15 $16); per: us per unit, what, value, unit ($17-$20); hz;
+    # the server's process alone: its CPU ticks before and after ($22 $23).
+    echo "$a $b $t0 $t1 $per $hz $(echo "$sa $sb" | awk '{ print $3, $10 }')" | awk -v k="${PREFIX}${key}" '{
         n = ($16 - $15) / 1000 / $17
         tick = 1e6 / $21 / n
         printf "R %s_%s %s %s\n", k, $18, $19, $20
         printf "R %s_idle %.0f %%\n", k, 100 * ($8 - $1) / ($9 - $2)
         printf "R %s_cpu %.0f us\n", k, ($10 - $3) * tick
         printf "R %s_user %.0f us\n", k, ($12 - $5) * tick
+        printf "R %s_server %.0f us\n", k, ($23 - $22) * tick
         printf "R %s_engine %.0f us\n", k, ($13 - $6) * tick
         printf "R %s_wakes %.2f /unit\n", k, ($14 - $7) / n
         printf "R %s_switches %.2f /unit\n", k, ($11 - $4) / n

@@ -353,7 +353,7 @@ def gap_cause(vm, row, base, raw, kern):
     CPU time and context switches of ours against the kernel's."""
     def per(size, k):
         c = f"vm_why_bw{size}_{k}" if size else f"vm_why_{k}"
-        return {x: why_val(vm, f"{c}_{x}") for x in ("cpu", "user", "engine", "switches", "idle")}
+        return {x: why_val(vm, f"{c}_{x}") for x in ("cpu", "user", "server", "engine", "switches", "idle")}
     sizes = {"bandwidth 1 KiB": 1024, "bandwidth 8 KiB": 8192, "bandwidth 64 KiB": 65536,
              "message rate 64 B": 64}
     if row in sizes and base == "kernel":
@@ -366,6 +366,11 @@ def gap_cause(vm, row, base, raw, kern):
              f"{k['user']:.0f}, {o['engine']:.0f} us in our engine's threads; "
              f"{o['switches']:.2f} context switches against {k['switches']:.2f}), with the "
              f"guest's two vCPUs {o['idle']:.0f}% idle against {k['idle']:.0f}%")
+        if o["server"] is not None and k["server"] is not None:
+            s += (f"; of it the receiving process (qperf's server) {o['server']:.0f} us against "
+                  f"the kernel's {k['server']:.0f}, the sending one {o['cpu'] - o['server']:.0f} "
+                  f"against {k['cpu'] - k['server']:.0f} (over veth the sender's CPU also "
+                  "carries much of TCP's receive processing, in softirq)")
         s += " (one more run of each: \"Where a message's time goes in a stream\")"
         if size >= 8192:
             s += ("; ours copies each payload twice more than the kernel's RDS (a pooled buffer "
@@ -408,6 +413,7 @@ def why_table(w, vm, cols, first, per):
     for key, label in (first, ("idle", "guest CPUs idle"),
                        ("cpu", f"CPU time of both processes per {per}"),
                        ("user", "of which in user space"),
+                       ("server", "of which in the server's process (a stream's receiver)"),
                        ("engine", "of which in threads other than qperf's (our engine's)"),
                        ("switches", f"context switches per {per}"),
                        ("wakes", f"wake-ups of threads other than qperf's per {per}")):
