@@ -165,23 +165,25 @@ ours_suite() {
     ours_bw 65536 "$TOTAL_64K" 4203
 }
 
-# why_snap PID...: "idle total cpu switches user engine wakes" now: the
-# guest's idle and total CPU ticks (/proc/stat); and of every thread of the
-# PIDs and of their child processes (qperf's server forks one per test):
-# their CPU ticks (utime + stime), context switches (voluntary +
-# involuntary), user-space CPU ticks, and the CPU ticks and voluntary
-# context switches (wake-ups) of the threads not named qperf (ours: the
-# engine's reactor and timer threads).
+# why_snap CLIENT SERVER: "idle total cpu switches user engine wakes
+# server" now: the guest's idle and total CPU ticks (/proc/stat); and of
+# every thread of the two PIDs and of their child processes (qperf's
+# server forks one per test): their CPU ticks (utime + stime), context
+# switches (voluntary + involuntary), user-space CPU ticks, the CPU ticks
+# and voluntary context switches (wake-ups) of the threads not named qperf
+# (ours: the engine's reactor and timer threads), and the CPU ticks of
+# SERVER's process and its children alone.
 why_snap() {
-    local idle total cpu=0 sw=0 user=0 eng=0 wakes=0 p t st comm vol invol
+    local idle total cpu=0 sw=0 user=0 eng=0 wakes=0 srv=0 p t st comm vol invol
     read -r idle total < <(awk '/^cpu / { s = 0; for (i = 2; i <= NF; i++) s += $i; print $5 + $6, s }' /proc/stat)
-    for p in "$@" $(why_children "$@"); do
+    for p in "$1" "$2" $(why_children "$2"); do
         for t in /proc/"$p"/task/*; do
             [ -r "$t/stat" ] || continue
             read -r st < <(sed 's/.*) //' "$t/stat" | awk '{ print $12, $13 }')
             read -r comm <"$t/comm"
             cpu=$((cpu + ${st% *} + ${st#* }))
             user=$((user + ${st% *}))
+            [ "$p" != "$1" ] && srv=$((srv + ${st% *} + ${st#* }))
             read -r vol invol < <(awk '/^voluntary_ctxt_switches/ { v = $2 } /^nonvoluntary_ctxt_switches/ { n = $2 } END { print v + 0, n + 0 }' "$t/status")
             sw=$((sw + vol + invol))
             if [ "$comm" != qperf ]; then
@@ -190,7 +192,7 @@ why_snap() {
             fi
         done
     done
-    echo "$idle $total $cpu $sw $user $eng $wakes"
+    echo "$idle $total $cpu $sw $user $eng $wakes $srv"
 }
 
 # why_children PID...: the PIDs of their child processes (from /proc, as
@@ -232,7 +234,7 @@ why_run() {
 }
 
 why_once() {
-    local kind=$1 test=$2 size=$3 key=$4 client a b sa sb t0 t1 out per hz
+    local kind=$1 test=$2 size=$3 key=$4 client a b t0 t1 out per hz
     hz=100 # USER_HZ: /proc reports CPU time in 1/100 s on Linux
     qperf_server_start
     timeout 30 "${ON_A[@]}" qperf -t 1 -m 64 "$ADDR_B" "$test" >/dev/null 2>&1 || true
@@ -240,9 +242,9 @@ why_once() {
     client=$!
     PIDS+=("$client")
     sleep 2
-    a=$(why_snap "$client" "$QPERF_PID"); sa=$(why_snap "$QPERF_PID"); t0=$(now_ns)
+    a=$(why_snap "$client" "$QPERF_PID"); t0=$(now_ns)
     sleep 2
-    b=$(why_snap "$client" "$QPERF_PID"); sb=$(why_snap "$QPERF_PID"); t1=$(now_ns)
+    b=$(why_snap "$client" "$QPERF_PID"); t1=$(now_ns)
     wait "$client" || true
     qperf_server_stop
     cleanup_pids
@@ -258,20 +260,20 @@ why_once() {
         echo "perf: why $key: qperf $test failed: $(echo "$out" | tr '\n' ' ')" >&2
         return 1
     fi
-    # a, b: idle total cpu switches user engine wakes ($1-$7, $8-$14); then
-    # t0 t1 ($15 $16); per: us per unit, what, value, unit ($17-$20); hz;
-    # the server's process alone: its CPU ticks before and after ($22 $23).
-    echo "$a $b $t0 $t1 $per $hz $(echo "$sa $sb" | awk '{ print $3, $10 }')" | awk -v k="${PREFIX}${key}" '{
-        n = ($16 - $15) / 1000 / $17
-        tick = 1e6 / $21 / n
-        printf "R %s_%s %s %s\n", k, $18, $19, $20
-        printf "R %s_idle %.0f %%\n", k, 100 * ($8 - $1) / ($9 - $2)
-        printf "R %s_cpu %.0f us\n", k, ($10 - $3) * tick
-        printf "R %s_user %.0f us\n", k, ($12 - $5) * tick
-        printf "R %s_server %.0f us\n", k, ($23 - $22) * tick
-        printf "R %s_engine %.0f us\n", k, ($13 - $6) * tick
-        printf "R %s_wakes %.2f /unit\n", k, ($14 - $7) / n
-        printf "R %s_switches %.2f /unit\n", k, ($11 - $4) / n
+    # a, b: idle total cpu switches user engine wakes server ($1-$8,
+    # $9-$16); then t0 t1 ($17 $18); per: us per unit, what, value, unit
+    # ($19-$22); hz ($23).
+    echo "$a $b $t0 $t1 $per $hz" | awk -v k="${PREFIX}${key}" '{
+        n = ($18 - $17) / 1000 / $19
+        tick = 1e6 / $23 / n
+        printf "R %s_%s %s %s\n", k, $20, $21, $22
+        printf "R %s_idle %.0f %%\n", k, 100 * ($9 - $1) / ($10 - $2)
+        printf "R %s_cpu %.0f us\n", k, ($11 - $3) * tick
+        printf "R %s_user %.0f us\n", k, ($13 - $5) * tick
+        printf "R %s_server %.0f us\n", k, ($16 - $8) * tick
+        printf "R %s_engine %.0f us\n", k, ($14 - $6) * tick
+        printf "R %s_wakes %.2f /unit\n", k, ($15 - $7) / n
+        printf "R %s_switches %.2f /unit\n", k, ($12 - $4) / n
     }'
 }
 
