@@ -88,6 +88,10 @@ pub(crate) struct SockShared {
     /// the reactor reads better, reading ahead while the receiver works
     /// through the queue ([`crate::RdsSocket::recv_msg_wait`]).
     pub(crate) assist_skip: AtomicU32,
+    /// The socket sent a message since its last blocking wait began
+    /// ([`crate::RdsSocket::recv_msg_wait`]): the next wait takes its
+    /// lane's readable events off the reactor.
+    pub(crate) sent_since_wait: AtomicBool,
     /// The eventfd of a thread waiting for the socket's next wake-up in
     /// a wait that signals interrupt ([`crate::RdsSocket::send_msg_wait`]).
     pub(crate) waiter: SendWaiter,
@@ -127,6 +131,7 @@ impl SockShared {
             assist_by: AtomicU64::new(0),
             deferred: AtomicBool::new(false),
             assist_skip: AtomicU32::new(0),
+            sent_since_wait: AtomicBool::new(false),
             waiter: SendWaiter::default(),
         })
     }
@@ -259,8 +264,15 @@ impl Inner {
 
     /// The TCP paths of an address pair for a blocked receiver to read
     /// itself ([`rds_tcp::RxAssist`]).
-    pub(crate) fn rx_assist(&self, laddr: IpAddr, faddr: IpAddr, lane: u64, wide: bool) -> Option<rds_tcp::RxAssist> {
-        self.tcp.rx_assist(laddr, faddr, lane, wide)
+    pub(crate) fn rx_assist(
+        &self,
+        laddr: IpAddr,
+        faddr: IpAddr,
+        lane: u64,
+        wide: bool,
+        quiet: bool,
+    ) -> Option<rds_tcp::RxAssist> {
+        self.tcp.rx_assist(laddr, faddr, lane, wide, quiet)
     }
 
     /// Polls the TCP acks of an address pair's paths for a blocked

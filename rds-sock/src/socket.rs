@@ -286,7 +286,11 @@ impl RdsSocket {
         let opts = SendOptions { rdma: flags.rdma.clone(), rdma_dest: flags.rdma_dest, blocking };
         loop {
             let snap = self.shared.snapshot();
-            match self.run(|n| n.send(self.id, dst, &payload, &opts)) {
+            let r = self.run(|n| n.send(self.id, dst, &payload, &opts));
+            if r.is_ok() && !self.shared.sent_since_wait.load(std::sync::atomic::Ordering::Relaxed) {
+                self.shared.sent_since_wait.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
+            match r {
                 Err(e @ (Errno::EAGAIN | Errno::ENOBUFS)) if blocking => {
                     // EAGAIN: the send buffer is full (ENOBUFS: the port
                     // is congested, which only a map update ends).
@@ -609,7 +613,10 @@ impl RdsSocket {
     /// ([`rds_tcp::RxAssist`]): a message
     /// then wakes one thread, this one, instead of the reactor and then
     /// this one, and moves the descriptor neither up nor down when this
-    /// receive takes it. When such a read takes a stream (more than one
+    /// receive takes it. When the socket sent a message since its previous
+    /// wait (it waits for an answer), that lane's bytes also stop waking
+    /// the reactor while it waits: two `epoll_ctl` calls, which a
+    /// receiver of a one-way stream does not make. When such a read takes a stream (more than one
     /// message, or 16 KiB or more), the next 64 waits leave the reading to
     /// the reactor, which reads ahead while this thread works through the
     /// queue.
@@ -659,7 +666,8 @@ impl RdsSocket {
             let hint = *self.shared.rx_hint.lock();
             let lane = self.shared.rx_lane.load(Relaxed);
             let wide = self.shared.rx_wide.swap(false, Relaxed);
-            hint.and_then(|(l, f)| self.engine.inner.rx_assist(l, f, lane, wide))
+            let quiet = self.shared.sent_since_wait.swap(false, Relaxed);
+            hint.and_then(|(l, f)| self.engine.inner.rx_assist(l, f, lane, wide, quiet))
         };
         // The poll set: the socket's descriptor, then the assisted
         // connections (`idx`: their index in the assist), on the stack up

@@ -47,15 +47,27 @@
 //! `lane`, from [`RxAssist::lane`] of the wait before) polls that one and
 //! path 0 (whose bytes may have to go first), not every path of the pair:
 //! the answers of request/response traffic come on one lane, and the
-//! other lanes' messages reach it through the reactor as before. The lane
-//! is also taken off the reactor's
+//! other lanes' messages reach it through the reactor as before. When the
+//! caller asks (`quiet`), the lane is also taken off the reactor's
 //! registration for readable events while the thread assists
-//! (`PathConn::quiet`): the bytes that answer a request then wake this
-//! thread alone, where the reactor was woken too, only to leave them. The
-//! registration gets them back when the thread stops assisting, and epoll
-//! then reports bytes that came meanwhile, so the reactor reads what
-//! nobody took. The other paths of the pair stay registered: their events
-//! are left to the thread as above.
+//! (`PathConn::quiet`, counted in `tcp_rx_assist_quiet`): the bytes that
+//! answer a request then wake this thread alone, where the reactor was
+//! woken too, only to leave them. The registration gets them back when the
+//! thread stops assisting, and epoll then reports bytes that came
+//! meanwhile, so the reactor reads what nobody took. The other paths of
+//! the pair stay registered: their events are left to the thread as above.
+//!
+//! That costs two `epoll_ctl` calls per wait in the receiving thread, the
+//! second between the message and the caller's next step. A caller that
+//! waits for the answer to what it sent gains: its next step is the next
+//! request, and a reactor wake-up beside each answer cost more (qperf
+//! `rds_lat` in the VM rig, 4 rounds alternating in one boot: 353-473 us
+//! one way without, 253-337 us with). A receiver of a one-way stream does
+//! not: the reactor's wake-up beside its message delays nothing it waits
+//! for, and the two calls were most of what a wait cost it (qperf
+//! `rds_bw` of 8 KiB, the same run: 56-73 MB/s without, 45-62 MB/s with).
+//! rds-sock asks for it when the socket sent a message since its previous
+//! wait.
 
 use std::cell::RefCell;
 use std::net::IpAddr;
@@ -136,9 +148,9 @@ impl TcpTransport {
     /// `wide`, when that connection is up only it and path 0 are polled (a
     /// `poll` of three descriptors instead of nine with 8 paths; a caller
     /// whose message came some other way asks for `wide` once, to learn
-    /// its new lane), and its bytes stop waking the reactor while this
-    /// assists.
-    pub fn rx_assist(&self, laddr: IpAddr, faddr: IpAddr, lane: u64, wide: bool) -> Option<RxAssist> {
+    /// its new lane), and, when `quiet`, its bytes stop waking the
+    /// reactor while this assists (module docs).
+    pub fn rx_assist(&self, laddr: IpAddr, faddr: IpAddr, lane: u64, wide: bool, quiet: bool) -> Option<RxAssist> {
         if self.inner.is_closed() {
             return None;
         }
@@ -165,12 +177,23 @@ impl TcpTransport {
                 c.assist.fetch_add(1, SeqCst);
             }
         }
-        if let Some(i) = at {
+        let at_quiet = at.filter(|_| quiet);
+        if let Some(i) = at_quiet {
             let c = &conns[i];
+            inc(&self.inner.stats.rx_assist_quiet);
             c.quiet.fetch_add(1, SeqCst);
             self.inner.refresh_quiet(c);
         }
-        Some(RxAssist { inner: self.inner.clone(), conns, held, polled, delivered: 0, bytes: 0, quiet: at, lane: 0 })
+        Some(RxAssist {
+            inner: self.inner.clone(),
+            conns,
+            held,
+            polled,
+            delivered: 0,
+            bytes: 0,
+            quiet: at_quiet,
+            lane: 0,
+        })
     }
 }
 

@@ -42,6 +42,10 @@ pub(crate) struct Stats {
     /// Ack polls an application thread's read left to the reactor's ack
     /// timer (fewer than `ASSIST_ACK_LAZY_BYTES` awaiting acks; ours).
     pub rx_assist_acks_left: AtomicU64,
+    /// Waits of application threads that took their lane's readable
+    /// events off the reactor while they assisted (`quiet`, asked by a
+    /// caller whose socket sent since its previous wait; ours).
+    pub rx_assist_quiet: AtomicU64,
     /// Connections reset because a partly received message made no
     /// progress for [`crate::TcpConfig::rx_frame_timeout`].
     pub rx_frame_stalled: AtomicU64,
@@ -108,6 +112,7 @@ impl Stats {
             ("tcp_ack_timer_polls", self.ack_timer_polls.load(Relaxed)),
             ("tcp_rx_assist_acks_left", self.rx_assist_acks_left.load(Relaxed)),
             ("tcp_rx_path0_pending", self.rx_path0_pending.load(Relaxed)),
+            ("tcp_rx_assist_quiet", self.rx_assist_quiet.load(Relaxed)),
         ]
     }
 }

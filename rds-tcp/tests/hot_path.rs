@@ -294,14 +294,14 @@ fn a_receiver_reads_its_pair_itself_among_many_peers() {
         }
     }
     let a = peers.last().unwrap();
-    let count = || b.tcp.rx_assist(b.addr, a.addr, 0, false).map_or(0, |x| x.fds().count());
+    let count = || b.tcp.rx_assist(b.addr, a.addr, 0, false, true).map_or(0, |x| x.fds().count());
     while count() < 8 || b.tcp.conn_info().len() < 8 * PEERS as usize {
         let n = b.tcp.conn_info().len();
         assert!(Instant::now() < d, "the assist offers {} of the pair's 8 paths ({n} paths in all)", count());
         std::thread::sleep(Duration::from_millis(5));
     }
     assert!(b.tcp.conn_info().len() > rds_tcp::ASSIST_MAX_PATHS);
-    let mut assist = b.tcp.rx_assist(b.addr, a.addr, 0, false).unwrap();
+    let mut assist = b.tcp.rx_assist(b.addr, a.addr, 0, false, true).unwrap();
     a.send(last[3], to_b, &Payload::new(pattern(999, 300)), d);
     while assist.lane() == 0 {
         assert!(Instant::now() < d, "the assist read the message");
@@ -347,14 +347,14 @@ fn a_known_lane_is_polled_with_path_0_only() {
         a.send(*s, to_b, &Payload::new(pattern(k as u64, 100)), d);
         assert_eq!(index_of(&b.recv(sb, d).payload), k as u64);
     }
-    let count = |lane, wide| b.tcp.rx_assist(b.addr, a.addr, lane, wide).map_or(0, |x| x.fds().count());
+    let count = |lane, wide| b.tcp.rx_assist(b.addr, a.addr, lane, wide, true).map_or(0, |x| x.fds().count());
     while count(0, false) < 8 {
         assert!(Instant::now() < d, "8 paths up");
         std::thread::sleep(Duration::from_millis(5));
     }
     // Learn a lane: a message from the socket on lane 3, read by the
     // assist itself.
-    let mut all = b.tcp.rx_assist(b.addr, a.addr, 0, false).unwrap();
+    let mut all = b.tcp.rx_assist(b.addr, a.addr, 0, false, true).unwrap();
     let fds: Vec<(usize, i32)> = all.fds().collect();
     assert_eq!(fds.len(), 8);
     a.send(socks[3], to_b, &Payload::new(pattern(33, 300)), d);
@@ -378,7 +378,7 @@ fn a_known_lane_is_polled_with_path_0_only() {
     assert_eq!((index_of(&m.payload), &m.payload[..]), (33, &pattern(33, 300)[..]));
     assert_eq!(count(lane, false), 2, "path 0 and the lane");
     assert_eq!(count(lane, true), 8, "wide: every path");
-    let two = b.tcp.rx_assist(b.addr, a.addr, lane, false).unwrap();
+    let two = b.tcp.rx_assist(b.addr, a.addr, lane, false, true).unwrap();
     // In path order: path 0's connection, then lane 3's (port 4003).
     assert_eq!(two.fds().map(|(_, fd)| fd).collect::<Vec<_>>(), [fds[0].1, fds[3].1]);
     drop(two);

@@ -335,7 +335,8 @@ fn listener_and_address_checks() {
             "tcp_ack_timer_answered",
             "tcp_ack_timer_polls",
             "tcp_rx_assist_acks_left",
-            "tcp_rx_path0_pending"
+            "tcp_rx_path0_pending",
+            "tcp_rx_assist_quiet"
         ]
     );
     t1.close();

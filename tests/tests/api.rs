@@ -430,6 +430,52 @@ fn a_receiver_learns_the_lane_its_requests_moved_to() {
     );
 }
 
+/// A blocked receiver takes its lane's readable events off the reactor
+/// (`tcp_rx_assist_quiet`) only when its socket sent a message since its
+/// previous wait: when it waits for an answer, not as the receiver of a
+/// one-way stream, whose waits read the connection themselves all the
+/// same (`tcp_rx_assist_reads`). Every message arrives once, in order.
+/// Each message goes out 1 ms after the one before, so that the receiver
+/// is in its wait when it arrives even on a loaded machine.
+#[test]
+fn only_a_receiver_that_sent_takes_its_lane_off_the_reactor() {
+    use rds_sock::RecvFlags;
+    const N: u32 = 100;
+    let ip = addr_block(43);
+    let Pair { e1: _e1, e2, a, b } = pair(ip, 4030);
+    first_exchange(&a, &b);
+    let (a_addr, b_addr) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+    let quiet = || engine_counter(&e2, "tcp_rx_assist_quiet");
+    let reads = || engine_counter(&e2, "tcp_rx_assist_reads");
+    let deadline = || Some(std::time::Instant::now() + Duration::from_secs(10));
+    let mut buf = [0u8; 8];
+    // One way, a to b. b's first wait follows its answer in
+    // `first_exchange`: the counts start after it.
+    let (mut q0, mut r0) = (0, 0);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            for i in 0..N {
+                std::thread::sleep(Duration::from_millis(1));
+                a.send_to(&i.to_le_bytes(), b_addr).unwrap();
+            }
+        });
+        for i in 0..N {
+            let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+            assert_eq!((&buf[..m.len], m.from), (&i.to_le_bytes()[..], Some(a_addr)), "message {i}");
+            if i == 0 {
+                (q0, r0) = (quiet(), reads());
+            }
+        }
+    });
+    let (q1, r1) = (quiet(), reads());
+    assert_eq!(q1 - q0, 0, "a receiver that sent nothing took its lane off the reactor");
+    assert!(r1 - r0 >= u64::from(N / 4), "the stream's receiver read {} of {N} messages itself", r1 - r0);
+    // Request/response: b answers each request before it waits again.
+    paced_exchange(&a, &b, (N, 64, Duration::from_millis(1)));
+    let q2 = quiet();
+    assert!(q2 - q1 >= u64::from(N / 4), "{} of {N} waits for a request that followed an answer were quiet", q2 - q1);
+}
+
 /// The blocking receive without a deadline (the C ABI's, qperf's) waits
 /// before it first looks when the socket's descriptor shows nothing
 /// queued (`RdsSocket::known_empty`): it must still return what was
