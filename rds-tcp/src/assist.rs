@@ -63,11 +63,16 @@
 //! request, and a reactor wake-up beside each answer cost more (qperf
 //! `rds_lat` in the VM rig, 4 rounds alternating in one boot: 353-473 us
 //! one way without, 253-337 us with). A receiver of a one-way stream does
-//! not: the reactor's wake-up beside its message delays nothing it waits
-//! for, and the two calls were most of what a wait cost it (qperf
-//! `rds_bw` of 8 KiB, the same run: 56-73 MB/s without, 45-62 MB/s with).
-//! rds-sock asks for it when the socket sent a message since its previous
-//! wait.
+//! not gain: the reactor's wake-up beside its message delays nothing it
+//! waits for (qperf `rds_bw` of 8 KiB, the same run: 56-73 MB/s without,
+//! 45-62 MB/s with; another boot, against the lane off the reactor in every
+//! wait: 8 KiB 60-69 against 43-62 MB/s, 1 KiB 34-38 against 27-36, 64 KiB
+//! and the latency within each other's spread). Its waits are few, as a
+//! stream's reads are mostly left to the reactor (`perf stat` of qperf's
+//! receiving thread at 8 KiB: 0.15 `epoll_ctl` calls per message before,
+//! none after), so the calls alone do not account for the difference; it
+//! was not traced further. rds-sock asks for it when the socket sent a
+//! message since its previous wait.
 
 use std::cell::RefCell;
 use std::net::IpAddr;
