@@ -287,6 +287,8 @@ impl RdsSocket {
         loop {
             let snap = self.shared.snapshot();
             let r = self.run(|n| n.send(self.id, dst, &payload, &opts));
+            // Stored only when it changes: a stream's sends do not write
+            // the line the receiving thread's waits read.
             if r.is_ok() && !self.shared.sent_since_wait.load(std::sync::atomic::Ordering::Relaxed) {
                 self.shared.sent_since_wait.store(true, std::sync::atomic::Ordering::Relaxed);
             }
@@ -615,11 +617,11 @@ impl RdsSocket {
     /// this one, and moves the descriptor neither up nor down when this
     /// receive takes it. When the socket sent a message since its previous
     /// wait (it waits for an answer), that lane's bytes also stop waking
-    /// the reactor while it waits: two `epoll_ctl` calls, which a
-    /// receiver of a one-way stream does not make. When such a read takes a stream (more than one
-    /// message, or 16 KiB or more), the next 64 waits leave the reading to
-    /// the reactor, which reads ahead while this thread works through the
-    /// queue.
+    /// the reactor while it waits: two `epoll_ctl` calls, which a receiver
+    /// of a one-way stream does not make. When such a read takes a stream
+    /// (more than one message, or 16 KiB or more), the next 64 waits leave
+    /// the reading to the reactor, which reads ahead while this thread
+    /// works through the queue.
     pub fn recv_msg_wait(&self, buf: &mut [u8], flags: RecvFlags, deadline: Option<Instant>) -> io::Result<RecvMeta> {
         let flags = RecvFlags { dontwait: true, ..flags };
         let mut wait = self.known_empty(deadline);
