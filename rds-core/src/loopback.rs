@@ -229,6 +229,7 @@ mod tests {
             kind: TransportKind::Loop,
             tos: 0,
             npaths: 1,
+            taken: true,
         };
         (t, sink, info)
     }

@@ -77,13 +77,14 @@ pub struct NodeConfig {
     /// How long a connection of ours may stay up without the peer's sign
     /// that it took it (`Path::confirmed`) before a probe ping goes out on
     /// it: the peer answers a ping on the connection it came on, and the
-    /// answer confirms it. Then twice as long, up to 16 times this, while
-    /// it stays up and unconfirmed (`mprds_confirm_probe`). A 6.1 kernel's
-    /// sign is the congestion map it sends when it accepts, on whichever
-    /// of its connections transmits first; if that map is lost (it went
-    /// out on a connection of ours that was closing), the fan-out of the
-    /// paths after this one would otherwise stop until the next map.
-    /// Zero: no such probe.
+    /// answer confirms it. Then after twice as long, and twice again
+    /// (`mprds_confirm_probe`); still unconfirmed 15 times this after it
+    /// came up, the connection is dropped and connects again
+    /// (`mprds_confirm_drop`). A 6.1 kernel's sign is the congestion map
+    /// it sends when it accepts, on whichever of its connections transmits
+    /// first; if that map is lost (it went out on a connection of ours
+    /// that was closing), the fan-out of the paths after this one would
+    /// otherwise stop until the next map. Zero: no such probe or drop.
     pub confirm_probe_after: Duration,
     /// `max_unacked_packets` / `max_unacked_bytes` (ACK_REQUIRED pacing).
     pub max_unacked_packets: u32,
@@ -163,7 +164,9 @@ pub enum Output {
     /// or, for TCP from the larger address, "poke" the peer).
     Connect(PathInfo),
     /// Close this instance of the path's transport connection; drain what
-    /// can still be read from it, then report [`Node::path_down`].
+    /// can still be read from it, then report [`Node::path_down`]. One the
+    /// peer has not taken ([`PathInfo::taken`]) is reset, not closed with
+    /// a FIN, once what already arrived is read.
     Shutdown(PathInfo),
     /// The path has messages to transmit: pull them with [`Node::pull`].
     Kick(PathInfo),

@@ -91,6 +91,17 @@ pub struct PathInfo {
     pub tos: u8,
     /// Paths negotiated for the connection so far (0 = not yet known).
     pub npaths: u8,
+    /// The peer evidently took this connection: it is up and confirmed
+    /// (`Path::confirmed`; always, where no confirmation is needed). The
+    /// TCP transport closes one not taken with a reset, not a FIN: a 6.1
+    /// kernel that takes a half-closed connection out of its accept queue
+    /// later keeps a path slot on it for good (the FIN came before its
+    /// callbacks, which never see it), and then resets every new
+    /// connection meant for that slot; a reset one fails its first
+    /// transmit there and frees the slot. Nothing of our sockets went out
+    /// on such a connection, and what already arrived from the peer is
+    /// read before the reset: nothing is lost by it.
+    pub taken: bool,
 }
 
 /// Why a transport connection went away.
@@ -350,15 +361,31 @@ impl Node {
     /// ping goes out on it, ahead of the sockets' messages that wait for
     /// the confirmation (the peer answers on the same connection, and
     /// anything arriving on it confirms it), and the next check comes
-    /// after twice the delay, at most 16 times `confirm_probe_after`.
+    /// after twice the delay.
+    ///
+    /// The fourth check (15 times `confirm_probe_after` after the path
+    /// came up) drops it instead, and it connects again
+    /// (`mprds_confirm_drop`). The probe cannot always help: after a
+    /// reset the queue starts with retransmissions, which keep their
+    /// sequence numbers, and a probe numbered after them would make a
+    /// kernel drop them as old. If the kernel's map was lost as well (in
+    /// CI a 6.1 kernel sent nothing at all on such a connection for 43 s),
+    /// nothing else would ever move the path. A new connection makes the
+    /// kernel accept again and send its map; nothing of a socket was on
+    /// the dropped one.
     pub(crate) fn confirm_due(&mut self, pid: PathId, now: Instant) {
-        let max = self.ep.cfg.confirm_probe_after.saturating_mul(16);
+        let after = self.ep.cfg.confirm_probe_after;
         let Some(path) = self.path_mut(pid) else { return };
         path.confirm_at = None;
         if path.state != PathState::Up || path.confirmed {
             return;
         }
-        let at = path.arm_confirm(now, path.confirm_delay.saturating_mul(2).min(max));
+        if path.confirm_delay >= after.saturating_mul(CONFIRM_CHECKS_DELAY_FACTOR) {
+            self.ep.counters.mprds_confirm_drop += 1;
+            self.drop_path(pid);
+            return;
+        }
+        let at = path.arm_confirm(now, path.confirm_delay.saturating_mul(2));
         // One still unsent answers for this one: a peer that never reads
         // must not grow the queue by a probe per check.
         let unsent = path.send_queue.iter().any(crate::message::QueuedMsg::is_probe);
@@ -653,8 +680,9 @@ impl Connection {
         if !matches!(path.state, PathState::Up | PathState::Connecting) {
             return None;
         }
+        let taken = path.state == PathState::Up && path.confirmed;
         path.go_disconnecting();
-        Some(self.info(usize::from(index)))
+        Some(PathInfo { taken, ..self.info(usize::from(index)) })
     }
 
     /// Whether the path has something to transmit and no Kick outstanding;
@@ -672,6 +700,11 @@ impl Connection {
         Some(self.info(i))
     }
 }
+
+/// The delay before the last confirm check, as a multiple of
+/// `confirm_probe_after` (the checks come after 1, 2, 4 and 8 times it):
+/// a path still unconfirmed then is dropped (`Node::confirm_due`).
+const CONFIRM_CHECKS_DELAY_FACTOR: u32 = 8;
 
 impl Path {
     /// The next confirm check ([`Node::confirm_due`]) `delay` after `now`;

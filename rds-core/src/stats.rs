@@ -110,6 +110,10 @@ counters! {
         /// evidently taken after `NodeConfig::confirm_probe_after` (its
         /// answer confirms it, `Path::confirmed`).
         mprds_confirm_probe,
+        /// Connections of ours dropped (to connect again) because the peer
+        /// had still not evidently taken them after four confirm checks
+        /// (`Node::confirm_due`).
+        mprds_confirm_drop,
     }
 }
 

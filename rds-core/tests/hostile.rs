@@ -52,7 +52,8 @@ fn congestion_map_of_the_wrong_length_resets_the_path() {
         assert_eq!(n.counters().recv_drop_bad_frame, 1);
         assert_eq!(n.counters().cong_update_received, 0);
         let outs: Vec<Output> = driver::outputs(&mut n);
-        assert_eq!(outs, [Output::Shutdown(n.path_info(p.id).unwrap())]);
+        // The path was up and taken by the peer: closed gracefully.
+        assert_eq!(outs, [Output::Shutdown(PathInfo { taken: true, ..n.path_info(p.id).unwrap() })]);
         assert_eq!(n.path_state(p.id), Some(PathState::Disconnecting));
         // The map was not applied: the peer's ports are not congested.
         let s = n.socket();

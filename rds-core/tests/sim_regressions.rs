@@ -102,7 +102,7 @@ fn a_connection_for_a_busy_slot_waits_instead_of_being_reset() {
     driver::outputs(&mut n);
     assert_eq!(n.accept(TransportKind::Tcp, ip(2), ip(1), 40001), Accept::Defer);
     let outs: Vec<Output> = driver::outputs(&mut n);
-    assert_eq!(outs, [Output::Shutdown(n.path_info(old.id).unwrap())]);
+    assert_eq!(outs, [Output::Shutdown(PathInfo { taken: true, ..n.path_info(old.id).unwrap() })]);
     // Still draining: the new connection keeps waiting.
     assert_eq!(n.accept(TransportKind::Tcp, ip(2), ip(1), 40001), Accept::Defer);
     n.path_down(old.id, old.inst, DownReason::ShutdownDone, Instant::now());
@@ -373,7 +373,7 @@ fn connections_to_a_restarted_peers_old_instance_are_closed() {
     n.received(p0.id, p0.inst, full_map(88, 0, 1, &[]));
     assert_eq!(n.counters().peer_restart, 1);
     let outs: Vec<Output> = driver::outputs(&mut n);
-    assert!(outs.contains(&Output::Shutdown(n.path_info(p1.id).unwrap())), "{outs:?}");
+    assert!(outs.contains(&Output::Shutdown(PathInfo { taken: true, ..n.path_info(p1.id).unwrap() })), "{outs:?}");
     assert_eq!(n.path_state(p1.id), Some(PathState::Disconnecting));
     assert_eq!(n.path_state(p0.id), Some(PathState::Up));
 }

@@ -116,7 +116,11 @@
 //! were cut: `tcp_rx_partial_discarded` counts connections that ended with
 //! a message partly received (those bytes are discarded; the sender sees
 //! no ack for the message and sends it again), `tcp_tx_partial` those that
-//! ended with a message partly written, `tcp_rx_short_reads` the read
+//! ended with a message partly written, `tcp_reset_untaken` those the
+//! core closed before the peer evidently took them, reset rather than
+//! closed with a FIN (`rds_core::PathInfo::taken`: a 6.1 kernel that
+//! takes a half-closed connection out of its accept queue keeps a path
+//! slot on it for good), `tcp_rx_short_reads` the read
 //! passes a short read ended (see "Receive"), `tcp_tx_coalesced` the
 //! sends left to the end of a write-coalescing window (of them
 //! `tcp_tx_handed_off` those left to the reactor after it,

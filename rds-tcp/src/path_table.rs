@@ -117,6 +117,7 @@ mod tests {
             kind: rds_core::TransportKind::Tcp,
             tos: 0,
             npaths: 8,
+            taken: true,
         };
         let peer: SocketAddr = l.local_addr().unwrap();
         Arc::new(PathConn::new(mio::Token(conn as usize * 16 + index as usize), 0, info, stream, peer, UP))

@@ -524,7 +524,20 @@ impl Reactor {
         };
         *conn.requested.lock() = Some(DownReason::ShutdownDone);
         match conn.state() {
-            CONNECTING => self.close_conn(&conn, DownReason::ShutdownDone, false),
+            // One the peer has not evidently taken is reset, not drained
+            // (`PathInfo::taken`): a 6.1 kernel may still hold it in its
+            // accept queue.
+            CONNECTING => self.close_conn(&conn, DownReason::ShutdownDone, true),
+            UP if !info.taken => {
+                // What already arrived is delivered first (one pass, as
+                // for an ending connection): the peer's TCP counts it as
+                // delivered (a kernel frees what our TCP acked).
+                self.read_conn(&conn, true);
+                if conn.state() != CLOSED {
+                    inc(&self.inner.stats.reset_untaken);
+                    self.close_conn(&conn, DownReason::ShutdownDone, true);
+                }
+            }
             UP => {
                 {
                     let _tx = conn.tx.lock();

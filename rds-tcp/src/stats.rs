@@ -23,6 +23,9 @@ pub(crate) struct Stats {
     pub rx_partial_discarded: AtomicU64,
     /// Connections that ended in the middle of a message being written.
     pub tx_partial: AtomicU64,
+    /// Connections the core closed before the peer evidently took them,
+    /// up on our side: reset, not drained (`PathInfo::taken`).
+    pub reset_untaken: AtomicU64,
     /// Reads of a path above 0 put off because path 0 of the same
     /// connection was being read by another thread, or paused, with bytes
     /// that must go first (ours; see `Reactor::path0_read`).
@@ -113,6 +116,7 @@ impl Stats {
             ("tcp_rx_assist_acks_left", self.rx_assist_acks_left.load(Relaxed)),
             ("tcp_rx_path0_pending", self.rx_path0_pending.load(Relaxed)),
             ("tcp_rx_assist_quiet", self.rx_assist_quiet.load(Relaxed)),
+            ("tcp_reset_untaken", self.reset_untaken.load(Relaxed)),
         ]
     }
 }

@@ -336,7 +336,8 @@ fn listener_and_address_checks() {
             "tcp_ack_timer_polls",
             "tcp_rx_assist_acks_left",
             "tcp_rx_path0_pending",
-            "tcp_rx_assist_quiet"
+            "tcp_rx_assist_quiet",
+            "tcp_reset_untaken"
         ]
     );
     t1.close();
@@ -653,4 +654,49 @@ fn an_answer_on_another_lane_acks_the_request() {
     }
     a.shutdown();
     b.shutdown();
+}
+
+/// A peer that accepts our connection at the TCP level and never shows it
+/// took it (a 6.1 kernel whose accept is late, or whose map was lost): the
+/// core drops the path after its confirm checks (`mprds_confirm_drop`), and
+/// the connection is reset, not closed with a FIN (`tcp_reset_untaken`).
+/// A 6.1 kernel that takes a half-closed connection out of its accept
+/// queue keeps a path slot on it for good; a reset one fails its first
+/// transmit there and frees the slot.
+#[test]
+fn a_connection_the_peer_never_took_is_reset_not_closed() {
+    let peer = ip("127.0.41.2");
+    let silent = std::net::TcpListener::bind(SocketAddr::new(peer, 17140)).unwrap();
+    let a = Host::new(ip("127.0.41.1"), 17140, 141);
+    let d = deadline(30);
+    let sa = a.socket(5000);
+    a.with(|n| n.send(sa, Some(SocketAddr::new(peer, 4000)), &Payload::copy_from(b"waits"), &SendOptions::default()))
+        .unwrap();
+    let (mut s, _) = silent.accept().unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let t0 = Instant::now();
+    // Our map and probe come; then the end of the connection.
+    let mut got = 0usize;
+    let mut buf = [0u8; 65536];
+    let end = loop {
+        match s.read(&mut buf) {
+            Ok(0) => break Ok(()),
+            Ok(k) => got += k,
+            Err(e) => break Err(e),
+        }
+    };
+    let waited = t0.elapsed();
+    assert!(got >= 48 + 8192, "our map at least: {got} bytes");
+    let e = end.expect_err("a reset, not a FIN");
+    assert_eq!(e.kind(), std::io::ErrorKind::ConnectionReset, "{e}");
+    // 15 times confirm_probe_after (200 ms) after the path came up.
+    assert!(waited >= Duration::from_millis(2500), "dropped after {waited:?}");
+    assert!(a.with(|n| n.counters().mprds_confirm_drop) >= 1);
+    assert!(a.counter("tcp_reset_untaken") >= 1);
+    // The path connects again, and the message still waits for a peer that
+    // takes it.
+    let (_s2, _) = silent.accept().unwrap();
+    assert!(Instant::now() < d);
+    assert_eq!(a.with(|n| n.snd_bytes(sa)), 5);
+    a.shutdown();
 }

@@ -172,13 +172,15 @@ pub fn stream_scenario(ctx: &Ctx, name: &str, ours: &[u16], kernel: &[u16], secs
         "kernel->us",
         ok,
         &format!(
-            "{} messages on 8 flows {} (lost {}, duplicated {}); our conn_reset +{}, recv_drop_old_seq +{}{}",
+            "{} messages on 8 flows {} (lost {}, duplicated {}); our conn_reset +{}, recv_drop_old_seq +{}, mprds_confirm_drop +{}, tcp_reset_untaken +{}{}",
             c.count,
             if kill == Kill::All { "exact and in order" } else { "exact, in order, no loss or duplicate" },
             c.lost,
             c.dup,
             d("conn_reset"),
             d("recv_drop_old_seq"),
+            d("mprds_confirm_drop"),
+            d("tcp_reset_untaken"),
             if note.is_empty() { String::new() } else { format!("; {note}") }
         ),
     );
