@@ -37,17 +37,10 @@ impl Node {
     }
 
     /// Sends the multipath probe ping on path 0 if the path count is unknown
-    /// and none is outstanding (`rds_send_ping`). One still queued on path
-    /// 0 and never sent asks as well: a path 0 that keeps connecting again
-    /// without getting anything out (`confirm_due`) must not grow its
-    /// queue by a probe per connection.
+    /// and none is outstanding (`rds_send_ping`).
     pub(crate) fn maybe_probe(&mut self, conn: ConnId) {
         let caps = self.caps_of(self.conn(conn).kind);
         if !self.conn_mut(conn).start_probe(caps.mp_capable) {
-            return;
-        }
-        let p0 = PathId { conn, index: 0 };
-        if self.path(p0).is_some_and(|p| p.send_queue.iter().any(|m| m.is_probe() && !m.flags.retransmitted)) {
             return;
         }
         self.ep.counters.mprds_probe_sent += 1;

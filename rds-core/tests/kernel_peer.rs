@@ -550,8 +550,8 @@ fn a_path_the_kernel_never_confirms_is_dropped_and_connects_again() {
         n.path_up(p0.id, p0.inst, t0);
     }
     // This time the kernel's map comes: the retransmissions go out in
-    // order, marked RETRANSMITTED, and one probe that asks for the path
-    // count, not one per connection.
+    // order, marked RETRANSMITTED, then the probes that ask for the path
+    // count, one per connection of path 0 (three).
     n.received(p0.id, p0.inst, map());
     driver::outputs(&mut n);
     let mut out = Vec::new();
@@ -567,5 +567,5 @@ fn a_path_the_kernel_never_confirms_is_dropped_and_connects_again() {
         .iter()
         .filter(|m| m.header.kind() == wire::Kind::ProbePing && m.header.flags & wire::flags::RETRANSMITTED == 0)
         .count();
-    assert_eq!(new_probes, 1);
+    assert_eq!(new_probes, 3);
 }

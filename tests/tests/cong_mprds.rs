@@ -691,7 +691,17 @@ fn one_path_against_a_peer_whose_pong_has_no_npaths() {
 
 #[test]
 fn flows_keep_their_order_across_the_fan_out_from_path_0() {
-    fan_out_in_order(1, 1, 0);
+    fan_out_in_order(1, 1, 0, None);
+}
+
+/// The same with the receiver's transport reading at most 4 KiB of a
+/// connection per pass, behind 40 KiB first datagrams: a blocked receiver
+/// reading the connections itself (`rds_tcp`'s assist) stops on path 0 at
+/// the budget with bytes still there, and must leave the lanes to the
+/// reactor (the all-to-all test once got a lane's datagram first).
+#[test]
+fn flows_keep_their_order_when_path_0_is_read_in_small_passes() {
+    fan_out_in_order(1, 1, 40_000, Some(4096));
 }
 
 /// The same with the paths of each node spread over reactor threads (three
@@ -700,22 +710,26 @@ fn flows_keep_their_order_across_the_fan_out_from_path_0() {
 /// `path0_read`).
 #[test]
 fn flows_keep_their_order_across_the_fan_out_read_by_two_reactors() {
-    fan_out_in_order(3, 2, 40_000);
+    fan_out_in_order(3, 2, 40_000, None);
 }
 
 /// 16 sockets (two per lane) send their first datagrams on path 0 before
 /// the handshake, then on their own lanes: every flow arrives in order.
 /// `tx_threads`, `rx_threads`: the reactor threads of the sending and
 /// receiving engines; `first_len`: the first datagrams' extra bytes (more
-/// bytes on path 0 still unread when the lanes' first datagrams arrive).
-fn fan_out_in_order(tx_threads: usize, rx_threads: usize, first_len: usize) {
+/// bytes on path 0 still unread when the lanes' first datagrams arrive);
+/// `rx_budget`: the receiving transport's `read_budget`, if not the default.
+fn fan_out_in_order(tx_threads: usize, rx_threads: usize, first_len: usize, rx_budget: Option<usize>) {
     let ip = addr_block(44);
-    let engine = |threads: usize| {
+    let engine = |threads: usize, budget: Option<usize>| {
         let mut cfg = EngineConfig::default();
         cfg.tcp.threads = threads;
+        if let Some(b) = budget {
+            cfg.tcp.read_budget = b;
+        }
         Engine::new(cfg).unwrap()
     };
-    let e1 = engine(tx_threads);
+    let e1 = engine(tx_threads, None);
     const SOCKS: u16 = 16;
     const FIRST: u64 = 20;
     const MID: u64 = 100;
@@ -733,7 +747,7 @@ fn fan_out_in_order(tx_threads: usize, rx_threads: usize, first_len: usize) {
     // The peer's socket is bound, but the peer is stalled: our connection
     // comes up (its kernel accepts), the probe goes unanswered, and every
     // socket's first datagrams go on path 0.
-    let e2 = engine(rx_threads);
+    let e2 = engine(rx_threads, rx_budget);
     let r = e2.socket().unwrap();
     r.set_recv_buffer_size_force(64 << 20).unwrap();
     r.bind(dst).unwrap();
