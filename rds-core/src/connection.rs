@@ -134,7 +134,7 @@ impl Connection {
             kind: self.kind,
             tos: self.tos,
             npaths: self.npaths,
-            taken: self.paths[index].state == PathState::Up && self.paths[index].confirmed,
+            taken: self.paths[index].taken(),
         }
     }
 

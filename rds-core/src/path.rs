@@ -680,7 +680,7 @@ impl Connection {
         if !matches!(path.state, PathState::Up | PathState::Connecting) {
             return None;
         }
-        let taken = path.state == PathState::Up && path.confirmed;
+        let taken = path.taken();
         path.go_disconnecting();
         Some(PathInfo { taken, ..self.info(usize::from(index)) })
     }
@@ -707,6 +707,12 @@ impl Connection {
 const CONFIRM_CHECKS_DELAY_FACTOR: u32 = 8;
 
 impl Path {
+    /// The peer evidently took this path's connection: up and confirmed
+    /// ([`PathInfo::taken`]).
+    pub(crate) fn taken(&self) -> bool {
+        self.state == PathState::Up && self.confirmed
+    }
+
     /// The next confirm check ([`Node::confirm_due`]) `delay` after `now`;
     /// returns when (also kept in `confirm_at`).
     pub(crate) fn arm_confirm(&mut self, now: Instant, delay: Duration) -> Instant {
