@@ -30,10 +30,10 @@
 //!   first ([`RxAssist::fds`]; on drop, those the reactor left to us, in
 //!   the same order). No read of path 0 that could only find nothing
 //!   before each lane: that was a system call per message. When path 0 is
-//!   being read by the reactor (its pass may hold such bytes), paused, not
-//!   among its connections, or read here without being drained (the read
-//!   budget: big messages queued before the handshake), the lane is left
-//!   to the reactor.
+//!   being read by the reactor (its pass may hold such bytes), paused or
+//!   not among its connections (any more: a pass of it here that did not
+//!   drain it, at the read budget or a pause, gives it back), the lane is
+//!   left to the reactor.
 //! - A pass that stops early (the budget, a pause) hands the connection to
 //!   the reactor; the end of the stream, an error or a protocol error too
 //!   (`Cmd::RxFailed`: the reactor reads it to its end and closes it).
@@ -136,12 +136,6 @@ pub struct RxAssist {
     quiet: Option<usize>,
     /// The last connection a read of its delivered messages on (0: none).
     lane: u64,
-    /// Bit `i` (a path 0): a read of it here did not drain it (the read
-    /// budget, a pause, another reader, given back): bytes that must go
-    /// before its lanes' may still wait in it, so its lanes are left to
-    /// the reactor (`Reactor::path0_read` reads path 0 first, up to what
-    /// it holds).
-    p0_left: u64,
 }
 
 impl std::fmt::Debug for RxAssist {
@@ -206,7 +200,6 @@ impl TcpTransport {
             bytes: 0,
             quiet: at_quiet,
             lane: 0,
-            p0_left: 0,
         })
     }
 }
@@ -258,16 +251,6 @@ impl RxAssist {
     /// (busy, paused, ending, path 0 not readable here), the caller then
     /// hands it back.
     fn try_read(&mut self, i: usize) -> Option<bool> {
-        let read = self.try_read_path(i);
-        if read.is_none() && self.conns.get(i).is_some_and(|c| c.info.id.index == 0) {
-            self.p0_left |= 1 << i;
-        }
-        read
-    }
-
-    /// [`RxAssist::try_read`], which marks a path 0 it did not read in
-    /// `p0_left`.
-    fn try_read_path(&mut self, i: usize) -> Option<bool> {
         if !self.polls(i) {
             return None;
         }
@@ -284,30 +267,16 @@ impl RxAssist {
             }
             if c.info.id.index != 0 {
                 // Path 0 went first in this round when it was ready (module
-                // docs), and was drained unless marked in `p0_left` (its
-                // pass stopped at the read budget, behind a backlog of big
-                // messages sent before the handshake: the all-to-all test
-                // once got a lane's message before path 0's); a pass of the
-                // reactor's on it may hold bytes that go before the lane's.
-                let p0 = (0..self.conns.len()).find(|&j| {
-                    self.held & 1 << j != 0
-                        && self.conns[j].info.id.index == 0
-                        && self.conns[j].info.id.conn == c.info.id.conn
-                });
-                let p0_ok = p0.is_some_and(|j| {
-                    let p = &self.conns[j];
-                    self.p0_left & 1 << j == 0 && self.readable(p) && !p.rx_busy.load(SeqCst)
-                });
-                if !p0_ok {
+                // docs); a pass of the reactor's on it may hold bytes that
+                // go before the lane's.
+                let p0 = self.held().find(|p| p.info.id.index == 0 && p.info.id.conn == c.info.id.conn);
+                if !p0.is_some_and(|p| self.readable(p) && !p.rx_busy.load(SeqCst)) {
                     return None;
                 }
             }
             // `None`: the reactor is reading it, and its pass delivers.
             let end = self.pass(&c, &*sink, buf, batch)?;
             if !matches!(end, ReadEnd::Drained) {
-                if c.info.id.index == 0 {
-                    self.p0_left |= 1 << i;
-                }
                 self.ended(&c, end);
             }
             Some(true)
