@@ -303,8 +303,12 @@ impl Node {
                 // An accept race paired this slot with another of the
                 // peer's paths: their sequence spaces differ. Nothing but
                 // maps went on it (both sides hold until they hear from
-                // each other); drop it, the paths connect again.
+                // each other, but a leading probe may follow); drop it,
+                // and ignore the rest of it; the paths connect again.
                 self.drop_path(pid);
+                if let Some(path) = self.path_mut(pid) {
+                    path.crossed = true;
+                }
                 return RecvOutcome::Ignored;
             }
             if newly {

@@ -25,7 +25,7 @@
 //!   `path_went_down`, `unconfirmed_after`, `reconnects_after_down`,
 //!   `accept_slot`, `kick`, `Path::backoff`, `Path::set_state`;
 //! * mprds: `Connection::select_path`, `lane_of`, `start_probe`,
-//!   `Path::pong_queued`, `confirm`, `fanout`,
+//!   `Path::pongs_queued`, `confirm`, `fanout`,
 //!   `map_received`, `gen_heard`, `peer_gen_update`, `apply_handshake`,
 //!   `take_unused_paths`, `Path::probe_first`;
 //! * collection: `Connection::idle`, `has_queued`, `memo`, `restore`.
@@ -318,11 +318,7 @@ impl Connection {
     /// No socket's message queued, nothing scheduled, every path down
     /// (probes and pongs still queued go with the connection).
     pub(crate) fn idle(&self) -> bool {
-        !self.has_queued()
-            && self
-                .paths
-                .iter()
-                .all(|p| p.state == PathState::Down && p.reconnect_at.is_none() && p.lane0_wire.is_empty())
+        !self.has_queued() && self.paths.iter().all(|p| p.state == PathState::Down && p.reconnect_at.is_none())
     }
 
     /// Messages of sockets queued or unacked on any path (not probes and

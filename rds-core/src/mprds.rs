@@ -1,12 +1,12 @@
 //! Multipath RDS over TCP (mprds, `net/rds/send.c`'s `rds_send_mprds_hash`,
 //! `recv.c`'s `rds_recv_hs_exthdrs`, `connection.c`'s peer generation): the
 //! handshake (probe ping and pong carrying NPATHS, GEN_NUM, SPORT_IDX), lane
-//! selection by source port, the in-order fan-out of the extra paths, the
-//! lane-0 hold (a socket's messages sent on path 0 before the handshake
-//! keep its later messages on other paths waiting) and peer restarts
-//! (generation numbers). The state lives in [`crate::path`]'s connection
-//! (`npaths`, `ping_triggered`, `peer_gen`, `with_sport_idx`, ...) and
-//! paths (`confirmed`, `inst_gen`, `lane0_wire`).
+//! selection by source port, the in-order fan-out of the extra paths and
+//! peer restarts (generation numbers); the lane-0 hold (a socket's
+//! messages sent on path 0 before the handshake keep its later messages
+//! on other paths waiting) is [`crate::lane0`]'s. The state lives in
+//! [`crate::path`]'s connection (`npaths`, `ping_triggered`, `peer_gen`,
+//! `with_sport_idx`, ...) and paths (`confirmed`, `inst_gen`).
 
 use crate::connection::Connection;
 use crate::message::{MsgFlags, QueuedMsg, RxMessage};
@@ -14,6 +14,10 @@ use crate::node::{HandshakeExts, Node};
 use crate::path::{Path, PathState};
 use crate::types::{ConnId, PathId, Payload, SockId};
 use crate::wire::{self, Ext, Header, PROBE_PORT};
+
+/// Pongs to probe pings (`PROBE_PORT`) queued on a path and never sent, at
+/// most, before one more answers for the next probe ping too.
+pub const PROBE_PONGS_QUEUED: usize = 8;
 
 impl Node {
     /// Chooses the path for a message of a socket bound to `port`:
@@ -76,7 +80,10 @@ impl Node {
         // (a ping flood against a closed window must not grow the queue).
         // Not one that was on a wire before: a restart of the peer flushes
         // those, and a handshake pong must still reach its new instance.
-        if sport == 0 && self.path(pid).is_some_and(|p| p.pong_queued(dport)) {
+        // Probe pings get a pong each, up to `PROBE_PONGS_QUEUED` waiting:
+        // the peer counts them to learn what we read (`crate::lane0`).
+        let room = if dport == PROBE_PORT { PROBE_PONGS_QUEUED } else { 1 };
+        if sport == 0 && self.path(pid).is_some_and(|p| p.pongs_queued(dport) >= room) {
             self.ep.counters.send_pong_coalesced += 1;
             return false;
         }
@@ -102,18 +109,6 @@ impl Node {
         self.connect_if_down(pid);
         self.enqueue(pid, msg);
         true
-    }
-
-    /// One message of socket `s` no longer holds its lane behind path 0.
-    pub(crate) fn release_lane0(&mut self, conn: ConnId, s: SockId) {
-        let Some(sock) = self.sock_mut(s) else { return };
-        let n = sock.lane0(conn);
-        *n = n.saturating_sub(1);
-        if *n == 0 {
-            for i in 1..self.conn(conn).paths.len() {
-                self.kick(PathId { conn, index: i as u8 });
-            }
-        }
     }
 
     /// A GEN_NUM `gen_num` heard on path `pid` (in a probe, a pong or a
@@ -208,6 +203,9 @@ impl Node {
         if self.conn_mut(conn).apply_handshake(npaths, sport_idx) {
             self.rehome_paths(conn);
         }
+        // The count is known: holds of acked messages ask the peer's proof
+        // now (or end, with one path).
+        self.ask_read_proof(conn, false);
     }
 }
 
@@ -388,17 +386,20 @@ impl Connection {
 
 /// The multipath rules that need nothing but the path.
 impl Path {
-    /// A pong to `dport` is queued and was never on a wire (see
-    /// `Node::send_probe`: it answers every ping from that port).
-    pub(crate) fn pong_queued(&self, dport: u16) -> bool {
-        self.send_queue.iter().any(|m| {
-            m.sock.is_none()
-                && m.hdr.sport == 0
-                && m.hdr.dport == dport
-                && m.payload.is_empty()
-                && !m.flags.retransmitted
-                && !m.flags.flush
-        })
+    /// Pongs to `dport` queued that were never on a wire (see
+    /// `Node::send_probe`: the last answers every ping from that port).
+    pub(crate) fn pongs_queued(&self, dport: u16) -> usize {
+        self.send_queue
+            .iter()
+            .filter(|m| {
+                m.sock.is_none()
+                    && m.hdr.sport == 0
+                    && m.hdr.dport == dport
+                    && m.payload.is_empty()
+                    && !m.flags.retransmitted
+                    && !m.flags.flush
+            })
+            .count()
     }
 
     /// Puts our probe first (see `Node::probe_first`).

@@ -191,6 +191,9 @@ pub(crate) enum Timer {
     Confirm(PathId),
     /// Idle collection of a connection (`Connection::gc_at`).
     Collect(ConnId),
+    /// Path 0's lane-0 holds still wait for the peer's proof
+    /// (`Path::proof_at`, `crate::lane0`).
+    Proof(ConnId),
 }
 
 /// The node-wide state of one RDS stack (quinn-proto's `Endpoint`): what
@@ -212,6 +215,9 @@ pub(crate) struct Endpoint {
     pub counters: Counters,
     pub outputs: VecDeque<Output>,
     pub timers: BinaryHeap<Reverse<(Instant, Timer)>>,
+    /// The latest `now` a caller gave (a timer, a path up or down): calls
+    /// without one (an ack) arm timers from it (`crate::lane0`).
+    pub now_hint: Option<Instant>,
     /// Sockets with a blocked sender (woken on acks and map updates).
     pub write_waiters: Vec<SockId>,
     /// Bytes queued on all sockets' receive queues (payloads plus
@@ -262,6 +268,7 @@ impl Node {
                 counters: Counters::default(),
                 outputs: VecDeque::new(),
                 timers: BinaryHeap::new(),
+                now_hint: None,
                 write_waiters: Vec::new(),
                 rx_held: 0,
                 rx_paused: FastMap::default(),
@@ -354,11 +361,13 @@ impl Node {
             Timer::Reconnect(p) => self.path(p).is_some_and(|path| path.reconnect_at == Some(at)),
             Timer::Confirm(p) => self.path(p).is_some_and(|path| path.confirm_at == Some(at)),
             Timer::Collect(c) => self.conns.get(c).is_some_and(|c| c.gc_at == Some(at)),
+            Timer::Proof(c) => self.conns.get(c).is_some_and(|c| c.paths[0].proof_at == Some(at)),
         }
     }
 
     /// Runs every timer due at `now`.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.ep.now_hint = Some(now);
         while let Some(Reverse((at, t))) = self.ep.timers.peek().copied() {
             if at > now {
                 break;
@@ -374,6 +383,7 @@ impl Node {
                     self.conns[c].gc_at = None;
                     self.collect_idle(c, now);
                 }
+                Timer::Proof(c) => self.proof_due(c, now),
             }
         }
     }
@@ -521,6 +531,13 @@ impl Node {
                     p.reconnect_at.is_some(),
                     p.connects
                 );
+                if !p.lane0_wire.is_empty() || !p.proof_pings.is_empty() {
+                    let _ = writeln!(
+                        s,
+                        "  path {i} lane-0 holds {:?} pings in flight {:?} read through {}",
+                        p.lane0_wire, p.proof_pings, p.read_through
+                    );
+                }
                 if p.illegal_transitions > 0 {
                     let _ = writeln!(s, "  path {i} refused {} illegal transitions", p.illegal_transitions);
                 }

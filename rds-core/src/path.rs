@@ -144,6 +144,11 @@ pub(crate) struct Path {
     /// Nothing but congestion maps goes out until the peer's first message
     /// on this connection arrived (`HandshakeExts::Full`, see `complete_path`).
     pub hold: bool,
+    /// This connection turned out to be another of the peer's paths (its
+    /// map named that path, `Node::cong_recv`): it is being dropped, and
+    /// what else arrives on it belongs to that path's sequence space, not
+    /// this one's (a peer's leading probe passes its hold).
+    pub crossed: bool,
     /// Our first map on this connection is still to be sent.
     pub hello_owed: bool,
     /// The peer generation this connection instance speaks for: the first
@@ -151,10 +156,29 @@ pub(crate) struct Path {
     pub inst_gen: u32,
     /// When this instance came up, in the connection's order of path ups.
     pub up_seq: u64,
-    /// Path 0: cancelled messages that were on the wire and held their
-    /// sockets' lanes (pre-handshake messages, see `QueuedMsg::lane0_of`),
-    /// by sequence: the hold lasts until this path's acks pass them.
-    pub lane0_wire: Vec<(u64, SockId)>,
+    /// Path 0: messages that held their sockets' lanes (pre-handshake
+    /// messages, see `QueuedMsg::lane0_of`) and left the queues on the wire
+    /// (acked, or cancelled after they were sent), per socket: (highest
+    /// sequence, socket, messages). The hold lasts until the peer shows it
+    /// read them (`read_through` passes them, see [`crate::lane0`]).
+    pub lane0_wire: Vec<(u64, SockId, u32)>,
+    /// Sequence numbers of the probe pings transmitted on this connection
+    /// instance and not answered yet, oldest first, and whether each went
+    /// out for the first time (the peer drops a retransmitted one it had
+    /// before, unanswered). At most [`crate::lane0::PROOF_PINGS_MAX`] of
+    /// them are ours to ask.
+    pub proof_pings: VecDeque<(u64, bool)>,
+    /// The peer read every message numbered below this: a pong answered a
+    /// probe ping with this number (pongs come in the order of pings).
+    pub read_through: u64,
+    /// Path 0 with lane-0 holds: when to check that the peer's proof came
+    /// ([`crate::lane0`]), the checks in a row that found no pong since the
+    /// previous one, and the pongs heard so far.
+    pub proof_at: Option<Instant>,
+    pub proof_checks: u8,
+    pub pongs: u64,
+    /// `pongs` at the previous check.
+    pub proof_seen: u64,
     /// The peer evidently took this connection: a frame arrived on it, or
     /// a congestion map arrived on any path after we started connecting it
     /// (a 6.1 kernel sends its map whenever it accepts a connection). The
@@ -199,10 +223,17 @@ impl Path {
             connects: 0,
             rx_reset: false,
             hold: false,
+            crossed: false,
             hello_owed: false,
             inst_gen: 0,
             up_seq: 0,
             lane0_wire: Vec::new(),
+            proof_pings: VecDeque::new(),
+            read_through: 0,
+            proof_at: None,
+            proof_checks: 0,
+            pongs: 0,
+            proof_seen: 0,
             confirmed: false,
             maps_at_connect: 0,
             confirm_at: None,
@@ -312,6 +343,14 @@ impl Node {
         let c = self.conn(pid.conn);
         let caps = self.caps_of(c.kind);
         if caps.smaller_connects && !Node::is_smaller(&c.laddr, &c.faddr) && (pid.index != 0 || !c.has_queued()) {
+            // The larger side connects only path 0, to poke the peer, when
+            // something is queued. A lane that went down last, with its
+            // messages back on its queue, pokes through path 0 (down
+            // earlier with nothing queued, it was not scheduled).
+            let p0 = &c.paths[0];
+            if pid.index != 0 && c.has_queued() && p0.state == PathState::Down && p0.reconnect_at.is_none() {
+                self.queue_reconnect(PathId { conn: pid.conn, index: 0 }, now);
+            }
             return;
         }
         if pid.index > 0 && usize::from(pid.index) >= c.active_paths() {
@@ -342,6 +381,7 @@ impl Node {
     /// evidently taken it yet, a probe asks it to answer on it after
     /// [`crate::NodeConfig::confirm_probe_after`] (`Node::confirm_due`).
     pub fn path_up(&mut self, pid: PathId, inst: u64, now: Instant) {
+        self.ep.now_hint = Some(now);
         let Some(path) = self.path_mut(pid) else { return };
         if path.inst != inst || path.state != PathState::Connecting {
             return;
@@ -422,6 +462,7 @@ impl Node {
             if hold && fresh {
                 self.probe_first(pid);
             }
+            self.ask_read_proof(pid.conn, false);
         }
         // The next path of the fan-out (`connect_worker`).
         self.start_mprds(pid.conn);
@@ -482,6 +523,7 @@ impl Node {
     /// messages go back to the front of the send queue marked RETRANSMITTED,
     /// and a reconnect is queued (`rds_conn_shutdown`).
     pub fn path_down(&mut self, pid: PathId, inst: u64, reason: DownReason, now: Instant) {
+        self.ep.now_hint = Some(now);
         let Some(path) = self.path_mut(pid) else { return };
         if path.inst != inst || path.state == PathState::Down {
             return;
@@ -494,10 +536,6 @@ impl Node {
             self.ep.counters.conn_reset += 1;
         }
         self.send_path_reset(pid);
-        // Cancelled messages that held lanes are no longer on a connection.
-        for (_, s) in std::mem::take(&mut self.path_mut(pid).unwrap().lane0_wire) {
-            self.release_lane0(pid.conn, s);
-        }
         let conn = pid.conn;
         let caps = self.caps_of(self.conn(conn).kind);
         let c = self.conn_mut(conn);
@@ -583,6 +621,7 @@ impl Connection {
         let up_seq = self.ups;
         let path = &mut self.paths[i];
         path.hold = hold;
+        path.crossed = false;
         path.hello_owed = full && sends_map;
         path.inst_gen = 0;
         path.up_seq = up_seq;

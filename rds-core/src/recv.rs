@@ -76,7 +76,7 @@ impl Node {
     /// transports' congestion-map receive).
     pub fn received(&mut self, pid: PathId, inst: u64, msg: RxMessage) -> RecvOutcome {
         let Some(path) = self.path(pid) else { return RecvOutcome::Ignored };
-        if path.inst != inst || !matches!(path.state, PathState::Up | PathState::Disconnecting) {
+        if path.inst != inst || !matches!(path.state, PathState::Up | PathState::Disconnecting) || path.crossed {
             return RecvOutcome::Ignored;
         }
         // Anything on a connection shows the peer took it; a congestion map
@@ -146,6 +146,9 @@ impl Node {
         if kind == Kind::ProbePong {
             self.hs_exthdrs(conn, pid.index, &msg);
             self.start_mprds(conn);
+            // After the handshake's count: with it known, a hold this pong
+            // leaves unproven asks again.
+            self.read_proof(pid);
             return RecvOutcome::ProbePong;
         }
         self.deliver(conn, msg, via)

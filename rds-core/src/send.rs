@@ -232,14 +232,21 @@ impl Node {
         // The acked messages go through the endpoint's reused list: an ack
         // allocates nothing.
         let mut done = std::mem::take(&mut self.ep.acked);
-        let released = path.take_acked(seq, &mut done);
-        for m in done.drain(..) {
+        path.take_acked(seq, &mut done);
+        let mut held = false;
+        for mut m in done.drain(..) {
             self.ep.counters.send_drop_acked += 1;
+            // A message that held its socket's lane holds it until the
+            // peer shows it read it (`crate::lane0`), not just its TCP.
+            if let (Some(s), Some(_)) = (m.sock, m.lane0_of.take()) {
+                self.lane0_left(pid.conn, s, m.hdr.sequence, 1);
+                held = true;
+            }
             self.remove_from_sock(pid.conn, &m, rdma_status::SUCCESS);
         }
         self.ep.acked = done;
-        for s in released {
-            self.release_lane0(pid.conn, s);
+        if held {
+            self.ask_read_proof(pid.conn, false);
         }
     }
 
@@ -295,17 +302,26 @@ impl Node {
     /// those to `dst` (`rds_send_drop_to`, RDS_CANCEL_SENT_TO). Messages a
     /// transport is already writing still complete on the wire, so a
     /// dropped message that was transmitted on path 0 before the handshake
-    /// keeps holding its socket's lane until path 0's acks pass it: the
-    /// socket's next messages must not overtake it on another path. Returns
-    /// how many were dropped.
+    /// keeps holding its socket's lane until the peer shows it read it
+    /// (`crate::lane0`): the socket's next messages must not overtake it
+    /// on another path. Returns how many were dropped.
     pub fn drop_messages(&mut self, s: SockId, dst: Option<SocketAddr>) -> usize {
         let Some(bound) = self.sock(s).and_then(|k| k.bound) else { return 0 };
         let mut dropped = Vec::new();
+        let mut wire = Vec::new();
         for c in self.conns.iter_mut() {
             if c.laddr != bound.ip() || dst.is_some_and(|d| d.ip() != c.faddr) {
                 continue;
             }
-            dropped.extend(c.cancel(s, dst.map(|d| d.port())).into_iter().map(|m| (c.id, m)));
+            let (msgs, sent) = c.cancel(s, dst.map(|d| d.port()));
+            dropped.extend(msgs.into_iter().map(|m| (c.id, m)));
+            if let Some(last) = sent.iter().max() {
+                wire.push((c.id, *last, sent.len() as u32));
+            }
+        }
+        for (conn, last, n) in wire {
+            self.lane0_left(conn, s, last, n);
+            self.ask_read_proof(conn, false);
         }
         let n = dropped.len();
         self.ep.counters.send_drop_cancelled += n as u64;
@@ -341,21 +357,22 @@ impl Node {
 impl Connection {
     /// `rds_send_drop_to`'s part on one connection: removes the messages
     /// of socket `s` (to `dport`, or all) from every path's queues and
-    /// returns them. A dropped message that was transmitted on path 0
-    /// before the handshake keeps holding its socket's lane until path 0's
-    /// acks pass it (`Path::lane0_wire`).
-    pub(crate) fn cancel(&mut self, s: SockId, dport: Option<u16>) -> Vec<QueuedMsg> {
+    /// returns them, and the sequence numbers of those that were
+    /// transmitted on path 0 before the handshake: they keep holding the
+    /// socket's lane (`Node::lane0_left`), and no longer count on the
+    /// socket (`lane0_of` taken).
+    pub(crate) fn cancel(&mut self, s: SockId, dport: Option<u16>) -> (Vec<QueuedMsg>, Vec<u64>) {
         let matches = |m: &QueuedMsg| m.sock == Some(s) && dport.is_none_or(|p| p == m.hdr.dport);
         let mut dropped = Vec::new();
+        let mut wire = Vec::new();
         for path in self.paths.iter_mut() {
-            let mut wire = Vec::new();
             for (sent, q) in [(false, &mut path.send_queue), (true, &mut path.retrans)] {
                 let mut i = 0;
                 while i < q.len() {
                     if matches(&q[i]) {
                         let mut m = q.remove(i).unwrap();
                         if sent && m.lane0_of.take().is_some() {
-                            wire.push((m.hdr.sequence, s));
+                            wire.push(m.hdr.sequence);
                         }
                         dropped.push(m);
                     } else {
@@ -363,9 +380,8 @@ impl Connection {
                     }
                 }
             }
-            path.lane0_wire.extend(wire);
         }
-        dropped
+        (dropped, wire)
     }
 
     /// The congestion map due on path `index` (see `Node::pull`): our map
@@ -480,6 +496,7 @@ impl Path {
             if m.rdma.is_some() {
                 counts.rdma += 1;
             }
+            self.note_transmit(&m);
             self.retrans.push_back(m);
         }
         counts
@@ -514,20 +531,11 @@ impl Path {
     }
 
     /// Messages acked up to `seq` leave the retransmit queue (appended to
-    /// `done`), and lane-0 holds of cancelled messages that `seq` passed
-    /// end: returns their sockets.
-    pub(crate) fn take_acked(&mut self, seq: u64, done: &mut Vec<QueuedMsg>) -> Vec<SockId> {
+    /// `done`).
+    pub(crate) fn take_acked(&mut self, seq: u64, done: &mut Vec<QueuedMsg>) {
         while self.retrans.front().is_some_and(|m| m.hdr.sequence <= seq) {
             done.push(self.retrans.pop_front().unwrap());
         }
-        let mut released = Vec::new();
-        if !self.lane0_wire.is_empty() {
-            let (passed, wait): (Vec<_>, Vec<_>) =
-                std::mem::take(&mut self.lane0_wire).into_iter().partition(|(q, _)| *q <= seq);
-            self.lane0_wire = wait;
-            released = passed.into_iter().map(|(_, s)| s).collect();
-        }
-        released
     }
 
     /// `rds_send_path_reset`: unacked messages go back to the front of the
@@ -537,6 +545,8 @@ impl Path {
         self.unacked_packets = max_packets;
         self.unacked_bytes = max_bytes;
         self.kick_queued = false;
+        // Their pongs would come on the connection that is gone.
+        self.proof_pings.clear();
         while let Some(mut m) = self.retrans.pop_back() {
             m.flags.ack_required = true;
             m.flags.retransmitted = true;

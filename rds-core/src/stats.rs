@@ -78,7 +78,8 @@ counters! {
         recv_drop_over_limit,
         /// Multipath handshake probes sent (with `mprds_confirm_probe`).
         mprds_probe_sent,
-        /// Messages held on a path until the socket's path-0 backlog was acked.
+        /// Messages held on a path until the peer read the socket's path-0
+        /// backlog (`crate::lane0`).
         mprds_lane_hold,
         /// Retransmissions that arrived on a path's first connection: sent
         /// to a previous instance of this node, dropped.
@@ -114,6 +115,13 @@ counters! {
         /// had still not evidently taken them after four confirm checks
         /// (`Node::confirm_due`).
         mprds_confirm_drop,
+        /// Probe pings sent on path 0 to learn that the peer read a
+        /// socket's messages sent there before the handshake, which hold
+        /// its lane until then (`crate::lane0`).
+        mprds_read_proof,
+        /// Lane-0 holds ended at the acks because the peer answered no
+        /// probe ping for several checks (a peer with `ping_enable` off).
+        mprds_proof_unanswered,
     }
 }
 

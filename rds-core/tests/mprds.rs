@@ -204,7 +204,7 @@ fn lanes_are_chosen_by_bound_port_and_number_per_path() {
 }
 
 #[test]
-fn pre_handshake_messages_stay_on_path_0_and_hold_the_lane_until_acked() {
+fn pre_handshake_messages_stay_on_path_0_and_hold_the_lane_until_the_peer_read_them() {
     let mut net = Net::new(2);
     let a = net.bound(0, 5001); // lane 1 once 8 paths are known
     let b = net.bound(1, 4000);
@@ -227,17 +227,69 @@ fn pre_handshake_messages_stay_on_path_0_and_hold_the_lane_until_acked() {
     assert_eq!(net.nodes[0].counters().mprds_lane_hold, 2);
     assert!(net.data_sent_by(0).is_empty(), "nothing went out yet");
     assert!(net.nodes[1].recv(b, false).is_err());
-    // Path 0 drains: m1, m2 arrive, are acked, and release m3, m4 on path 1.
+    // Path 0 drains: m1, m2 arrive and are acked, but an ack says only
+    // that the peer's TCP has them, and the peer, which cannot answer on
+    // its path 0 yet, may read path 1 first: m3, m4 wait for the pong to
+    // a probe ping sent after m1, m2.
+    net.frozen.insert((1, 0));
     net.thaw(0, 0);
     net.run();
-    let sent: Vec<(Vec<u8>, u8)> = net.data_sent_by(0).iter().map(|m| (m.payload.to_vec(), m.path.index)).collect();
-    assert_eq!(sent, [(b"m1".to_vec(), 0), (b"m2".to_vec(), 0), (b"m3".to_vec(), 1), (b"m4".to_vec(), 1)]);
+    let sent = |net: &Net| -> Vec<(Vec<u8>, u8)> {
+        net.data_sent_by(0).iter().map(|m| (m.payload.to_vec(), m.path.index)).collect()
+    };
+    assert_eq!(sent(&net), [(b"m1".to_vec(), 0), (b"m2".to_vec(), 0)]);
+    assert_eq!(net.nodes[0].counters().mprds_read_proof, 1);
+    let pings = net.wire.iter().filter(|w| w.from == 0 && w.path.index == 0 && w.header.kind() == Kind::ProbePing);
+    let last = pings.map(|w| w.header.sequence).next_back().unwrap();
+    let m2 = net.data_sent_by(0)[1].header.sequence;
+    assert!(last > m2, "the proof's ping ({last}) went after m2 ({m2})");
+    // The peer answers: m3, m4 go on path 1.
+    net.thaw(1, 0);
+    net.run();
+    assert_eq!(sent(&net), [(b"m1".to_vec(), 0), (b"m2".to_vec(), 0), (b"m3".to_vec(), 1), (b"m4".to_vec(), 1)]);
     assert_eq!(net.drain_payloads(1, b), [b"m1".to_vec(), b"m2".to_vec(), b"m3".to_vec(), b"m4".to_vec()]);
     // From now on the lane is used directly.
     net.send(0, a, sa(2, 4000), b"m5").unwrap();
     net.run();
     assert_eq!(net.data_sent_by(0).last().unwrap().path.index, 1);
     assert_eq!(net.nodes[0].counters().mprds_lane_hold, 2);
+}
+
+/// A peer that never answers a probe ping (`ping_enable` off, or its path
+/// 0 cannot send): the lane-0 hold ends at the acks after three checks of
+/// path 0 without a pong (`rds_core::lane0::PROOF_CHECKS_MAX`), not never.
+#[test]
+fn a_lane_hold_the_peer_never_proves_ends_after_three_checks() {
+    let mut net = Net::new(2);
+    let a = net.bound(0, 5001); // lane 1 once 8 paths are known
+    let b = net.bound(1, 4000);
+    net.frozen.insert((0, 0));
+    net.send(0, a, sa(2, 4000), b"m1").unwrap();
+    net.run();
+    net.send(0, a, sa(2, 4000), b"m2").unwrap();
+    // m1 is acked, but the peer's path 0 sends nothing from now on.
+    net.frozen.insert((1, 0));
+    net.thaw(0, 0);
+    net.run();
+    let sent = |net: &Net| net.data_sent_by(0).iter().map(|m| (m.payload.to_vec(), m.path.index)).collect::<Vec<_>>();
+    assert_eq!(sent(&net), [(b"m1".to_vec(), 0)]);
+    // Checks at 0.5 s (at most: it counts from the last time a caller gave
+    // the node), then 1 s and 2 s later: m2 still waits after 1.4 s ...
+    for _ in 0..14 {
+        net.advance(100);
+        net.run();
+    }
+    assert_eq!(sent(&net), [(b"m1".to_vec(), 0)]);
+    assert_eq!(net.nodes[0].counters().mprds_proof_unanswered, 0);
+    // ... and goes on its lane by 3.6 s, each check having asked again.
+    for _ in 0..22 {
+        net.advance(100);
+        net.run();
+    }
+    assert_eq!(sent(&net), [(b"m1".to_vec(), 0), (b"m2".to_vec(), 1)]);
+    assert_eq!(net.nodes[0].counters().mprds_proof_unanswered, 1);
+    assert!(net.nodes[0].counters().mprds_read_proof >= 3);
+    assert_eq!(net.drain_payloads(1, b), [b"m1".to_vec(), b"m2".to_vec()]);
 }
 
 #[test]
@@ -305,4 +357,41 @@ fn npaths_is_renegotiated_after_all_paths_went_down() {
     net.run();
     assert_eq!(net.data_sent_by(0).last().unwrap().path.index, 1);
     assert_eq!(net.drain_payloads(1, b), [b"three".to_vec()]);
+}
+
+/// rds-sim seed 4989 (a lane hold's timing): the larger side, which
+/// connects path 0 only (to poke the peer) and only with something queued,
+/// saw its peer's connections close, path 0 first with nothing queued,
+/// then a lane with an unacked message that went back on its queue. No
+/// path was to connect again, and the message waited for good. The lane
+/// now pokes through path 0.
+#[test]
+fn the_larger_side_pokes_through_path_0_when_only_a_lane_holds_messages() {
+    let mut net = Net::new(2);
+    let a = net.bound(0, 4000);
+    let b = net.bound(1, 5001); // lane 1 of 8 on the larger side
+    net.send(1, b, sa(1, 4000), b"one").unwrap();
+    net.run();
+    assert_eq!(net.drain_payloads(0, a), [b"one".to_vec()]);
+    net.send(1, b, sa(1, 4000), b"two").unwrap();
+    net.run();
+    assert_eq!(net.data_sent_by(1).last().unwrap().path.index, 1, "two went on the lane");
+    // Path 0 closes with nothing queued; "three" goes on the lane, and the
+    // smaller node dies before acking it.
+    net.cut(1, net.path(1, 0, 0));
+    net.hold_acks = true;
+    net.send(1, b, sa(1, 4000), b"three").unwrap();
+    net.run();
+    assert_eq!(net.data_sent_by(1).last().unwrap().path.index, 1, "three went on the lane");
+    let before = net.connects.iter().filter(|c| c.0 == 1).count();
+    net.restart(0, config(0));
+    net.hold_acks = false;
+    let conn = net.conn(1, 0);
+    assert_eq!(net.nodes[1].path_state(PathId { conn, index: 0 }), Some(PathState::Down));
+    for _ in 0..50 {
+        net.advance(100);
+        net.run();
+    }
+    let after: Vec<_> = net.connects.iter().filter(|c| c.0 == 1).skip(before).map(|c| c.1.id.index).collect();
+    assert_eq!(after.first(), Some(&0), "the larger side connected path 0: {after:?}");
 }

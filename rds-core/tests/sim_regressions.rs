@@ -344,7 +344,25 @@ fn a_cancelled_message_on_the_wire_still_holds_its_sockets_lane() {
     assert_eq!(n.drop_messages(a, Some(dst)), 1);
     send(&mut n, b"m2").unwrap();
     assert!(pull(&mut n, p1).is_empty(), "m2 waits while m1 may still arrive on path 0");
+    // The ack says the peer's TCP has m1, not that the peer read it: path 0
+    // sends a probe ping, and m2 waits for its pong (`rds_core::lane0`).
     n.acked(p0.id, p0.inst, sent0[0].1);
+    assert!(pull(&mut n, p1).is_empty(), "m2 waits until the peer read m1");
+    assert_eq!(n.counters().mprds_read_proof, 1);
+    let mut out = Vec::new();
+    n.pull(p0.id, p0.inst, 1 << 20, &mut out);
+    let ping = out.iter().find(|m| m.header.kind() == Kind::ProbePing).expect("the proof's ping");
+    assert!(ping.header.sequence > sent0[0].1);
+    let pong = |n: &mut Node, seq: u64| {
+        let mut h = Header::data(0, wire::PROBE_PORT, 0);
+        h.sequence = seq;
+        n.received(p0.id, p0.inst, RxMessage { header: h, payload: Payload::empty(), rx_time_ns: None })
+    };
+    // Our handshake probe went first: its pong proves nothing about m1
+    // (it asks again); the next one does.
+    assert_eq!(pong(&mut n, 2), RecvOutcome::ProbePong);
+    assert!(pull(&mut n, p1).is_empty());
+    assert_eq!(pong(&mut n, 3), RecvOutcome::ProbePong);
     assert_eq!(pull(&mut n, p1).iter().map(|m| m.0.clone()).collect::<Vec<_>>(), [b"m2".to_vec()]);
 }
 
@@ -376,4 +394,47 @@ fn connections_to_a_restarted_peers_old_instance_are_closed() {
     assert!(outs.contains(&Output::Shutdown(PathInfo { taken: true, ..n.path_info(p1.id).unwrap() })), "{outs:?}");
     assert_eq!(n.path_state(p1.id), Some(PathState::Disconnecting));
     assert_eq!(n.path_state(p0.id), Some(PathState::Up));
+}
+
+/// rds-sim seed 1332 (a lane hold's timing): an accept race paired our
+/// slot 1 with the peer's path 0, whose map said so; the connection was
+/// dropped, but the probe ping the peer sends right after its map (its
+/// leading probe passes its hold) was still taken on slot 1 and moved its
+/// receive sequence past 1. The peer's first message on its real path 1,
+/// sequence 1, lost on a reset and retransmitted, was then dropped as a
+/// duplicate: lost. The rest of a crossed connection is now ignored.
+#[test]
+fn the_rest_of_a_crossed_connection_is_ignored() {
+    let mut n = make_node(full(1), ip(2), TransportKind::Tcp);
+    let s = n.socket();
+    n.bind(s, sa(2, 5000)).unwrap();
+    let gen_num = 0x5eed;
+    let map = |sport: u16| {
+        let mut h = Header::cong_map();
+        h.sport = sport;
+        h.push_extension(Ext::GenNum(gen_num)).unwrap();
+        RxMessage { header: h, payload: Payload::copy_from(&[0u8; wire::CONG_MAP_BYTES]), rx_time_ns: None }
+    };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    n.received(p0.id, p0.inst, map(0));
+    n.received(p0.id, p0.inst, probe(1, 8));
+    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    assert_eq!(p1.id.index, 1);
+    driver::outputs(&mut n);
+    // Slot 1's connection is the peer's path 0 (its map says so): dropped,
+    // and its probe is not slot 1's.
+    assert_eq!(n.received(p1.id, p1.inst, map(0)), RecvOutcome::Ignored);
+    assert!(driver::outputs(&mut n).iter().any(|o| matches!(o, Output::Shutdown(p) if p.id == p1.id)));
+    assert_eq!(n.received(p1.id, p1.inst, probe(1, 8)), RecvOutcome::Ignored);
+    n.path_down(p1.id, p1.inst, DownReason::ShutdownDone, Instant::now());
+    // The peer's path 1: its map, then its message 1 (retransmitted after a
+    // reset of a first connection that carried nothing else of it).
+    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40002) else { panic!() };
+    assert_eq!(p1.id.index, 1);
+    n.received(p1.id, p1.inst, map(1));
+    let mut h = Header::data(4000, 5000, 2);
+    h.sequence = 1;
+    h.flags |= wire::flags::RETRANSMITTED;
+    let m = RxMessage { header: h, payload: Payload::copy_from(b"m1"), rx_time_ns: None };
+    assert_eq!(n.received(p1.id, p1.inst, m), RecvOutcome::Delivered);
 }

@@ -55,16 +55,16 @@
 //!   its application did. The transport learns of acks in its reactor.
 //! * **Transport readers.** Each node's reactor passes 0 to 200 µs after
 //!   something arrived (or when a stall ends) and reads every connection
-//!   with bytes, a FIN or a reset to handle, lower path index first, as
-//!   rds-tcp does within a poll batch (all paths of an address pair live
-//!   on one reactor). Complete messages go to `Node::received` in stream
-//!   order. This ordering is what makes a socket's move from path 0 to its
-//!   own lane after the handshake keep its order: the last path-0 message
-//!   was acked, so it is read no later than the first one on the lane.
-//!   (rds-tcp guarantees it more strongly than a pass's order: before it
-//!   reads any other path it reads path 0 of the same connection until
-//!   `EAGAIN`, and puts the other path off while path 0 holds more than
-//!   its read budget; `Reactor::path0_read`.)
+//!   with bytes, a FIN or a reset to handle: half the passes lower path
+//!   index first, as one rds-tcp reactor sorts a poll batch, the others in
+//!   a random order, as rds-tcp's reactor threads and receiving threads
+//!   read the paths of a pair. Complete messages go to `Node::received`
+//!   in stream order. No order between paths is relied on: a socket's
+//!   move from path 0 to its own lane after the handshake waits for the
+//!   peer's answer to a probe ping sent after its path-0 messages
+//!   (`rds_core::lane0`). (With the earlier rule, a move once those were
+//!   acked, the random order lost the order of about one seed in a
+//!   thousand.)
 //! * **Closing.** A shutdown the core asks for (`Output::Shutdown`) sends a
 //!   FIN and keeps reading until the peer's FIN (at most 2 s); a side that
 //!   reads a FIN delivers everything before it, reports `Closed` and sends

@@ -224,8 +224,13 @@ impl Sim {
     }
 
     /// One pass of node `n`'s reactor: reads every connection with
-    /// something to read, lower path indexes first (as rds-tcp does in a
-    /// poll batch: what lane-0 gating relies on, see `Node::pull`).
+    /// something to read, in any order (half the passes lower path indexes
+    /// first, as one rds-tcp reactor sorts a poll batch; the others
+    /// shuffled, as two reactors or a receiving thread that reads a lane
+    /// itself may go). Nothing may depend on the order: a socket's
+    /// pre-handshake messages on path 0 hold its lane until the peer
+    /// shows it read them (`rds_core::lane0`), not until it read path 0
+    /// first.
     pub(super) fn reactor_pass(&mut self, n: usize) -> Res {
         self.nodes[n].pass_sched = false;
         if self.nodes[n].reactor_stall > self.now {
@@ -234,7 +239,14 @@ impl Sim {
             self.sched(t, Ev::ReactorPass { n, inc });
             return Ok(());
         }
-        for (_, c, e) in std::mem::take(&mut self.nodes[n].ready) {
+        let mut ready: Vec<_> = std::mem::take(&mut self.nodes[n].ready).into_iter().collect();
+        if self.chance(50) {
+            for i in (1..ready.len()).rev() {
+                let j = self.rng.below(i as u64 + 1) as usize;
+                ready.swap(i, j);
+            }
+        }
+        for (_, c, e) in ready {
             self.read(c, e)?;
         }
         Ok(())
