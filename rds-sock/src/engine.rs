@@ -69,7 +69,7 @@ pub(crate) struct SockShared {
     pub(crate) rx_hint: Mutex<Option<(IpAddr, IpAddr)>>,
     /// The TCP connection the last assisted read delivered on
     /// ([`rds_tcp::RxAssist::lane`]; 0: none): the next blocking wait polls
-    /// it and path 0 only, and takes its readable events off the reactor.
+    /// it only, and takes its readable events off the reactor.
     pub(crate) rx_lane: AtomicU64,
     /// The last blocking wait was woken through the descriptor, by a
     /// message the reactor read (perhaps on another lane): the next one

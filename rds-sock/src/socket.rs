@@ -608,9 +608,9 @@ impl RdsSocket {
     /// C ABI's blocking receive.
     ///
     /// While it waits it polls, beside the socket's descriptor, the TCP
-    /// connections of the address pair its last message came over (path 0
-    /// and the one its last message came on, once a wait learnt it; all of
-    /// them before that, and in the wait after one that a message coming
+    /// connections of the address pair its last message came over (the one
+    /// its last message came on, once a wait learnt it; all of them before
+    /// that, and in the wait after one that a message coming
     /// through the reactor woke), and reads what arrives on them itself
     /// ([`rds_tcp::RxAssist`]): a message
     /// then wakes one thread, this one, instead of the reactor and then
@@ -673,8 +673,8 @@ impl RdsSocket {
         };
         // The poll set: the socket's descriptor, then the assisted
         // connections (`idx`: their index in the assist), on the stack up
-        // to POLL_STACK (path 0 and a lane, or every path of a pair of up
-        // to 15), else in vectors: no allocation per wait.
+        // to POLL_STACK (a lane, or every path of a pair of up to 15), else
+        // in vectors: no allocation per wait.
         const POLL_STACK: usize = 16;
         let none = libc::pollfd { fd: -1, events: 0, revents: 0 };
         let (mut stack_fds, mut stack_idx) = ([none; POLL_STACK], [0usize; POLL_STACK]);

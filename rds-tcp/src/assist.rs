@@ -21,19 +21,10 @@
 //!   back (`Cmd::RxRead`) if the flag is still set after it decremented
 //!   `assist`; the reactor sets the flag before it looks at `assist`, so
 //!   one of the two always reads.
-//! - A lane is read after path 0 of the same connection, as the reactor
-//!   does (`Reactor::path0_read`). The bytes that must go first (a
-//!   socket's last path-0 messages before it moved to its lane) were
-//!   acked by our TCP before the lane's first byte was even sent, so path
-//!   0 is readable in every poll round that finds the lane readable, and
-//!   the ready connections of a round are read in path order, path 0
-//!   first ([`RxAssist::fds`]; on drop, those the reactor left to us, in
-//!   the same order). No read of path 0 that could only find nothing
-//!   before each lane: that was a system call per message. When path 0 is
-//!   being read by the reactor (its pass may hold such bytes), paused or
-//!   not among its connections (any more: a pass of it here that did not
-//!   drain it, at the read budget or a pause, gives it back), the lane is
-//!   left to the reactor.
+//! - The paths of a pair are read independently, in any order: a
+//!   socket's messages that went on path 0 before the multipath
+//!   handshake hold its lane until the peer answered a probe ping sent
+//!   after them (`rds_core::lane0`), not until a read of path 0 here.
 //! - A pass that stops early (the budget, a pause) hands the connection to
 //!   the reactor; the end of the stream, an error or a protocol error too
 //!   (`Cmd::RxFailed`: the reactor reads it to its end and closes it).
@@ -46,8 +37,8 @@
 //!   transport's index by address pair, whatever the number of peers.
 //!
 //! A caller that knows the connection its last message came on (its
-//! `lane`, from [`RxAssist::lane`] of the wait before) polls that one and
-//! path 0 (whose bytes may have to go first), not every path of the pair:
+//! `lane`, from [`RxAssist::lane`] of the wait before) polls that one
+//! alone, not every path of the pair:
 //! the answers of request/response traffic come on one lane, and the
 //! other lanes' messages reach it through the reactor as before. When the
 //! caller asks (`quiet`), the lane is also taken off the reactor's
@@ -125,9 +116,8 @@ pub struct RxAssist {
     /// polled and its answers marked.
     held: u64,
     /// Bit `i` (a subset of `held`): it polls and reads `conns[i]` (and
-    /// counts in its `assist`). The others (when it polls path 0 and a
-    /// lane only) have their acks polled and their answers marked, nothing
-    /// more.
+    /// counts in its `assist`). The others (when it polls its lane only)
+    /// have their acks polled and their answers marked, nothing more.
     polled: u64,
     /// Messages its reads delivered (to any socket), and bytes they read.
     delivered: usize,
@@ -152,8 +142,8 @@ impl TcpTransport {
     /// and read itself (module docs); `None` when there is none or the
     /// pair has more than [`ASSIST_MAX_PATHS`] paths. `lane` is
     /// [`RxAssist::lane`] of the caller's previous wait (0: none): unless
-    /// `wide`, when that connection is up only it and path 0 are polled (a
-    /// `poll` of three descriptors instead of nine with 8 paths; a caller
+    /// `wide`, when that connection is up only it is polled (a `poll` of
+    /// two descriptors instead of nine with 8 paths; a caller
     /// whose message came some other way asks for `wide` once, to learn
     /// its new lane), and, when `quiet`, its bytes stop waking the
     /// reactor while this assists (module docs).
@@ -170,16 +160,16 @@ impl TcpTransport {
         if held == 0 {
             return None;
         }
-        // The caller's lane known and up: path 0 and that lane are polled;
-        // the other paths only have their acks polled and their answers
-        // marked (a request goes out on the lane of its socket's port, the
-        // answer comes back on another).
+        // The caller's lane known and up: that lane is polled; the other
+        // paths only have their acks polled and their answers marked (a
+        // request goes out on the lane of its socket's port, the answer
+        // comes back on another).
         let at =
             (lane != 0).then(|| (0..conns.len()).find(|&i| held & 1 << i != 0 && lane_of(&conns[i]) == lane)).flatten();
         let mut polled = 0u64;
         for i in (0..conns.len()).filter(|i| held & 1 << i != 0) {
             let c = &conns[i];
-            if wide || at.is_none() || c.info.id.index == 0 || Some(i) == at {
+            if wide || at.is_none() || Some(i) == at {
                 polled |= 1 << i;
                 c.assist.fetch_add(1, SeqCst);
             }
@@ -211,8 +201,7 @@ fn lane_of(c: &PathConn) -> u64 {
 }
 
 impl RxAssist {
-    /// The descriptors still to poll for reading, with their index, in path
-    /// order (path 0 first): read the ready ones of a round in this order.
+    /// The descriptors still to poll for reading, with their index.
     pub fn fds(&self) -> impl Iterator<Item = (usize, RawFd)> + '_ {
         self.polled_ix().map(|i| (i, self.conns[i].stream.as_raw_fd()))
     }
@@ -232,11 +221,9 @@ impl RxAssist {
         self.conns.iter().enumerate().filter(|&(i, _)| self.held & 1 << i != 0).map(|(_, c)| c)
     }
 
-    /// Reads connection `i` and delivers what it holds; call it for the
-    /// ready connections of a poll round in the order of
-    /// [`RxAssist::fds`] (path 0 before a lane). False when it read
-    /// nothing: the connection was left to the reactor and is no longer
-    /// polled.
+    /// Reads connection `i` and delivers what it holds (a ready one of a
+    /// poll round). False when it read nothing: the connection was left to
+    /// the reactor and is no longer polled.
     pub fn read(&mut self, i: usize) -> bool {
         match self.try_read(i) {
             Some(read) => read,
@@ -248,8 +235,7 @@ impl RxAssist {
     }
 
     /// [`RxAssist::read`]; `None` when this thread may not read it now
-    /// (busy, paused, ending, path 0 not readable here), the caller then
-    /// hands it back.
+    /// (busy, paused, ending), the caller then hands it back.
     fn try_read(&mut self, i: usize) -> Option<bool> {
         if !self.polls(i) {
             return None;
@@ -264,15 +250,6 @@ impl RxAssist {
             let (buf, batch) = &mut *b;
             if buf.len() < ABUF {
                 buf.resize(ABUF, 0);
-            }
-            if c.info.id.index != 0 {
-                // Path 0 went first in this round when it was ready (module
-                // docs); a pass of the reactor's on it may hold bytes that
-                // go before the lane's.
-                let p0 = self.held().find(|p| p.info.id.index == 0 && p.info.id.conn == c.info.id.conn);
-                if !p0.is_some_and(|p| self.readable(p) && !p.rx_busy.load(SeqCst)) {
-                    return None;
-                }
             }
             // `None`: the reactor is reading it, and its pass delivers.
             let end = self.pass(&c, &*sink, buf, batch)?;
@@ -296,7 +273,7 @@ impl RxAssist {
             return None;
         }
         let pass = read_pass(&self.inner, sink, c, buf, batch, false, self.inner.cfg.read_budget);
-        crate::reactor::read::release_rx(&self.inner, c);
+        crate::reactor::read::release_rx(c);
         self.delivered += pass.delivered;
         self.bytes += pass.bytes;
         inc(&self.inner.stats.rx_assist_reads);

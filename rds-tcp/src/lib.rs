@@ -42,11 +42,10 @@
 //! lives on the reactor the pair hashes to, its other paths on the next
 //! reactors round (path `i` on reactor `(hash + i) % threads`), so the 8
 //! paths of one busy peer are read by every reactor thread, not by one.
-//! A socket's messages keep their order across the multipath fan-out from
-//! path 0: before a lane is read, the bytes its path 0 holds are read and
-//! delivered, by the lane's reactor if path 0 is another's and nobody is
-//! reading it, else the lane waits for that reader (`Reactor::path0_read`);
-//! within one poll batch the lower path indexes are read first. Requests
+//! Each connection is read on its own, in whatever order readiness comes:
+//! a socket whose messages went on path 0 before the multipath handshake
+//! sends on its lane only once the peer answered a probe ping sent after
+//! them (`rds_core::lane0`), so no read order is needed for theirs. Requests
 //! from other threads reach a reactor through a command queue and a
 //! [`mio::Waker`].
 //!
@@ -182,17 +181,14 @@
 //! window holds back); the state is per path, so a reconnected path stays
 //! paused; the resume reads what waits in the socket.
 //!
-//! Before a path above 0 is read, path 0 of the same connection is read
-//! until it is drained (or the budget: the other path then waits for a later
-//! pass, counted in `tcp_rx_lane_deferred`), unless path 0 had no readable
-//! event since its last pass drained it and its socket holds nothing
-//! (`ioctl(FIONREAD)`; `tcp_rx_path0_skipped`: no read that could only
-//! return `EAGAIN`; `tcp_rx_path0_pending`: bytes without an event, read
-//! first). A socket's messages move from
-//! path 0 to its own lane once the path-0 ones are acked, and an ack says
-//! our TCP has the bytes, not that we read them; this keeps the lane's
-//! first message behind them, whatever order readiness is reported in.
-//! While path 0 is paused, its other paths wait too; its resume reads them.
+//! The paths of a connection are paused and read independently: no read
+//! order between them is needed (see Reactors above). (Before the rule of
+//! `rds_core::lane0`, a socket moved to its lane once its path-0 messages
+//! were acked, and every lane was read after its path 0; an ack says our
+//! TCP has the bytes, not that we read them, and bytes that came to path 0
+//! and then to the lane between the look at path 0 and the read of the
+//! lane still went out of order: once in about 40 runs of the all-to-all
+//! test.)
 //!
 //! ## Closing
 //!
@@ -227,7 +223,7 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::io;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Weak};
 use std::thread::{JoinHandle, ThreadId};
 use std::time::Duration;
@@ -367,9 +363,6 @@ pub(crate) struct Inner {
     rx_flow: Mutex<rds_core::types::FastMap<PathId, (bool, u64)>>,
     /// Paths paused now (skips the lookup when none is).
     rx_paused_n: AtomicUsize,
-    /// Counts the reactors' returns from `epoll_wait` (`Reactor::path0_read`,
-    /// `PathConn::rx_drained_epoch`).
-    pub rx_epoch: AtomicU64,
     /// Addresses listened on, and the reactor serving each.
     listeners: Mutex<HashMap<IpAddr, usize>>,
     pub stats: Stats,
@@ -449,7 +442,6 @@ impl TcpTransport {
             paths: Mutex::new(path_table::PathTable::default()),
             rx_flow: Mutex::new(Default::default()),
             rx_paused_n: AtomicUsize::new(0),
-            rx_epoch: AtomicU64::new(0),
             listeners: Mutex::new(HashMap::new()),
             stats: Stats::default(),
             next_token: AtomicUsize::new(reactor::FIRST_TOKEN),

@@ -5,7 +5,6 @@
 //! decoder).
 
 use std::net::{SocketAddr, TcpStream};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU32, AtomicU64, Ordering::SeqCst};
 
 use mio::Token;
@@ -153,26 +152,14 @@ pub(crate) struct PathConn {
     /// event, before it handles any event of that batch; cleared when a
     /// pass starts, set again when one stops before draining). An
     /// assisting thread that stops hands such a connection back to the
-    /// reactor (`crate::assist`); `Reactor::path0_read` counts path-0
-    /// bytes found without it (`tcp_rx_path0_pending`). Starts set: a new
-    /// connection is read once whatever its events say.
+    /// reactor (`crate::assist`). Starts set: a new connection is read
+    /// once whatever its events say.
     pub rx_unread: AtomicBool,
     /// A thread is reading the connection (the reactor, or an application
     /// thread in a blocking receive, `crate::assist`): one reader at a
     /// time keeps the stream's messages in order, and a connection is
     /// only closed once the read in progress delivered what it read.
     pub rx_busy: AtomicBool,
-    /// `Inner::rx_epoch` as a read pass that drained this connection
-    /// started (`Reactor::path0_read`).
-    pub rx_drained_epoch: AtomicU64,
-    /// Other paths of the connection (this being path 0) whose read waits
-    /// for the pass that holds this one's read side (`rx_busy`), and
-    /// whether there are any (`lanes_wait`, so that the end of a pass
-    /// takes no lock when none waits): the pass's end, or the connection's
-    /// close, hands them back to their reactors
-    /// (`reactor::read::release_rx`).
-    pub lanes_waiting: Mutex<Vec<Arc<PathConn>>>,
-    pub lanes_wait: AtomicBool,
     /// The reactor's ack timer found the transmit state held by a writing
     /// thread: the writer polls the acks before it lets go
     /// (`Reactor::poll_watched`).
@@ -220,9 +207,6 @@ impl PathConn {
             last_rx_event: AtomicU64::new(0),
             rx_unread: AtomicBool::new(true),
             rx_busy: AtomicBool::new(false),
-            rx_drained_epoch: AtomicU64::new(0),
-            lanes_waiting: Mutex::new(Vec::new()),
-            lanes_wait: AtomicBool::new(false),
             ack_poll_owed: AtomicBool::new(false),
             assist: AtomicU32::new(0),
         }

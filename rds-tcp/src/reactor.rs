@@ -202,11 +202,6 @@ struct Reactor {
     defer_at: Option<Instant>,
     /// When the current pass began (a `now_ns` value).
     woke_ns: u64,
-    /// `Inner::rx_epoch` after this pass's `epoll_wait` returned: a
-    /// connection drained by a pass that started at this epoch or later
-    /// holds no byte that came before the pass's events
-    /// (`Reactor::path0_read`).
-    epoch: u64,
 }
 
 pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
@@ -234,7 +229,6 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         deferred: Vec::new(),
         defer_at: None,
         woke_ns: 0,
-        epoch: 0,
     };
     let mut events = Events::with_capacity(1024);
     // Reused from one pass to the next (no allocation per event).
@@ -257,7 +251,6 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         // them due).
         let now = Instant::now();
         r.woke_ns = crate::path_conn::ns_of(now);
-        r.epoch = r.inner.rx_epoch.fetch_add(1, SeqCst) + 1;
         if !r.run_commands() {
             r.stop();
             return;
@@ -427,22 +420,7 @@ impl Reactor {
                     let conn = self.inner.paths.lock().get(&id).cloned();
                     if let Some(c) = conn.filter(|c| c.reactor == self.idx && matches!(c.state(), UP | DRAINING)) {
                         c.rx.lock().progress_at = Instant::now();
-                        // Path 0 held its connection's other paths back
-                        // (`path0_read`): read them too, each by its
-                        // reactor.
-                        let pair =
-                            if id.index == 0 { self.inner.paths.lock().pair(c.info.laddr, c.info.faddr) } else { None };
                         self.read_next_pass(c);
-                        for l in pair.iter().flat_map(|p| p.iter()) {
-                            if l.info.id.conn != id.conn || l.info.id.index == 0 {
-                                continue;
-                            }
-                            if l.reactor == self.idx {
-                                self.read_next_pass(l.clone());
-                            } else {
-                                self.inner.reactors[l.reactor].send(Cmd::RxRead(l.clone()));
-                            }
-                        }
                     }
                 }
                 Cmd::RxRead(c) => {
@@ -586,7 +564,7 @@ impl Reactor {
                 // Data the peer sent right after accepting came with this
                 // (edge-triggered) event: read it now, or nothing will ever
                 // announce it again once the window is full.
-                if conn.state() == UP && self.path0_read(conn) {
+                if conn.state() == UP {
                     inc(&self.inner.stats.data_ready_calls);
                     self.read_conn(conn, end);
                 }
@@ -605,7 +583,7 @@ impl Reactor {
                     }
                     self.inner.drop_writable(conn);
                 }
-                if readable && !left && self.path0_read(conn) {
+                if readable && !left {
                     inc(&self.inner.stats.data_ready_calls);
                     self.read_conn(conn, end);
                 }
@@ -642,8 +620,6 @@ impl Reactor {
             }
             (acked, prev != CONNECTING)
         };
-        // Lanes waiting for a reader of this path 0 read on (it is closed).
-        read::wake_lanes(&self.inner, conn);
         if !conn.rx.lock().decoder.is_idle() {
             inc(&self.inner.stats.rx_partial_discarded);
         }

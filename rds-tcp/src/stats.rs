@@ -26,18 +26,6 @@ pub(crate) struct Stats {
     /// Connections the core closed before the peer evidently took them,
     /// up on our side: reset, not drained (`PathInfo::taken`).
     pub reset_untaken: AtomicU64,
-    /// Reads of a path above 0 put off because path 0 of the same
-    /// connection was being read by another thread, or paused, with bytes
-    /// that must go first (ours; see `Reactor::path0_read`).
-    pub rx_lane_deferred: AtomicU64,
-    /// Reads of path 0 before a lane skipped because path 0 held nothing
-    /// that must go first: drained since the lane's event was taken, or
-    /// its socket empty (ours; see `Reactor::path0_read`).
-    pub rx_path0_skipped: AtomicU64,
-    /// Reads of path 0 before a lane made because its socket held bytes
-    /// although no readable event of it was taken since it was last
-    /// drained (ours; see `Reactor::path0_read`).
-    pub rx_path0_pending: AtomicU64,
     /// Read passes made by application threads blocked in a receive
     /// (`crate::assist`), and readable events the reactor left to them.
     pub rx_assist_reads: AtomicU64,
@@ -98,8 +86,6 @@ impl Stats {
             ("tcp_listen_closed_stale", self.listen_closed_stale.load(Relaxed)),
             ("tcp_rx_partial_discarded", self.rx_partial_discarded.load(Relaxed)),
             ("tcp_tx_partial", self.tx_partial.load(Relaxed)),
-            ("tcp_rx_lane_deferred", self.rx_lane_deferred.load(Relaxed)),
-            ("tcp_rx_path0_skipped", self.rx_path0_skipped.load(Relaxed)),
             ("tcp_rx_assist_reads", self.rx_assist_reads.load(Relaxed)),
             ("tcp_rx_assist_left", self.rx_assist_left.load(Relaxed)),
             ("tcp_rx_frame_stalled", self.rx_frame_stalled.load(Relaxed)),
@@ -114,7 +100,6 @@ impl Stats {
             ("tcp_ack_timer_answered", self.ack_timer_answered.load(Relaxed)),
             ("tcp_ack_timer_polls", self.ack_timer_polls.load(Relaxed)),
             ("tcp_rx_assist_acks_left", self.rx_assist_acks_left.load(Relaxed)),
-            ("tcp_rx_path0_pending", self.rx_path0_pending.load(Relaxed)),
             ("tcp_rx_assist_quiet", self.rx_assist_quiet.load(Relaxed)),
             ("tcp_reset_untaken", self.reset_untaken.load(Relaxed)),
         ]

@@ -14,13 +14,7 @@ pub(crate) fn outq(fd: RawFd) -> io::Result<u64> {
     ioctl_count(fd, libc::TIOCOUTQ)
 }
 
-/// Bytes waiting to be read in the socket's receive queue
-/// (`ioctl(FIONREAD)`, `SIOCINQ` for TCP sockets).
-pub(crate) fn inq(fd: RawFd) -> io::Result<u64> {
-    ioctl_count(fd, libc::FIONREAD)
-}
-
-/// An `ioctl` that writes one `int` count (`TIOCOUTQ`, `FIONREAD`).
+/// An `ioctl` that writes one `int` count (`TIOCOUTQ`).
 fn ioctl_count(fd: RawFd, request: libc::Ioctl) -> io::Result<u64> {
     let mut v: libc::c_int = 0;
     // SAFETY: both requests write one c_int through a pointer to a live

@@ -394,7 +394,7 @@ fn small_answers_leave_their_acks_to_the_timer_large_ones_do_not() {
     assert!(a.flush(Duration::from_secs(2)) && b.flush(Duration::from_secs(2)), "large messages left unacked");
 }
 
-/// A blocked receiver polls path 0 and the lane its last message came on.
+/// A blocked receiver polls the lane its last message came on.
 /// When the answers move to another lane (another socket of the peer, on
 /// a port of another lane, asks), a wait woken through the descriptor
 /// forgets the lane and the next one polls every path: the receiver

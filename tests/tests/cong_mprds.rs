@@ -695,19 +695,19 @@ fn flows_keep_their_order_across_the_fan_out_from_path_0() {
 }
 
 /// The same with the receiver's transport reading at most 4 KiB of a
-/// connection per pass, behind 40 KiB first datagrams: a blocked receiver
-/// reading the connections itself (`rds_tcp`'s assist) stops on path 0 at
-/// the budget with bytes still there, and must leave the lanes to the
-/// reactor (the all-to-all test once got a lane's datagram first).
+/// connection per pass, behind 40 KiB first datagrams: path 0 still holds
+/// bytes when the lanes' first datagrams could arrive (a blocked receiver
+/// reading the connections itself, `rds_tcp`'s assist, stops on path 0 at
+/// the budget), and the lanes wait for the peer's proof that it read them
+/// (`rds_core::lane0`).
 #[test]
 fn flows_keep_their_order_when_path_0_is_read_in_small_passes() {
     fan_out_in_order(1, 1, 40_000, Some(4096));
 }
 
 /// The same with the paths of each node spread over reactor threads (three
-/// on the sender, two on the receiver): a lane's reactor reads path 0,
-/// which another reactor serves, before the lane (`rds_tcp`'s
-/// `path0_read`).
+/// on the sender, two on the receiver): the lanes are read by other
+/// threads than path 0, in no particular order.
 #[test]
 fn flows_keep_their_order_across_the_fan_out_read_by_two_reactors() {
     fan_out_in_order(3, 2, 40_000, None);

@@ -91,8 +91,7 @@ fn run(ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + 'static, whole_cuts: 
         .map(|i| {
             let mut cfg = EngineConfig::default();
             // Nodes 1 and 2 read with two reactor threads: the paths of a
-            // peer are spread over them, and a lane's reactor reads path 0
-            // of another before the lane (`rds_tcp`'s `path0_read`).
+            // peer are spread over them and read in no particular order.
             cfg.tcp.threads = if i == 0 { 1 } else { 2 };
             assert_eq!(
                 cfg.node.handshake_exts,

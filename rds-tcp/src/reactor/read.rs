@@ -21,7 +21,6 @@
 //! until `EOF`, the error or `EAGAIN` as before.
 
 use std::io::{self, Read};
-use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::SeqCst;
 use std::time::Instant;
@@ -128,133 +127,6 @@ impl Intake<'_> {
 }
 
 impl Reactor {
-    /// Before another path of a connection is read, the bytes its path 0
-    /// holds are read and delivered. A socket moves from path 0 to its
-    /// own lane once its path-0 messages are acked, and our TCP acks what
-    /// it queued, not what we read: the peer's first message on the lane
-    /// may arrive while its last path-0 message still waits in our socket,
-    /// and whatever order readiness is reported in, the path-0 bytes must
-    /// be delivered first.
-    ///
-    /// Those bytes were in path 0's socket before the lane's were (they
-    /// were acked before the lane's were sent), so what must go first is
-    /// at most what path 0's socket holds now (`ioctl(FIONREAD)`), plus
-    /// what a reader in another thread holds in a pass not yet delivered
-    /// (`PathConn::rx_busy`): the lane waits for that pass. Path 0 is read
-    /// up to the bytes it holds now, not to the read budget, and the lane
-    /// then goes on even if more came meanwhile: reading path 0 to the
-    /// budget before every lane (and putting the lane off when path 0 had
-    /// more) gave path 0's stream the bandwidth of the other seven
-    /// (`rds-scale paths`, 8 KiB messages, a socket a path: path 0 carried
-    /// 480 k messages in 4 s, each lane about 40 k; now each about the
-    /// same).
-    ///
-    /// The socket is asked first, then the reader: a pass that took bytes
-    /// before the question still holds `rx_busy` when it is asked, one
-    /// that starts after it takes only bytes that came after the lane's.
-    /// Returns false when the lane must wait: `conn` is then read on a
-    /// later pass (after path 0 again).
-    pub(super) fn path0_read(&mut self, conn: &Arc<PathConn>) -> bool {
-        let id = conn.info.id;
-        if id.index == 0 {
-            return true;
-        }
-        let p0 = self.inner.paths.lock().get(&PathId { conn: id.conn, index: 0 }).cloned();
-        let Some(p0) = p0.filter(|p| matches!(p.state(), UP | DRAINING)) else { return true };
-        if p0.rx_drained_epoch.load(SeqCst) >= self.epoch {
-            // Drained (and delivered) by a pass that began after this
-            // pass's events were taken: the lane's bytes came before.
-            inc(&self.inner.stats.rx_path0_skipped);
-            return true;
-        }
-        let queued = crate::sys::inq(p0.stream.as_raw_fd()).unwrap_or(0) as usize;
-        if p0.rx_busy.load(SeqCst) {
-            // Another thread's pass of path 0 (another reactor, an
-            // assisting receiver).
-            return self.wait_for_path0(&p0, conn);
-        }
-        if queued == 0 {
-            inc(&self.inner.stats.rx_path0_skipped);
-            return true;
-        }
-        if !p0.rx_unread.load(SeqCst) {
-            // Bytes with no readable event taken since path 0's last
-            // pass drained it: epoll reported the lane's event first
-            // (seen once in about 40 runs of the all-to-all test under
-            // load; why is not established).
-            inc(&self.inner.stats.rx_path0_pending);
-            p0.rx_unread.store(true, SeqCst);
-        }
-        if self.inner.rx_paused(p0.info.id) {
-            // Path 0's bytes wait in its socket: the lanes wait behind them
-            // (path 0's resume reads them all again).
-            inc(&self.inner.stats.rx_lane_deferred);
-            return false;
-        }
-        let read = if p0.reactor == self.idx {
-            self.read_conn_upto(&p0, false, queued)
-        } else {
-            self.read_foreign(&p0, queued)
-        };
-        match read {
-            // Another thread took path 0 between the question and now: its
-            // pass may hold the bytes.
-            None => self.wait_for_path0(&p0, conn),
-            Some(ReadEnd::Paused) => {
-                inc(&self.inner.stats.rx_lane_deferred);
-                self.read_next_pass(conn.clone());
-                false
-            }
-            // Drained, or read at least what it held (the rest is read on
-            // the next pass), or ended.
-            Some(_) => true,
-        }
-    }
-
-    /// `lane` waits for the pass another thread makes of its path 0 `p0`:
-    /// the pass's end hands it back to its reactor (`release_rx`), which
-    /// then reads it (after path 0 again). Put off to the next pass instead,
-    /// the lane was tried again in every turn of the reactor's loop while
-    /// the other reactor read path 0 (`rds-scale paths`: seven times as
-    /// many put-offs as readable events). Returns false (the lane waits).
-    fn wait_for_path0(&mut self, p0: &PathConn, lane: &Arc<PathConn>) -> bool {
-        inc(&self.inner.stats.rx_lane_deferred);
-        {
-            let mut w = p0.lanes_waiting.lock();
-            if !w.iter().any(|c| Arc::ptr_eq(c, lane)) {
-                w.push(lane.clone());
-            }
-        }
-        // Then the flag, then the reader: `release_rx` clears the reader
-        // before it takes the flag, so either it finds the flag and hands
-        // the lane back, or this finds path 0 free and tries again.
-        p0.lanes_wait.store(true, SeqCst);
-        if !p0.rx_busy.load(SeqCst) || p0.state() == crate::path_conn::CLOSED {
-            self.read_next_pass(lane.clone());
-        }
-        false
-    }
-
-    /// One read pass, up to `budget` bytes, on `conn`, which another
-    /// reactor serves (path 0 before a lane of ours, `path0_read`), as an
-    /// assisting thread reads (`crate::assist`): what the pass leaves
-    /// (more bytes, the end of the stream, an error) goes to `conn`'s
-    /// reactor. `None` when another thread is reading it, or when it is
-    /// ending (its reactor reads it to its end).
-    fn read_foreign(&mut self, conn: &Arc<PathConn>, budget: usize) -> Option<ReadEnd> {
-        let sink = self.inner.sink()?;
-        if conn.rx_ending.load(SeqCst) {
-            self.inner.reactors[conn.reactor].send(Cmd::RxRead(conn.clone()));
-            return None;
-        }
-        if !acquire_rx(conn, false) {
-            return None;
-        }
-        let end = self.held_pass(conn, &*sink, false, budget);
-        leave_to_reactor(&self.inner, conn, &end);
-        Some(end)
-    }
-
     /// A [`read_pass`] on `conn`, whose read side this thread took
     /// (`acquire_rx`), which it gives back.
     fn held_pass(&mut self, conn: &PathConn, sink: &dyn TransportSink, force: bool, budget: usize) -> ReadEnd {
@@ -262,7 +134,7 @@ impl Reactor {
         // there be one, starts an empty one).
         let mut batch: Vec<RxMessage> = std::mem::take(&mut self.rx_batch);
         let end = read_pass(&self.inner, sink, conn, &mut self.rbuf, &mut batch, force, budget).end;
-        release_rx(&self.inner, conn);
+        release_rx(conn);
         batch.clear();
         self.rx_batch = batch;
         end
@@ -371,22 +243,9 @@ pub(crate) fn leave_to_reactor(inner: &Inner, conn: &Arc<PathConn>, end: &ReadEn
     }
 }
 
-/// Gives `conn`'s read side back (`PathConn::rx_busy`) and hands the lanes
-/// that waited for it (`Reactor::wait_for_path0`) back to their reactors.
-pub(crate) fn release_rx(inner: &Inner, conn: &PathConn) {
+/// Gives `conn`'s read side back (`PathConn::rx_busy`).
+pub(crate) fn release_rx(conn: &PathConn) {
     conn.rx_busy.store(false, SeqCst);
-    wake_lanes(inner, conn);
-}
-
-/// Hands the lanes waiting for `conn`'s reader back to their reactors (its
-/// pass ended, or it closed).
-pub(crate) fn wake_lanes(inner: &Inner, conn: &PathConn) {
-    if conn.lanes_wait.swap(false, SeqCst) {
-        let lanes = std::mem::take(&mut *conn.lanes_waiting.lock());
-        for l in lanes {
-            inner.reactors[l.reactor].send(Cmd::RxRead(l));
-        }
-    }
 }
 
 /// One read pass on `conn`, whose read side the caller holds: reads and
@@ -405,9 +264,6 @@ pub(crate) fn read_pass(
     budget: usize,
 ) -> Pass {
     let (id, inst) = (conn.info.id, conn.info.inst);
-    // Before the first read: a drain this pass finds covers every byte
-    // that came before this epoch began.
-    let epoch = inner.rx_epoch.load(SeqCst);
     conn.rx_unread.store(false, SeqCst);
     // A short read drained the socket (module docs), unless the end
     // came with the event: then read on to EOF or the error.
@@ -497,10 +353,6 @@ pub(crate) fn read_pass(
     delivered += taken.deliver(sink, id, inst, at);
     if matches!(end, ReadEnd::Budget | ReadEnd::Paused) {
         conn.rx_unread.store(true, SeqCst);
-    }
-    if matches!(end, ReadEnd::Drained) {
-        // After the delivery: whoever sees it may read the lanes.
-        conn.rx_drained_epoch.fetch_max(epoch, SeqCst);
     }
     Pass { end, delivered, bytes: total, at }
 }
