@@ -1,12 +1,13 @@
 //! Bounds against hostile or departed peers: one pending pong per (path,
-//! port), the peer limit, no reconnecting to a peer with nothing queued,
+//! port), eight per path to probe pings, the peer limit, no reconnecting to a peer with nothing queued,
 //! and the idle collection of connections (with the sequence state it
 //! must keep so that nothing is lost or duplicated when the peer returns).
 
 use std::time::Duration;
 
+use rds_core::wire::{Ext, Header, PROBE_PORT};
 use rds_core::*;
-use rds_testkit::net::{Net, config, sa};
+use rds_testkit::net::{Net, config, ip, make_node, sa};
 
 fn run_timers(net: &mut Net, for_ms: u64) {
     let end = net.now + Duration::from_millis(for_ms);
@@ -24,6 +25,28 @@ fn run_timers(net: &mut Net, for_ms: u64) {
     net.now = end;
     net.advance(0);
     net.run();
+}
+
+/// Probe pings get a pong each (their sender counts them to learn what we
+/// read, `rds_core::lane0`), but a flood of them against a window that
+/// never opens queues at most `PROBE_PONGS_QUEUED` on the path; the rest
+/// are answered by those (`send_pong_coalesced`).
+#[test]
+fn a_probe_ping_flood_queues_at_most_eight_pongs() {
+    let mut n = make_node(config(1), ip(2), TransportKind::Tcp);
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    driver::outputs(&mut n);
+    for seq in 1..=1000u64 {
+        let mut h = Header::data(PROBE_PORT, 0, 0);
+        h.sequence = seq;
+        h.push_extension(Ext::Npaths(8)).unwrap();
+        let ping = RxMessage { header: h, payload: Payload::empty(), rx_time_ns: None };
+        assert_eq!(n.received(p0.id, p0.inst, ping), RecvOutcome::Ping);
+    }
+    let pongs = n.info_messages(Queue::Send).iter().filter(|m| (m.lport, m.fport) == (0, PROBE_PORT)).count();
+    assert_eq!(pongs, mprds::PROBE_PONGS_QUEUED);
+    assert_eq!(n.counters().recv_ping, 1000);
+    assert_eq!(n.counters().send_pong_coalesced, 1000 - mprds::PROBE_PONGS_QUEUED as u64);
 }
 
 #[test]
