@@ -113,13 +113,11 @@ impl Node {
             self.schedule(at, Timer::Proof(conn));
             return;
         }
-        let heard = p0.pongs;
-        p0.proof_checks = if p0.proof_seen == heard { p0.proof_checks + 1 } else { 0 };
-        p0.proof_seen = heard;
+        p0.proof_checks = if std::mem::take(&mut p0.pong_since_check) { 0 } else { p0.proof_checks + 1 };
         if p0.proof_checks >= PROOF_CHECKS_MAX {
             p0.proof_checks = 0;
             self.ep.counters.mprds_proof_unanswered += 1;
-            self.release_all_lane0(conn);
+            self.release_held(conn, |_| true);
             return;
         }
         let at = now + PROOF_CHECK_AFTER * (1 << p0.proof_checks);
@@ -151,10 +149,10 @@ impl Node {
         }
     }
 
-    /// Ends every hold of acked messages on `conn` (path 0 went down, or
-    /// the peer has one path).
-    pub(crate) fn release_all_lane0(&mut self, conn: ConnId) {
-        for (_, s, n) in std::mem::take(&mut self.conn_mut(conn).paths[0].lane0_wire) {
+    /// Ends the holds of acked messages on `conn` that `done` picks
+    /// (`Path::lane0_wire` entries).
+    fn release_held(&mut self, conn: ConnId, done: impl FnMut(&(u64, SockId, u32)) -> bool) {
+        for (s, n) in self.conn_mut(conn).paths[0].take_lane0(done) {
             self.release_lane0(conn, s, n);
         }
     }
@@ -164,15 +162,14 @@ impl Node {
     /// it. The holds it passes end; one left unproven asks again.
     pub(crate) fn read_proof(&mut self, pid: PathId) {
         let Some(path) = self.path_mut(pid) else { return };
-        path.pongs += 1;
+        path.pong_since_check = true;
         let Some((seq, _)) = path.proof_pings.pop_front() else { return };
         path.read_through = path.read_through.max(seq);
         if pid.index != 0 {
             return;
         }
-        for (s, n) in path.take_proven() {
-            self.release_lane0(pid.conn, s, n);
-        }
+        let through = path.read_through;
+        self.release_held(pid.conn, |&(q, _, _)| q < through);
         self.ask_read_proof(pid.conn, true);
     }
 
@@ -188,17 +185,10 @@ impl Node {
             return;
         }
         // Sockets with no lane to hold (the count became known) are free.
-        let needless: Vec<(SockId, u32)> = self.conn(conn).paths[0]
-            .lane0_wire
-            .iter()
-            .filter(|e| self.lane0_needless(conn, e.1))
-            .map(|e| (e.1, e.2))
-            .collect();
+        let needless: Vec<SockId> =
+            self.conn(conn).paths[0].lane0_wire.iter().map(|e| e.1).filter(|&s| self.lane0_needless(conn, s)).collect();
         if !needless.is_empty() {
-            self.conn_mut(conn).paths[0].lane0_wire.retain(|e| !needless.iter().any(|n| n.0 == e.1));
-            for (s, n) in needless {
-                self.release_lane0(conn, s, n);
-            }
+            self.release_held(conn, |e| needless.contains(&e.1));
         }
         let p0 = &self.conn(conn).paths[0];
         let Some(last) = p0.lane0_wire.iter().map(|e| e.0).max() else { return };
@@ -234,19 +224,18 @@ impl Path {
         }
     }
 
-    /// The holds `read_through` passed, removed.
-    pub(crate) fn take_proven(&mut self) -> Vec<(SockId, u32)> {
-        let through = self.read_through;
-        let mut proven = Vec::new();
-        self.lane0_wire.retain(|&(q, s, n)| {
-            if q < through {
-                proven.push((s, n));
+    /// The holds `done` picks, removed: their sockets and message counts.
+    pub(crate) fn take_lane0(&mut self, mut done: impl FnMut(&(u64, SockId, u32)) -> bool) -> Vec<(SockId, u32)> {
+        let mut taken = Vec::new();
+        self.lane0_wire.retain(|e| {
+            if done(e) {
+                taken.push((e.1, e.2));
                 false
             } else {
                 true
             }
         });
-        proven
+        taken
     }
 
     /// A message goes on the wire: a probe ping's number waits for its

@@ -83,7 +83,7 @@ impl Node {
         // Probe pings get a pong each, up to `PROBE_PONGS_QUEUED` waiting:
         // the peer counts them to learn what we read (`crate::lane0`).
         let room = if dport == PROBE_PORT { PROBE_PONGS_QUEUED } else { 1 };
-        if sport == 0 && self.path(pid).is_some_and(|p| p.pongs_queued(dport) >= room) {
+        if sport == 0 && self.path(pid).is_some_and(|p| p.pongs_queued(dport, room)) {
             self.ep.counters.send_pong_coalesced += 1;
             return false;
         }
@@ -386,9 +386,10 @@ impl Connection {
 
 /// The multipath rules that need nothing but the path.
 impl Path {
-    /// Pongs to `dport` queued that were never on a wire (see
-    /// `Node::send_probe`: the last answers every ping from that port).
-    pub(crate) fn pongs_queued(&self, dport: u16) -> usize {
+    /// Whether `n` (at least 1) or more pongs to `dport` are queued that
+    /// were never on a wire (see `Node::send_probe`: the last answers every
+    /// ping from that port); the scan stops at the `n`-th.
+    pub(crate) fn pongs_queued(&self, dport: u16, n: usize) -> bool {
         self.send_queue
             .iter()
             .filter(|m| {
@@ -399,7 +400,8 @@ impl Path {
                     && !m.flags.retransmitted
                     && !m.flags.flush
             })
-            .count()
+            .nth(n.saturating_sub(1))
+            .is_some()
     }
 
     /// Puts our probe first (see `Node::probe_first`).

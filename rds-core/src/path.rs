@@ -173,12 +173,10 @@ pub(crate) struct Path {
     pub read_through: u64,
     /// Path 0 with lane-0 holds: when to check that the peer's proof came
     /// ([`crate::lane0`]), the checks in a row that found no pong since the
-    /// previous one, and the pongs heard so far.
+    /// previous one, and whether a probe pong came since the last check.
     pub proof_at: Option<Instant>,
     pub proof_checks: u8,
-    pub pongs: u64,
-    /// `pongs` at the previous check.
-    pub proof_seen: u64,
+    pub pong_since_check: bool,
     /// The peer evidently took this connection: a frame arrived on it, or
     /// a congestion map arrived on any path after we started connecting it
     /// (a 6.1 kernel sends its map whenever it accepts a connection). The
@@ -232,8 +230,7 @@ impl Path {
             read_through: 0,
             proof_at: None,
             proof_checks: 0,
-            pongs: 0,
-            proof_seen: 0,
+            pong_since_check: false,
             confirmed: false,
             maps_at_connect: 0,
             confirm_at: None,

@@ -203,6 +203,11 @@ fn lanes_are_chosen_by_bound_port_and_number_per_path() {
     assert_eq!(net.drain_payloads(1, b).len(), 17);
 }
 
+/// Node 0's data messages so far: (payload, path index).
+fn sent(net: &Net) -> Vec<(Vec<u8>, u8)> {
+    net.data_sent_by(0).iter().map(|m| (m.payload.to_vec(), m.path.index)).collect()
+}
+
 #[test]
 fn pre_handshake_messages_stay_on_path_0_and_hold_the_lane_until_the_peer_read_them() {
     let mut net = Net::new(2);
@@ -234,9 +239,6 @@ fn pre_handshake_messages_stay_on_path_0_and_hold_the_lane_until_the_peer_read_t
     net.frozen.insert((1, 0));
     net.thaw(0, 0);
     net.run();
-    let sent = |net: &Net| -> Vec<(Vec<u8>, u8)> {
-        net.data_sent_by(0).iter().map(|m| (m.payload.to_vec(), m.path.index)).collect()
-    };
     assert_eq!(sent(&net), [(b"m1".to_vec(), 0), (b"m2".to_vec(), 0)]);
     assert_eq!(net.nodes[0].counters().mprds_read_proof, 1);
     let pings = net.wire.iter().filter(|w| w.from == 0 && w.path.index == 0 && w.header.kind() == Kind::ProbePing);
@@ -271,7 +273,6 @@ fn a_lane_hold_the_peer_never_proves_ends_after_three_checks() {
     net.frozen.insert((1, 0));
     net.thaw(0, 0);
     net.run();
-    let sent = |net: &Net| net.data_sent_by(0).iter().map(|m| (m.payload.to_vec(), m.path.index)).collect::<Vec<_>>();
     assert_eq!(sent(&net), [(b"m1".to_vec(), 0)]);
     // Checks at 0.5 s (at most: it counts from the last time a caller gave
     // the node), then 1 s and 2 s later: m2 still waits after 1.4 s ...

@@ -11,7 +11,7 @@ use rds_core::wire::{FrameDecoder, HEADER_LEN, Kind};
 use rds_core::{Accept, DownReason, PathId, PathInfo, RxMessage, TransportKind, TxMessage, addr_cmp};
 
 use super::oracle;
-use super::world::{Ev, MS, Res, Sim, US};
+use super::world::{Ev, MS, Res, Sim, US, shuffle};
 
 /// How long a shutdown waits for the peer's FIN (rds-tcp's default).
 pub(super) const SHUTDOWN_DRAIN: u64 = 2_000 * MS;
@@ -241,10 +241,7 @@ impl Sim {
         }
         let mut ready: Vec<_> = std::mem::take(&mut self.nodes[n].ready).into_iter().collect();
         if self.chance(50) {
-            for i in (1..ready.len()).rev() {
-                let j = self.rng.below(i as u64 + 1) as usize;
-                ready.swap(i, j);
-            }
+            shuffle(&mut self.rng, &mut ready);
         }
         for (_, c, e) in ready {
             self.read(c, e)?;

@@ -171,6 +171,14 @@ pub struct Sim {
 
 pub(super) type Res<T = ()> = Result<T, String>;
 
+/// Shuffles `v` in place (Fisher-Yates), drawing from `rng`.
+pub(super) fn shuffle<T>(rng: &mut Rng, v: &mut [T]) {
+    for i in (1..v.len()).rev() {
+        let j = rng.below(i as u64 + 1) as usize;
+        v.swap(i, j);
+    }
+}
+
 pub(super) fn ip_of(i: usize) -> IpAddr {
     IpAddr::V4(Ipv4Addr::new(10, 0, 0, i as u8 + 1))
 }
@@ -182,10 +190,7 @@ impl Sim {
         // smaller side towards some peers and the larger towards others.
         let total: usize = p.addrs.iter().sum();
         let mut pool: Vec<usize> = (0..total).collect();
-        for i in (1..pool.len()).rev() {
-            let j = rng.below(i as u64 + 1) as usize;
-            pool.swap(i, j);
-        }
+        shuffle(&mut rng, &mut pool);
         let mut nodes = Vec::new();
         let mut owner = BTreeMap::new();
         let mut dsts = Vec::new();
