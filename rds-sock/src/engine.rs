@@ -505,7 +505,8 @@ impl Engine {
 
     /// Makes this node serve `ip` (over TCP: listen on `ip`:16385).
     /// EADDRNOTAVAIL when the host does not have the address, EADDRINUSE
-    /// when another process serves it.
+    /// when another process serves it; EMFILE, ENFILE, ENOBUFS or ENOMEM
+    /// when the check of the address could not open a socket.
     ///
     /// In the verbs-only IB setup an address of an RDMA device is served by
     /// IB alone (its side channel), not TCP, unless
@@ -515,7 +516,7 @@ impl Engine {
         if self.inner.run(|n| n.is_local(&ip)) {
             return Ok(());
         }
-        self.inner.tcp.laddr_check(ip).map_err(|_| io::Error::from(Errno::EADDRNOTAVAIL))?;
+        self.inner.tcp.laddr_check(ip).map_err(laddr_error)?;
         #[cfg(feature = "ib")]
         if let Some(ib) = &self.inner.ib {
             if ib.is_verbs_only() && !self.inner.ib_psk_tcp && ib.laddr_check(ip).is_ok() {
@@ -604,5 +605,32 @@ impl Engine {
 
     pub(crate) fn is_stopped(&self) -> bool {
         self.inner.state.lock().stopped
+    }
+}
+
+/// What a failed TCP `laddr_check` (a TCP socket bound to the address)
+/// means for `bind`: the host lacks the address (EADDRNOTAVAIL, as the
+/// kernel's RDS says), unless the check ran out of descriptors or memory,
+/// which is said as it is: EADDRNOTAVAIL would send the operator looking
+/// for an address problem.
+fn laddr_error(e: io::Error) -> io::Error {
+    match e.raw_os_error() {
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM) => e,
+        _ => io::Error::from(Errno::EADDRNOTAVAIL),
+    }
+}
+
+#[cfg(test)]
+mod laddr_error_tests {
+    use super::*;
+
+    #[test]
+    fn resource_errors_pass_through_address_errors_become_eaddrnotavail() {
+        for e in [libc::EMFILE, libc::ENFILE, libc::ENOBUFS, libc::ENOMEM] {
+            assert_eq!(laddr_error(io::Error::from_raw_os_error(e)).raw_os_error(), Some(e));
+        }
+        for e in [libc::EADDRNOTAVAIL, libc::EINVAL, libc::EADDRINUSE, libc::EAFNOSUPPORT] {
+            assert_eq!(laddr_error(io::Error::from_raw_os_error(e)).raw_os_error(), Some(libc::EADDRNOTAVAIL));
+        }
     }
 }

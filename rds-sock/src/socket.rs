@@ -188,15 +188,21 @@ impl RdsSocket {
     /// a taken port, or an address another process serves.
     pub fn bind(&self, addr: SocketAddr) -> io::Result<()> {
         self.live()?;
+        // The address not served (yet, when another thread is starting to
+        // serve it): `serve` starts serving it, or waits for the thread
+        // that does and returns (it holds the engine's serve lock), then
+        // the bind is tried again and its answer stands. Asking the node
+        // whether the address is local instead, after the first answer,
+        // let a bind that lost that race return its stale EADDRNOTAVAIL.
         match self.run(|n| n.bind(self.id, addr)) {
-            Err(Errno::EADDRNOTAVAIL) if !self.run(|n| n.is_local(&addr.ip())) => {
+            Err(Errno::EADDRNOTAVAIL) => {
                 self.engine.serve(addr.ip())?;
                 self.run(|n| n.bind(self.id, addr)).map(|_| ()).map_err(err)
             }
             // SO_RDS_TRANSPORT chose a transport and the address is not
             // served yet: serve it (IB too where a device has it), then the
             // chosen transport's laddr_check decides (ENOPROTOOPT).
-            Err(Errno::ENOPROTOOPT) if !self.run(|n| n.is_local(&addr.ip())) => {
+            Err(Errno::ENOPROTOOPT) => {
                 self.engine.serve(addr.ip()).map_err(|_| err(Errno::ENOPROTOOPT))?;
                 self.run(|n| n.bind(self.id, addr)).map(|_| ()).map_err(err)
             }

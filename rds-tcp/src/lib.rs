@@ -223,6 +223,7 @@ use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::io;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed, Ordering::SeqCst};
 use std::sync::{Arc, Weak};
 use std::thread::{JoinHandle, ThreadId};
@@ -505,8 +506,12 @@ impl RdsTransport for TcpTransport {
         TransportCaps::tcp()
     }
 
+    /// Whether the host has `addr`: a TCP socket binds to it (port 0, no
+    /// port taken: `IP_BIND_ADDRESS_NO_PORT`). EADDRNOTAVAIL when it does
+    /// not; the socket's own errors (EMFILE ...) as they are.
     fn laddr_check(&self, addr: IpAddr) -> io::Result<()> {
         let s = Socket::new(sock_domain(&addr), Type::STREAM, None)?;
+        sys::bind_address_no_port(s.as_raw_fd())?;
         s.bind(&SockAddr::from(SocketAddr::new(addr, 0)))
     }
 

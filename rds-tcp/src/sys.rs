@@ -1,7 +1,7 @@
 //! The few system calls std, mio and socket2 do not wrap: `SIOCOUTQ`,
-//! `FIONREAD`, a
-//! `timerfd` for sub-millisecond reactor wake-ups, and an epoll
-//! registration for no event but errors and hang-ups.
+//! `IP_BIND_ADDRESS_NO_PORT`, a `timerfd` for sub-millisecond reactor
+//! wake-ups, and an epoll registration for no event but errors and
+//! hang-ups.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -17,13 +17,36 @@ pub(crate) fn outq(fd: RawFd) -> io::Result<u64> {
 /// An `ioctl` that writes one `int` count (`TIOCOUTQ`).
 fn ioctl_count(fd: RawFd, request: libc::Ioctl) -> io::Result<u64> {
     let mut v: libc::c_int = 0;
-    // SAFETY: both requests write one c_int through a pointer to a live
+    // SAFETY: the request writes one c_int through a pointer to a live
     // local.
     let r = unsafe { libc::ioctl(fd, request, &mut v as *mut libc::c_int) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }
     Ok(u64::try_from(v).unwrap_or(0))
+}
+
+/// Sets `IP_BIND_ADDRESS_NO_PORT` on a socket about to be bound to port 0:
+/// the bind checks the address without taking an ephemeral port (which it
+/// would otherwise hold until the socket closes, and fail with
+/// `EADDRINUSE` when the range is used up). IPv6 sockets take it too.
+pub(crate) fn bind_address_no_port(fd: RawFd) -> io::Result<()> {
+    let one: libc::c_int = 1;
+    // SAFETY: setsockopt reads one c_int through a pointer to a live local
+    // of the length passed; the descriptor is a plain integer.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            libc::IPPROTO_IP,
+            libc::IP_BIND_ADDRESS_NO_PORT,
+            &one as *const libc::c_int as *const libc::c_void,
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 /// Changes the registration of `fd` on the epoll instance `epfd` (a mio
