@@ -507,11 +507,13 @@ impl RdsTransport for TcpTransport {
     }
 
     /// Whether the host has `addr`: a TCP socket binds to it (port 0, no
-    /// port taken: `IP_BIND_ADDRESS_NO_PORT`). EADDRNOTAVAIL when it does
-    /// not; the socket's own errors (EMFILE ...) as they are.
+    /// port taken: `IP_BIND_ADDRESS_NO_PORT`, where the kernel has it, 4.2
+    /// and later; its failure only means a port is taken until the socket
+    /// closes). EADDRNOTAVAIL when it does not; the socket's own errors
+    /// (EMFILE ...) as they are.
     fn laddr_check(&self, addr: IpAddr) -> io::Result<()> {
         let s = Socket::new(sock_domain(&addr), Type::STREAM, None)?;
-        sys::bind_address_no_port(s.as_raw_fd())?;
+        let _ = sys::bind_address_no_port(s.as_raw_fd());
         s.bind(&SockAddr::from(SocketAddr::new(addr, 0)))
     }
 
