@@ -272,7 +272,7 @@ impl RxAssist {
         if !acquire_rx(c, false) {
             return None;
         }
-        let pass = read_pass(&self.inner, sink, c, buf, batch, false, self.inner.cfg.read_budget);
+        let pass = read_pass(&self.inner, sink, c, buf, batch, false);
         crate::reactor::read::release_rx(c);
         self.delivered += pass.delivered;
         self.bytes += pass.bytes;

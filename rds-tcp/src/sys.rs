@@ -11,15 +11,9 @@ use std::time::Duration;
 /// Bytes in the socket's send queue not yet acknowledged by the peer
 /// (`ioctl(SIOCOUTQ)`, which is `TIOCOUTQ` for TCP sockets).
 pub(crate) fn outq(fd: RawFd) -> io::Result<u64> {
-    ioctl_count(fd, libc::TIOCOUTQ)
-}
-
-/// An `ioctl` that writes one `int` count (`TIOCOUTQ`).
-fn ioctl_count(fd: RawFd, request: libc::Ioctl) -> io::Result<u64> {
     let mut v: libc::c_int = 0;
-    // SAFETY: the request writes one c_int through a pointer to a live
-    // local.
-    let r = unsafe { libc::ioctl(fd, request, &mut v as *mut libc::c_int) };
+    // SAFETY: TIOCOUTQ writes one c_int through a pointer to a live local.
+    let r = unsafe { libc::ioctl(fd, libc::TIOCOUTQ, &mut v as *mut libc::c_int) };
     if r < 0 {
         return Err(io::Error::last_os_error());
     }

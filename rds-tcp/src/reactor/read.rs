@@ -129,11 +129,11 @@ impl Intake<'_> {
 impl Reactor {
     /// A [`read_pass`] on `conn`, whose read side this thread took
     /// (`acquire_rx`), which it gives back.
-    fn held_pass(&mut self, conn: &PathConn, sink: &dyn TransportSink, force: bool, budget: usize) -> ReadEnd {
+    fn held_pass(&mut self, conn: &PathConn, sink: &dyn TransportSink, force: bool) -> ReadEnd {
         // The reactor's batch, for its capacity (a nested call, should
         // there be one, starts an empty one).
         let mut batch: Vec<RxMessage> = std::mem::take(&mut self.rx_batch);
-        let end = read_pass(&self.inner, sink, conn, &mut self.rbuf, &mut batch, force, budget).end;
+        let end = read_pass(&self.inner, sink, conn, &mut self.rbuf, &mut batch, force).end;
         release_rx(conn);
         batch.clear();
         self.rx_batch = batch;
@@ -149,8 +149,8 @@ impl Reactor {
 
     /// Reads and delivers until drained (a short read or `EAGAIN`), the budget, the end or an error;
     /// closes the connection at the end of the stream or on an error.
-    /// Returns true when it stopped at the budget (`conn` is then queued in
-    /// `rx_more` for the next pass).
+    /// Returns true when `conn` is queued in `rx_more` for the next pass:
+    /// it stopped at the budget, or another thread was reading it.
     ///
     /// A path the core paused is not read (its bytes wait in the socket and
     /// the TCP window closes; the resume queues it in `rx_more`), unless
@@ -158,20 +158,12 @@ impl Reactor {
     /// dropped). A pause that comes with a batch handed to the sink stops
     /// the reading after that batch: the overshoot is one batch.
     pub(super) fn read_conn(&mut self, conn: &Arc<PathConn>, force: bool) -> bool {
-        let budget = self.inner.cfg.read_budget;
-        matches!(self.read_conn_upto(conn, force, budget), None | Some(ReadEnd::Budget))
-    }
-
-    /// [`Self::read_conn`] with a budget of `budget` bytes; how the pass
-    /// ended, `None` when another thread is reading `conn` (it is then
-    /// read on the next pass). A paused path is not read: `Paused`.
-    pub(super) fn read_conn_upto(&mut self, conn: &Arc<PathConn>, force: bool, budget: usize) -> Option<ReadEnd> {
-        let Some(sink) = self.inner.sink() else { return Some(ReadEnd::Drained) };
+        let Some(sink) = self.inner.sink() else { return false };
         let id = conn.info.id;
         let force = force || conn.rx_ending.load(SeqCst);
         if !force && self.inner.rx_paused(id) {
             inc(&self.inner.stats.rx_paused);
-            return Some(ReadEnd::Paused);
+            return false;
         }
         // One reader at a time (`PathConn::rx_busy`): an application thread
         // reading it in a blocking receive (`crate::assist`) finishes its
@@ -180,19 +172,24 @@ impl Reactor {
         // next pass.
         if !acquire_rx(conn, force) {
             self.read_next_pass(conn.clone());
-            return None;
+            return true;
         }
-        let end = self.held_pass(conn, &*sink, force, budget);
-        match end {
-            ReadEnd::Drained | ReadEnd::Paused => {}
-            ReadEnd::Budget => self.read_next_pass(conn.clone()),
+        match self.held_pass(conn, &*sink, force) {
+            ReadEnd::Drained | ReadEnd::Paused => false,
+            ReadEnd::Budget => {
+                self.read_next_pass(conn.clone());
+                true
+            }
             ReadEnd::Eof | ReadEnd::Error => {
                 let why = down_reason(conn, DownReason::Closed);
                 self.close_conn(conn, why, false);
+                false
             }
-            ReadEnd::Protocol => self.close_conn(conn, DownReason::ProtocolError, true),
+            ReadEnd::Protocol => {
+                self.close_conn(conn, DownReason::ProtocolError, true);
+                false
+            }
         }
-        Some(end)
     }
 
     /// Resets the connections whose partly received message got no byte
@@ -250,9 +247,9 @@ pub(crate) fn release_rx(conn: &PathConn) {
 
 /// One read pass on `conn`, whose read side the caller holds: reads and
 /// delivers until drained (a short read or `EAGAIN`, unless `force`: the
-/// connection is ending and is read to its end), the budget, a pause, the
-/// end or an error; every complete message read is handed to the sink
-/// before it returns. Clears `rx_unread` first and sets it again when it
+/// connection is ending and is read to its end), the budget
+/// (`TcpConfig::read_budget`), a pause, the end or an error; every complete
+/// message read is handed to the sink before it returns. Clears `rx_unread` first and sets it again when it
 /// stops before the socket is drained.
 pub(crate) fn read_pass(
     inner: &Inner,
@@ -261,8 +258,8 @@ pub(crate) fn read_pass(
     rbuf: &mut [u8],
     batch: &mut Vec<RxMessage>,
     force: bool,
-    budget: usize,
 ) -> Pass {
+    let budget = inner.cfg.read_budget;
     let (id, inst) = (conn.info.id, conn.info.inst);
     conn.rx_unread.store(false, SeqCst);
     // A short read drained the socket (module docs), unless the end
