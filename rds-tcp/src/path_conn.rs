@@ -27,6 +27,11 @@ pub(crate) struct RxState {
     /// message older than `TcpConfig::rx_frame_timeout` resets the
     /// connection.
     pub progress_at: std::time::Instant,
+    /// The window clamp [`crate::AckHeadroom`] set on the socket, which
+    /// reads re-assert ([`crate::reactor::read::reassert_clamp`]), and the
+    /// bytes read since they last did.
+    pub clamp: Option<u32>,
+    pub read_since_clamp: usize,
 }
 
 static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
@@ -198,7 +203,12 @@ impl PathConn {
             rx_ending: AtomicBool::new(false),
             tx: Mutex::new(TxState::default()),
             pull_buf: Mutex::new(Vec::new()),
-            rx: Mutex::new(RxState { decoder: FrameDecoder::default(), progress_at: std::time::Instant::now() }),
+            rx: Mutex::new(RxState {
+                decoder: FrameDecoder::default(),
+                progress_at: std::time::Instant::now(),
+                clamp: None,
+                read_since_clamp: 0,
+            }),
             last_write: AtomicU64::new(0),
             flush_pending: AtomicBool::new(false),
             last_send: AtomicU64::new(0),

@@ -435,7 +435,7 @@ impl Reactor {
                 }
                 Cmd::RxFailed(conn, false) | Cmd::Failed(conn) => {
                     if conn.state() != CLOSED {
-                        self.read_conn(&conn, true);
+                        self.read_to_end(&conn);
                         if conn.state() != CLOSED {
                             let why = down_reason(&conn, DownReason::Closed);
                             self.close_conn(&conn, why, false);
@@ -507,10 +507,10 @@ impl Reactor {
             // accept queue.
             CONNECTING => self.close_conn(&conn, DownReason::ShutdownDone, true),
             UP if !info.taken => {
-                // What already arrived is delivered first (one pass, as
-                // for an ending connection): the peer's TCP counts it as
+                // What already arrived is delivered first (as for an
+                // ending connection): the peer's TCP counts it as
                 // delivered (a kernel frees what our TCP acked).
-                self.read_conn(&conn, true);
+                self.read_to_end(&conn);
                 if conn.state() != CLOSED {
                     inc(&self.inner.stats.reset_untaken);
                     self.close_conn(&conn, DownReason::ShutdownDone, true);
@@ -538,7 +538,7 @@ impl Reactor {
         for (_, c) in due {
             if c.state() != CLOSED {
                 // Deliver whatever arrived before giving up on the FIN.
-                self.read_conn(&c, true);
+                self.read_to_end(&c);
                 if c.state() != CLOSED {
                     let why = down_reason(&c, DownReason::Closed);
                     self.close_conn(&c, why, false);

@@ -72,6 +72,9 @@ pub(crate) struct Stats {
     /// Polls of the watched connections' acks on the reactor's ack timer
     /// (ours; the timer is a fallback, each of these a reactor wake-up).
     pub ack_timer_polls: AtomicU64,
+    /// Window clamps of [`crate::AckHeadroom`] set again after the kernel
+    /// raised them (ours; see `reactor::read::reassert_clamp`).
+    pub window_clamp_reasserted: AtomicU64,
 }
 
 impl Stats {
@@ -102,6 +105,7 @@ impl Stats {
             ("tcp_rx_assist_acks_left", self.rx_assist_acks_left.load(Relaxed)),
             ("tcp_rx_assist_quiet", self.rx_assist_quiet.load(Relaxed)),
             ("tcp_reset_untaken", self.reset_untaken.load(Relaxed)),
+            ("tcp_window_clamp_reasserted", self.window_clamp_reasserted.load(Relaxed)),
         ]
     }
 }

@@ -1,7 +1,7 @@
 //! The few system calls std, mio and socket2 do not wrap: `SIOCOUTQ`,
-//! `IP_BIND_ADDRESS_NO_PORT`, a `timerfd` for sub-millisecond reactor
-//! wake-ups, and an epoll registration for no event but errors and
-//! hang-ups.
+//! `IP_BIND_ADDRESS_NO_PORT`, `SO_RCVBUFFORCE`, `TCP_WINDOW_CLAMP`, a
+//! `timerfd` for sub-millisecond reactor wake-ups, and an epoll
+//! registration for no event but errors and hang-ups.
 
 use std::fs::File;
 use std::io::{self, Read};
@@ -20,20 +20,16 @@ pub(crate) fn outq(fd: RawFd) -> io::Result<u64> {
     Ok(u64::try_from(v).unwrap_or(0))
 }
 
-/// Sets `IP_BIND_ADDRESS_NO_PORT` on a socket about to be bound to port 0:
-/// the bind checks the address without taking an ephemeral port (which it
-/// would otherwise hold until the socket closes, and fail with
-/// `EADDRINUSE` when the range is used up). IPv6 sockets take it too.
-pub(crate) fn bind_address_no_port(fd: RawFd) -> io::Result<()> {
-    let one: libc::c_int = 1;
+/// `setsockopt(fd, level, name, &v)` for one `c_int`.
+fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> io::Result<()> {
     // SAFETY: setsockopt reads one c_int through a pointer to a live local
     // of the length passed; the descriptor is a plain integer.
     let r = unsafe {
         libc::setsockopt(
             fd,
-            libc::IPPROTO_IP,
-            libc::IP_BIND_ADDRESS_NO_PORT,
-            &one as *const libc::c_int as *const libc::c_void,
+            level,
+            name,
+            &v as *const libc::c_int as *const libc::c_void,
             std::mem::size_of::<libc::c_int>() as libc::socklen_t,
         )
     };
@@ -41,6 +37,66 @@ pub(crate) fn bind_address_no_port(fd: RawFd) -> io::Result<()> {
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// `SO_RCVBUFFORCE`: `SO_RCVBUF` without the `net.core.rmem_max` cap,
+/// for a process with `CAP_NET_ADMIN` (`EPERM` otherwise). The kernel
+/// doubles the value, as for `SO_RCVBUF`.
+pub(crate) fn rcvbuf_force(fd: RawFd, n: usize) -> io::Result<()> {
+    let n = libc::c_int::try_from(n).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    set_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, n)
+}
+
+/// `TCP_WINDOW_CLAMP`: the largest receive window the socket advertises.
+pub(crate) fn window_clamp(fd: RawFd, n: u32) -> io::Result<()> {
+    let n = libc::c_int::try_from(n).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))?;
+    set_int(fd, libc::IPPROTO_TCP, libc::TCP_WINDOW_CLAMP, n)
+}
+
+/// The socket's `TCP_WINDOW_CLAMP`.
+pub(crate) fn window_clamp_of(fd: RawFd) -> io::Result<u32> {
+    let mut v: libc::c_int = 0;
+    let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: getsockopt writes at most `len` (one c_int) bytes through a
+    // pointer to a live local and the length through another.
+    let r = unsafe {
+        libc::getsockopt(
+            fd,
+            libc::IPPROTO_TCP,
+            libc::TCP_WINDOW_CLAMP,
+            &mut v as *mut libc::c_int as *mut libc::c_void,
+            &mut len,
+        )
+    };
+    if r < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(u32::try_from(v).unwrap_or(0))
+}
+
+/// Sets the socket's `TCP_WINDOW_CLAMP` to `clamp` if it is above it
+/// (never raises it); whether it did.
+pub(crate) fn lower_window_clamp(fd: RawFd, clamp: u32) -> io::Result<bool> {
+    if window_clamp_of(fd)? <= clamp {
+        return Ok(false);
+    }
+    window_clamp(fd, clamp)?;
+    Ok(true)
+}
+
+/// `net.core.rmem_max`, the largest `SO_RCVBUF` a process without
+/// `CAP_NET_ADMIN` may set (read once; `None` if it cannot be read).
+pub(crate) fn rmem_max() -> Option<usize> {
+    static RMEM_MAX: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *RMEM_MAX.get_or_init(|| std::fs::read_to_string("/proc/sys/net/core/rmem_max").ok()?.trim().parse().ok())
+}
+
+/// Sets `IP_BIND_ADDRESS_NO_PORT` on a socket about to be bound to port 0:
+/// the bind checks the address without taking an ephemeral port (which it
+/// would otherwise hold until the socket closes, and fail with
+/// `EADDRINUSE` when the range is used up). IPv6 sockets take it too.
+pub(crate) fn bind_address_no_port(fd: RawFd) -> io::Result<()> {
+    set_int(fd, libc::IPPROTO_IP, libc::IP_BIND_ADDRESS_NO_PORT, 1)
 }
 
 /// Changes the registration of `fd` on the epoll instance `epfd` (a mio
@@ -122,6 +178,23 @@ mod tests {
     use mio::{Events, Interest, Poll, Token};
     use std::io::Write;
     use std::time::Instant;
+
+    /// `lower_window_clamp` lowers a clamp above the one asked for (as a
+    /// kernel that recomputed it left it) and leaves one at or below it.
+    #[test]
+    fn lower_window_clamp_only_lowers() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let _tx = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (rx, _) = l.accept().unwrap();
+        let fd = rx.as_raw_fd();
+        window_clamp(fd, 4 << 20).unwrap();
+        assert!(lower_window_clamp(fd, 1 << 20).unwrap());
+        assert_eq!(window_clamp_of(fd).unwrap(), 1 << 20);
+        assert!(!lower_window_clamp(fd, 1 << 20).unwrap());
+        window_clamp(fd, 512 << 10).unwrap();
+        assert!(!lower_window_clamp(fd, 1 << 20).unwrap());
+        assert_eq!(window_clamp_of(fd).unwrap(), 512 << 10);
+    }
 
     /// This thread's voluntary context switches so far.
     fn voluntary_switches() -> u64 {

@@ -124,8 +124,24 @@ fn burst_of_ten_thousand_small_messages() {
 
 #[test]
 fn connection_killed_mid_stream_loses_nothing() {
-    let a = Host::new(ip("127.0.13.1"), 17104, 41);
-    let b = Host::new(ip("127.0.13.2"), 17104, 42);
+    killed_mid_stream(Host::new(ip("127.0.13.1"), 17104, 41), Host::new(ip("127.0.13.2"), 17104, 42), None);
+}
+
+/// As above with a read budget of 4 KiB at the receiver, whose connection
+/// is the one killed each time: a connection that fails holds more than
+/// one read pass takes, all of it acknowledged by TCP, and is read to its
+/// end before it closes (before, one pass was read and the rest lost).
+#[test]
+fn receiver_killed_with_more_than_a_read_budget_unread_loses_nothing() {
+    let cfg = TcpConfig { port: 17122, read_budget: 4096, ..TcpConfig::default() };
+    let a = Host::with_config(ip("127.0.44.1"), cfg.clone(), node_config(91));
+    let b = Host::with_config(ip("127.0.44.2"), cfg, node_config(92));
+    killed_mid_stream(a, b, Some(1));
+}
+
+/// 3000 messages of 8 B to 20 KB from `a` to `b`, path 0 killed every 700:
+/// on alternate sides, or always on side `only` (0: `a`, 1: `b`).
+fn killed_mid_stream(a: Arc<Host>, b: Arc<Host>, only: Option<u32>) {
     let d = deadline(90);
     let sa = a.socket(5000);
     let sb = b.socket(4000);
@@ -148,7 +164,7 @@ fn connection_killed_mid_stream_loses_nothing() {
         kill_due |= i % 700 == 350;
         if kill_due {
             // Alternate sides: the sender's socket, then the receiver's.
-            let (h, peer) = if kills % 2 == 0 { (&a, b.addr) } else { (&b, a.addr) };
+            let (h, peer) = if only.unwrap_or(kills % 2) == 0 { (&a, b.addr) } else { (&b, a.addr) };
             let p = path0(h, peer);
             if h.tcp.abort_path(p) {
                 kills += 1;
@@ -330,7 +346,8 @@ fn listener_and_address_checks() {
             "tcp_ack_timer_polls",
             "tcp_rx_assist_acks_left",
             "tcp_rx_assist_quiet",
-            "tcp_reset_untaken"
+            "tcp_reset_untaken",
+            "tcp_window_clamp_reasserted"
         ]
     );
     t1.close();
@@ -692,4 +709,100 @@ fn a_connection_the_peer_never_took_is_reset_not_closed() {
     assert!(Instant::now() < d);
     assert_eq!(a.with(|n| n.snd_bytes(sa)), 5);
     a.shutdown();
+}
+
+/// `SO_RCVBUF` (as getsockopt reports it, doubled) and `TCP_WINDOW_CLAMP`
+/// of the socket of this process whose addresses are `local` and `peer`
+/// (`None`: a listener).
+fn rx_buffer_of(local: SocketAddr, peer: Option<SocketAddr>) -> (usize, i32) {
+    use std::os::fd::FromRawFd;
+    for entry in std::fs::read_dir("/proc/self/fd").unwrap().flatten() {
+        let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        // SAFETY: the descriptor is this process's, borrowed without
+        // closing it (ManuallyDrop); a descriptor that is not a socket
+        // fails the address calls below and is skipped.
+        let s = std::mem::ManuallyDrop::new(unsafe { socket2::Socket::from_raw_fd(fd) });
+        let addrs = (s.local_addr().ok().and_then(|a| a.as_socket()), s.peer_addr().ok().and_then(|a| a.as_socket()));
+        if addrs != (Some(local), peer) {
+            continue;
+        }
+        let mut clamp: libc::c_int = 0;
+        let mut len = std::mem::size_of::<libc::c_int>() as libc::socklen_t;
+        // SAFETY: getsockopt writes at most `len` bytes into a live local.
+        let r = unsafe {
+            libc::getsockopt(fd, libc::IPPROTO_TCP, libc::TCP_WINDOW_CLAMP, (&raw mut clamp).cast(), &mut len)
+        };
+        assert_eq!(r, 0, "TCP_WINDOW_CLAMP");
+        return (s.recv_buffer_size().unwrap(), clamp);
+    }
+    panic!("no socket {local} -> {peer:?} in this process");
+}
+
+/// Every connection, the one that connected and the one accepted (which
+/// has it from its listener), gets the ack headroom: a 4 MiB receive
+/// buffer (8 MiB as the kernel reports it) and a 1 MiB window clamp, where
+/// the process may set them (as root, as the suite runs); a kernel that
+/// raised the clamp (6.5 and later do when segments arrive) has it lowered
+/// again within 1 MiB of reads. With the headroom off, a connection keeps
+/// autotuning.
+#[test]
+fn connections_get_the_ack_headroom_unless_it_is_off() {
+    // SAFETY: geteuid takes no arguments and cannot fail.
+    let root = unsafe { libc::geteuid() } == 0;
+    let may = root
+        || rds_tcp::AckHeadroom::DEFAULT.rcvbuf
+            <= std::fs::read_to_string("/proc/sys/net/core/rmem_max")
+                .ok()
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+    if !may {
+        eprintln!("SKIP (in part): not root and net.core.rmem_max below 4 MiB: the headroom cannot be set here");
+    }
+    let reasserted = |h: &Host| {
+        use rds_core::RdsTransport;
+        h.tcp.counters().iter().find(|(n, _)| *n == "tcp_window_clamp_reasserted").map_or(0, |c| c.1)
+    };
+    for (net, port, headroom) in [(42, 17120, Some(rds_tcp::AckHeadroom::DEFAULT)), (43, 17121, None)] {
+        let cfg = TcpConfig { port, ack_headroom: headroom, ..TcpConfig::default() };
+        let a = Host::with_config(ip(&format!("127.0.{net}.1")), cfg.clone(), node_config(81));
+        let b = Host::with_config(ip(&format!("127.0.{net}.2")), cfg, node_config(82));
+        // 2 MiB each way, past one check of the clamp on each side.
+        stream(&a, 5000, &b, 4000, &[65536], 32, 30);
+        stream(&b, 4001, &a, 5001, &[65536], 32, 30);
+        let mut seen = 0;
+        for h in [&a, &b] {
+            for r in h.tcp.conn_info() {
+                let (Some(local), Some(peer)) = (r.local, r.peer) else { continue };
+                let (rcvbuf, clamp) = rx_buffer_of(local, Some(peer));
+                match headroom {
+                    Some(hr) if may => {
+                        assert_eq!(rcvbuf, 2 * hr.rcvbuf, "{local} -> {peer}");
+                        assert!(
+                            clamp == hr.window as i32 || reasserted(h) > 0,
+                            "{local} -> {peer}: clamp {clamp}, never lowered again"
+                        );
+                    }
+                    Some(_) => {}
+                    // Autotuning: a buffer that grows with the reads (up
+                    // to net.ipv4.tcp_rmem's maximum, 32 MiB on some
+                    // hosts), a window as large as the buffer allows.
+                    None => assert_ne!(clamp, rds_tcp::AckHeadroom::DEFAULT.window as i32, "not clamped ({rcvbuf})"),
+                }
+                seen += 1;
+            }
+            if headroom.is_none() {
+                assert_eq!(reasserted(h), 0, "no clamp to lower");
+            } else if may {
+                // The listener has it before it listens, so that what it
+                // accepts has it from the handshake on.
+                let listener = rx_buffer_of(SocketAddr::new(h.addr, port), None);
+                assert_eq!(listener, (8 << 20, 1 << 20), "listener {}", h.addr);
+            }
+        }
+        // The connecting side's and the accepting side's socket of at
+        // least one path.
+        assert!(seen >= 2, "{seen} connections checked");
+        a.shutdown();
+        b.shutdown();
+    }
 }

@@ -106,9 +106,10 @@ impl Reactor {
 
     fn accepted(&mut self, stream: TcpStream, peer: SocketAddr) {
         let Ok(local) = stream.local_addr() else { return };
-        if stream.set_nonblocking(true).is_err() || self.inner.tune(&SockRef::from(&stream)).is_err() {
-            return;
-        }
+        let clamp = match stream.set_nonblocking(true).and_then(|()| self.inner.tune(&SockRef::from(&stream))) {
+            Ok(clamp) => clamp,
+            Err(_) => return,
+        };
         let reset = |s: &TcpStream| {
             let _ = SockRef::from(s).set_linger(Some(Duration::ZERO));
         };
@@ -120,6 +121,7 @@ impl Reactor {
             Accept::Path(info) => {
                 let r = self.inner.reactor_of(info.laddr, info.faddr, info.id.index);
                 let conn = Arc::new(PathConn::new(self.inner.token(), r, info, stream, peer, UP));
+                conn.rx.lock().clamp = clamp;
                 if r == self.idx {
                     self.adopt(conn);
                 } else {

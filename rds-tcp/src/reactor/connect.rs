@@ -27,7 +27,7 @@ impl Reactor {
         }
         let Some(sink) = self.inner.sink() else { return };
         let peer = SocketAddr::new(info.faddr, self.inner.cfg.port);
-        let stream = match self.open(info, peer) {
+        let (stream, clamp) = match self.open(info, peer) {
             Ok(s) => s,
             Err(_) => {
                 sink.path_down(info.id, info.inst, DownReason::ConnectFailed);
@@ -35,6 +35,7 @@ impl Reactor {
             }
         };
         let conn = Arc::new(PathConn::new(self.inner.token(), self.idx, info, stream, peer, CONNECTING));
+        conn.rx.lock().clamp = clamp;
         if self.register(&conn).is_err() {
             sink.path_down(info.id, info.inst, DownReason::ConnectFailed);
             return;
@@ -42,17 +43,19 @@ impl Reactor {
         self.inner.paths.lock().insert(info.id, conn);
     }
 
-    fn open(&self, info: PathInfo, peer: SocketAddr) -> io::Result<TcpStream> {
+    /// A non-blocking connection to `peer` under way, and the window
+    /// clamp `Inner::tune` set.
+    fn open(&self, info: PathInfo, peer: SocketAddr) -> io::Result<(TcpStream, Option<u32>)> {
         let s = Socket::new(sock_domain(&info.faddr), Type::STREAM, None)?;
         s.set_nonblocking(true)?;
-        self.inner.tune(&SockRef::from(&s))?;
+        let clamp = self.inner.tune(&SockRef::from(&s))?;
         s.bind(&SockAddr::from(SocketAddr::new(info.laddr, 0)))?;
         match s.connect(&SockAddr::from(peer)) {
             Ok(()) => {}
             Err(e) if e.raw_os_error() == Some(libc::EINPROGRESS) => {}
             Err(e) => return Err(e),
         }
-        Ok(s.into())
+        Ok((s.into(), clamp))
     }
 
     /// An outgoing connection became writable (or failed).
