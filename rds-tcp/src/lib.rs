@@ -13,8 +13,8 @@
 //! default). The stream is `[48-byte header][h_len payload bytes]`
 //! repeated, nothing else. Every RDS TCP socket has `TCP_NODELAY` and
 //! keepalive (5 s idle, 5 s interval, 5 probes by default), and, where the
-//! process may set it, a 4 MiB receive buffer with the window clamped at
-//! 1 MiB, so that TCP acks what arrives before the reactor reads it
+//! process may set it, a 1 MiB receive buffer with the window clamped at
+//! 256 KiB, so that TCP acks what arrives before the reactor reads it
 //! ([`AckHeadroom`]). There is one
 //! listener per local address served ([`RdsTransport::start_local`]; the
 //! kernel has one wildcard listener), with `SO_REUSEADDR` and a backlog of
@@ -263,7 +263,7 @@ pub struct TcpConfig {
     /// The receive buffer and window of every connection when `rcvbuf` is
     /// `None`, so that TCP acknowledges bytes as they arrive although the
     /// reactor reads them later; see [`AckHeadroom`]. Default
-    /// [`AckHeadroom::DEFAULT`] (4 MiB, window 1 MiB); `None` keeps
+    /// [`AckHeadroom::DEFAULT`] (1 MiB, window 256 KiB); `None` keeps
     /// autotuning.
     pub ack_headroom: Option<AckHeadroom>,
     /// Bytes of messages pulled from the core per round.
@@ -341,12 +341,19 @@ pub struct TcpConfig {
 /// counts against the sending socket's send buffer: with autotuning (which
 /// grows the window with the buffer) a stream of 64 KiB messages in the VM
 /// rig found the sending RDS socket full on 1,441 of 6,700 sends
-/// (`send_queue_full`), 109 with this headroom, and went 25-35% faster
-/// (qperf `rds_bw -m 65536`, 92-107 against 118-128 MB/s in alternating
-/// rounds of one boot).
+/// (`send_queue_full`), 109 with a 4 MiB buffer and a 1 MiB window, and
+/// went 25-35% faster (qperf `rds_bw -m 65536`, 92-107 against 118-128
+/// MB/s in alternating rounds of one boot). [`AckHeadroom::DEFAULT`] is
+/// smaller, for what it costs: bytes TCP acknowledged are delivered for
+/// the peer, and a process that stops or dies before it reads them loses
+/// them (as a kernel RDS socket's receive queue is lost with its process,
+/// but that one is bounded by the socket's buffer and congestion); a
+/// stopped process's connection takes what its buffer holds, about twice
+/// the size asked for. 1 MiB with a 256 KiB window gave 123-126 MB/s where
+/// 4 MiB with 1 MiB gave 134-136 and autotuning 99-109 (one boot).
 ///
-/// The window clamp is the window a connection can use: 1 MiB covers a
-/// link of 10 GB/s at an RTT of 100 µs. The buffer is set with
+/// The window clamp is the window a connection can use: 256 KiB covers a
+/// link of 2.5 GB/s at an RTT of 100 µs. The buffer is set with
 /// `SO_RCVBUFFORCE` when the process may (`CAP_NET_ADMIN`: the kernel's
 /// RDS sets its sockets' buffers without the cap), else with `SO_RCVBUF`
 /// when `net.core.rmem_max` allows it; otherwise the connection keeps
@@ -363,10 +370,10 @@ pub struct AckHeadroom {
 }
 
 impl AckHeadroom {
-    /// 4 MiB (8 MiB as the kernel counts it, 4 MiB of window space) with
-    /// the window clamped at 1 MiB: 3 MiB may wait unread with acks
-    /// still immediate.
-    pub const DEFAULT: AckHeadroom = AckHeadroom { rcvbuf: 4 << 20, window: 1 << 20 };
+    /// 1 MiB (2 MiB as the kernel counts it, about 1 MiB of window space)
+    /// with the window clamped at 256 KiB: about 768 KiB may wait unread
+    /// with acks still immediate.
+    pub const DEFAULT: AckHeadroom = AckHeadroom { rcvbuf: 1 << 20, window: 256 << 10 };
 }
 
 impl Default for TcpConfig {

@@ -198,7 +198,7 @@ impl Reactor {
     /// and the peer counts a message as delivered when TCP acknowledged
     /// its last byte (RDS-TCP frees it then), so none may be left behind.
     /// One pass stops at the read budget, and a socket can hold more (its
-    /// receive buffer: 8 MiB with [`crate::AckHeadroom`], up to
+    /// receive buffer: 2 MiB with [`crate::AckHeadroom`], up to
     /// `net.ipv4.tcp_rmem`'s maximum when autotuned); passes follow until
     /// one ends otherwise (the end, an error, drained), at most as many as
     /// the buffer holds budgets and one more, so that a peer that keeps
@@ -207,7 +207,7 @@ impl Reactor {
     /// Before, one pass was all, and a connection killed with more than a
     /// budget unread lost the rest: `connection_killed_mid_stream_loses_nothing`
     /// (rds-tcp's tests) lost 35 to 174 messages in 4 of 20 runs with the
-    /// 8 MiB buffer.
+    /// 8 MiB buffer of a 4 MiB [`crate::AckHeadroom`].
     pub(super) fn read_to_end(&mut self, conn: &Arc<PathConn>) {
         let budget = self.inner.cfg.read_budget.max(1);
         let held = socket2::SockRef::from(&conn.stream).recv_buffer_size().unwrap_or(budget);
