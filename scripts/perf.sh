@@ -3,7 +3,8 @@
 # command, one run, about 5 minutes (under 10), every load bounded by a size
 # or a time. It
 #   1. runs scripts/setup.sh and builds rds-gen, rds-sink, rds-stress,
-#      rds-scale, librdspreload.so and perf-chart in release;
+#      rds-scale, librdspreload.so and perf-chart in release, and
+#      rds-window (scripts/perf/rds_window.c) with cc;
 #   2. on the host loopback (in a private network namespace when run as
 #      root): ours against raw TCP (qperf tcp_bw/tcp_lat on 127.0.0.1;
 #      qperf is apt-installed if missing; ours with the same qperf under the
@@ -19,7 +20,9 @@
 #   4. in the VM rig (one guest, two network namespaces joined by veth, one
 #      boot): raw TCP and the kernel's RDS-TCP with qperf, ours with the
 #      same qperf under the LD_PRELOAD shim (both sides), and with
-#      rds-gen/rds-sink and rds-stress, scripts/perf/guest.sh;
+#      rds-gen/rds-sink and rds-stress; the 64 B message rate with 16 in
+#      flight with rds-window on the kernel and on ours (under the shim),
+#      scripts/perf/guest.sh;
 #   5. writes docs/perf.md (scripts/perf/report.py): absolutes, ratios,
 #      the targets of issue 14, the commit, the date, the machine and the
 #      exact commands; and docs/perf.json, the figures perf-chart (crate
@@ -53,6 +56,11 @@ chart_status=drawn
 cargo build --release -q -p perf-chart || chart_status="not drawn: perf-chart did not build"
 bin="$(cargo metadata --format-version 1 --no-deps \
     | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release"
+# rds-window: the 64 B message rate with 16 in flight, the same C program on
+# the kernel's AF_RDS and on ours under the shim (qperf cannot limit what
+# is in flight). setup.sh installed the C compiler (cargo links with it).
+cc -O2 -Wall -o "$bin/rds-window" "$here/scripts/perf/rds_window.c" \
+    || echo "perf: WARNING: rds-window did not build; no message rate with 16 in flight" >&2
 
 if ! command -v qperf >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
     echo "perf: installing qperf (raw TCP on the host)"
@@ -136,6 +144,9 @@ touch "$work/vm.txt"
     echo "cmd B: LD_PRELOAD=librdspreload.so qperf &"
     echo "cmd A: LD_PRELOAD=librdspreload.so qperf -v -t $qt -m 64 B rds_lat"
     echo "cmd A: LD_PRELOAD=librdspreload.so qperf -v -t $qt -m SIZE B rds_bw      # SIZE = 64, 1024, 8192, 65536"
+    echo "cmd # 64 B with 16 in flight, each answered: the kernel (KIND=kern), ours (the same under LD_PRELOAD=librdspreload.so):"
+    echo "cmd B: rds-window serve B 5000 30 &"
+    echo "cmd A: rds-window run A 5001 B 5000 16 $qt"
     echo "cmd # ours with our tools:"
     echo "cmd B: rds-stress -r B -p 4000 &"
     echo "cmd A: rds-stress -r A -s B -p 4000 -t 1 -d 1 -q 64 -a 64 -T $st -z"

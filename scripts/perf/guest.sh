@@ -4,10 +4,11 @@
 # PERF_ROUNDS times (default 2), one after the other in each round:
 #   1. raw TCP with qperf (tcp_lat, tcp_bw),
 #   2. ours: the same qperf (rds_lat, rds_bw) with both sides under the
-#      LD_PRELOAD shim, then our tools rds-stress and rds-gen/rds-sink, on
+#      LD_PRELOAD shim, and rds-window (64 B, 16 in flight) the same way,
+#      then our tools rds-stress and rds-gen/rds-sink, on
 #      RDS-TCP port 16386 (RDS_TCP_PORT) beside the kernel's listener on
 #      16385 in every namespace,
-#   3. the kernel's RDS-TCP with qperf (rds_lat, rds_bw).
+#   3. the kernel's RDS-TCP with qperf (rds_lat, rds_bw) and rds-window.
 # Each round measures the three within a minute or two of each other, so a
 # change in the shared machine's load moves them together (the kernel's
 # rounds used to come after all of ours, minutes later); the report keeps
@@ -44,10 +45,14 @@ for round in $(seq "$ROUNDS"); do
     qperf_suite raw tcp
     echo "perf: [vm] round $round: ours (qperf under the shim)" >&2
     shim_suite
+    echo "perf: [vm] round $round: ours (rds-window under the shim, 16 in flight)" >&2
+    shim_window
     echo "perf: [vm] round $round: ours (rds-stress, rds-gen/rds-sink)" >&2
     ours_suite
     echo "perf: [vm] round $round: kernel RDS-TCP (qperf)" >&2
     qperf_suite kern rds
+    echo "perf: [vm] round $round: kernel RDS-TCP (rds-window, 16 in flight)" >&2
+    window_run kern
 done
 # Why the latencies differ: guest idle share, CPU time and context
 # switches per round trip of raw TCP, ours under the shim, then the kernel.
@@ -61,6 +66,7 @@ if [ -f "$SHIM" ]; then
     why_bw shim 1024
     why_bw shim 8192
     why_bw shim 65536
+    why_window shim
     ON_A=(ip netns exec ns1)
     ON_B=(ip netns exec ns2)
 fi
@@ -70,5 +76,6 @@ why_bw kern 64
 why_bw kern 1024
 why_bw kern 8192
 why_bw kern 65536
+why_window kern
 netpair down
 echo "R vm_done 1"

@@ -108,6 +108,47 @@ shim_suite() {
     ON_B=("${save_b[@]}")
 }
 
+# window_run KIND: the 64 B message rate with 16 in flight, each answered
+# (issue 14's definition), with rds-window (scripts/perf/rds_window.c) on
+# the AF_RDS of ON_A / ON_B (the kernel's, or ours under the shim): a
+# server on B answers every message, the client on A keeps 16 in flight for
+# QPERF_T seconds after a warm-up. Keys ${PREFIX}KIND_64_w16_{rate,rtt}.
+# Skipped, with a line on stderr, without the binary.
+window_run() {
+    local kind=$1 out srv
+    if [ ! -x "$BIN/rds-window" ]; then
+        echo "perf: no rds-window: the message rate with 16 in flight not measured" >&2
+        return 0
+    fi
+    "${ON_B[@]}" "$BIN/rds-window" serve "$ADDR_B" 5000 $((QPERF_T + 20)) &
+    srv=$!
+    PIDS+=("$srv")
+    sleep 1
+    if out=$(timeout $((QPERF_T + 20)) "${ON_A[@]}" "$BIN/rds-window" run "$ADDR_A" 5001 "$ADDR_B" 5000 16 "$QPERF_T" 2>&1); then
+        echo "$out" | awk -v k="${PREFIX}${kind}_64_w16" '$1 == "window" {
+            for (i = 1; i <= NF; i++) { if ($i == "msg/s,") r = $(i - 1); if ($i == "trip") t = $(i + 1) }
+            print "R " k "_rate " r " msg/s"; print "R " k "_rtt " t " us" }'
+    else
+        echo "perf: rds-window ($kind) failed: $(echo "$out" | tr '\n' ' ')" >&2
+        echo "R ${PREFIX}${kind}_64_w16 FAILED"
+    fi
+    kill "$srv" 2>/dev/null
+    wait "$srv" 2>/dev/null
+    cleanup_pids
+}
+
+# shim_window: window_run with both sides under LD_PRELOAD=$SHIM, key
+# shim_64_w16_*; skipped like shim_suite without the shim.
+shim_window() {
+    [ -n "${SHIM:-}" ] && [ -f "$SHIM" ] || return 0
+    local save_a=("${ON_A[@]}") save_b=("${ON_B[@]}")
+    ON_A=("${save_a[@]}" env LD_PRELOAD="$SHIM")
+    ON_B=("${save_b[@]}" env LD_PRELOAD="$SHIM")
+    window_run shim
+    ON_A=("${save_a[@]}")
+    ON_B=("${save_b[@]}")
+}
+
 # ours_bw SIZE TOTAL PORT: rds-gen on A -> rds-sink on B, the whole transfer
 # (connection set-up included) timed from rds-gen's start to its exit, which
 # waits until the peer acknowledged everything. --no-digest: no SHA-256 of
@@ -186,7 +227,7 @@ why_snap() {
             [ "$p" != "$1" ] && srv=$((srv + ${st% *} + ${st#* }))
             read -r vol invol < <(awk '/^voluntary_ctxt_switches/ { v = $2 } /^nonvoluntary_ctxt_switches/ { n = $2 } END { print v + 0, n + 0 }' "$t/status")
             sw=$((sw + vol + invol))
-            if [ "$comm" != qperf ]; then
+            if [ "$comm" != "${APP_COMM:-qperf}" ]; then
                 eng=$((eng + ${st% *} + ${st#* }))
                 wakes=$((wakes + vol))
             fi
@@ -233,6 +274,35 @@ why_run() {
     return 0
 }
 
+# why_window KIND: the same for rds-window's 64 B exchange with 16 in
+# flight (window_run), per answered message; the client runs 6 s, the
+# snapshots 2 s apart in its middle. Keys ${PREFIX}why_w16_KIND_*.
+why_window() {
+    local kind=$1 key="why_w16_$1" srv client a b t0 t1 out per hz=100
+    [ -x "$BIN/rds-window" ] || return 0
+    "${ON_B[@]}" "$BIN/rds-window" serve "$ADDR_B" 5000 30 &
+    srv=$!
+    PIDS+=("$srv")
+    sleep 1
+    "${ON_A[@]}" "$BIN/rds-window" run "$ADDR_A" 5001 "$ADDR_B" 5000 16 6 >/tmp/perf-why.$$ 2>&1 &
+    client=$!
+    PIDS+=("$client")
+    sleep 2.5
+    a=$(APP_COMM=rds-window why_snap "$client" "$srv"); t0=$(now_ns)
+    sleep 2
+    b=$(APP_COMM=rds-window why_snap "$client" "$srv"); t1=$(now_ns)
+    wait "$client" || true
+    cleanup_pids
+    out=$(cat /tmp/perf-why.$$); rm -f /tmp/perf-why.$$
+    per=$(echo "$out" | awk '$1 == "window" { for (i = 1; i <= NF; i++) if ($i == "msg/s,") v = $(i - 1)
+        if (v > 0) print 1e6 / v, "rate", v / 1e3, "k/s" }')
+    if [ -z "$per" ]; then
+        echo "perf: why $key: rds-window failed: $(echo "$out" | tr '\n' ' ')" >&2
+        return 0
+    fi
+    why_emit "$key" "$a $b $t0 $t1 $per $hz"
+}
+
 why_once() {
     local kind=$1 test=$2 size=$3 key=$4 client a b t0 t1 out per hz
     hz=100 # USER_HZ: /proc reports CPU time in 1/100 s on Linux
@@ -263,7 +333,13 @@ why_once() {
     # a, b: idle total cpu switches user engine wakes server ($1-$8,
     # $9-$16); then t0 t1 ($17 $18); per: us per unit, what, value, unit
     # ($19-$22); hz ($23).
-    echo "$a $b $t0 $t1 $per $hz" | awk -v k="${PREFIX}${key}" '{
+    why_emit "$key" "$a $b $t0 $t1 $per $hz"
+}
+
+# why_emit KEY "A B T0 T1 PER HZ": the R lines of a why run from its two
+# snapshots (why_snap), their times, the time per unit and USER_HZ.
+why_emit() {
+    echo "$2" | awk -v k="${PREFIX}$1" '{
         n = ($18 - $17) / 1000 / $19
         tick = 1e6 / $23 / n
         printf "R %s_%s %s %s\n", k, $20, $21, $22
