@@ -623,8 +623,10 @@ impl RdsSocket {
     /// this one, and moves the descriptor neither up nor down when this
     /// receive takes it. When the socket sent a message since its previous
     /// wait (it waits for an answer), that lane's bytes also stop waking
-    /// the reactor while it waits: two `epoll_ctl` calls, which a receiver
-    /// of a one-way stream does not make. When such a read takes a stream
+    /// the reactor while it waits, and for `rds_tcp::ASSIST_LINGER` after
+    /// (the next such wait takes it over: no system call), which a
+    /// receiver of a one-way stream does not ask for. When a read of a
+    /// socket that sent nothing since its previous wait takes a stream
     /// (more than one message, or 16 KiB or more), the next 64 waits leave
     /// the reading to the reactor, which reads ahead while this thread
     /// works through the queue.
@@ -743,8 +745,10 @@ impl RdsSocket {
                 if a.lane() != 0 {
                     self.shared.rx_lane.store(a.lane(), Relaxed);
                 }
-                if a.read_a_stream() {
-                    // A stream: leave the next waits to the reactor.
+                if a.read_a_stream() && !a.asked_quiet() {
+                    // A one-way stream: leave the next waits to the
+                    // reactor. A socket that sends between its receives
+                    // keeps reading its lane (`rds_tcp::ASSIST_LINGER`).
                     skip.store(STREAM_SKIP, Relaxed);
                 }
             }

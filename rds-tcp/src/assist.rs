@@ -50,8 +50,9 @@
 //! meanwhile, so the reactor reads what nobody took. The other paths of
 //! the pair stay registered: their events are left to the thread as above.
 //!
-//! That costs two `epoll_ctl` calls per wait in the receiving thread, the
-//! second between the message and the caller's next step. A caller that
+//! Without the linger (below) that costs two `epoll_ctl` calls per wait in
+//! the receiving thread, the second between the message and the caller's
+//! next step. A caller that
 //! waits for the answer to what it sent gains: its next step is the next
 //! request, and a reactor wake-up beside each answer cost more (qperf
 //! `rds_lat` in the VM rig, 4 rounds alternating in one boot: 353-473 us
@@ -66,6 +67,38 @@
 //! none after), so the calls alone do not account for the difference; it
 //! was not traced further. rds-sock asks for it when the socket sent a
 //! message since its previous wait.
+//!
+//! # The linger
+//!
+//! A quiet wait whose last message came on its lane leaves the lane off
+//! the reactor's registration when it ends, for [`ASSIST_LINGER`]
+//! (`PathConn::lingering`, holding its count of `quiet`): the caller's
+//! next wait, after it sent the next request or the answer, takes the lane
+//! over as it is (no `epoll_ctl`) and renews the linger at its end. Where
+//! the reactor used to take every message a program did not wait for yet
+//! (a window of requests in flight: the answer comes while the program
+//! sends the next), the program's next wait now reads it: one thread
+//! woken per message instead of two. The reactor takes the lane back when
+//! a linger runs out unrenewed (`tcp_rx_linger_expired`): its own timerfd
+//! (`reactor::timer::LingerTimer`), set to each linger's end by the thread
+//! that leaves it, wakes it then and only then; the registration's change
+//! makes epoll report the bytes that came meanwhile, and the reactor reads
+//! them. A wait that did not ask for `quiet` takes a lingering lane over
+//! too and gives it back at its end. So a message that comes on a lingering
+//! lane while its program is not in a blocking receive (it polls the
+//! socket's descriptor instead) is delivered up to [`ASSIST_LINGER`] late,
+//! never lost.
+//!
+//! Measured in the VM rig (rds-window, `scripts/perf/rds_window.c`, 64 B,
+//! each message answered; 3 rounds alternating in one boot): 16 in flight
+//! 4.0-4.4 k messages/s without, 10.0-12.8 k with (the kernel's RDS-TCP
+//! 7.3-8.3 k in the boot before); one in flight, round trip 646-729 us
+//! without, 519-657 with. A linger of 1 ms ran out in most gaps between
+//! waits there (a busy guest under emulation deschedules the program for
+//! longer): 4.0-5.9 k and 613-730 us; 2 ms with the reactor's shared timer,
+//! which woke the reactor at each end of a renewed linger, 7.2-10.0 k and
+//! 576-729 us (worse than without: about 500 reactor wake-ups a second per
+//! side).
 
 use std::cell::RefCell;
 use std::net::IpAddr;
@@ -97,6 +130,12 @@ pub const ASSIST_STREAM_BYTES: usize = 16 << 10;
 /// buffer, so no sender waits for the timer.
 pub const ASSIST_ACK_LAZY_BYTES: u64 = 2 << 10;
 
+/// How long a lane stays off the reactor's registration after a wait
+/// that read its answer there and asked for `quiet` (module docs): the
+/// next such wait within it takes the lane over without a system call;
+/// past it, the reactor takes the lane back (`tcp_rx_linger_expired`).
+pub const ASSIST_LINGER: std::time::Duration = std::time::Duration::from_millis(10);
+
 /// Read buffer of an assisting thread.
 const ABUF: usize = 64 << 10;
 
@@ -122,8 +161,15 @@ pub struct RxAssist {
     /// Messages its reads delivered (to any socket), and bytes they read.
     delivered: usize,
     bytes: usize,
-    /// The connection it took readable events off the reactor for.
+    /// The connection it took readable events off the reactor for (or
+    /// whose linger it took over).
     quiet: Option<usize>,
+    /// Its caller asked for `quiet`: at the end it may leave the lane
+    /// lingering (module docs).
+    may_linger: bool,
+    /// The end of its last read pass that read bytes (a `now_ns` value; 0:
+    /// none).
+    read_at: u64,
     /// The last connection a read of its delivered messages on (0: none).
     lane: u64,
 }
@@ -174,10 +220,16 @@ impl TcpTransport {
                 c.assist.fetch_add(1, SeqCst);
             }
         }
-        let at_quiet = at.filter(|_| quiet);
-        if let Some(i) = at_quiet {
-            let c = &conns[i];
+        // A lane left lingering by an earlier wait (module docs) is taken
+        // over with its count of `quiet`: no `epoll_ctl`. A wait that did
+        // not ask for `quiet` gives it back at its end.
+        let took = at.filter(|&i| conns[i].lingering.swap(false, SeqCst));
+        let at_quiet = took.or(at.filter(|_| quiet));
+        if quiet && at_quiet.is_some() {
             inc(&self.inner.stats.rx_assist_quiet);
+        }
+        if let (Some(i), None) = (at_quiet, took) {
+            let c = &conns[i];
             c.quiet.fetch_add(1, SeqCst);
             self.inner.refresh_quiet(c);
         }
@@ -189,6 +241,8 @@ impl TcpTransport {
             delivered: 0,
             bytes: 0,
             quiet: at_quiet,
+            may_linger: quiet,
+            read_at: 0,
             lane: 0,
         })
     }
@@ -278,6 +332,7 @@ impl RxAssist {
         self.bytes += pass.bytes;
         inc(&self.inner.stats.rx_assist_reads);
         if pass.bytes > 0 {
+            self.read_at = pass.at;
             self.mark_answered(c, pass.at);
             self.poll_acks(sink);
         }
@@ -335,6 +390,12 @@ impl RxAssist {
         self.inner.reactors[c.reactor].last_rx.store(now, SeqCst);
     }
 
+    /// Whether its caller asked for `quiet` (it sent since its previous
+    /// wait: it waits for answers).
+    pub fn asked_quiet(&self) -> bool {
+        self.may_linger
+    }
+
     /// Whether its reads so far look like a stream: more than one message,
     /// or [`ASSIST_STREAM_BYTES`] or more. The reactor reads a stream better: it
     /// reads ahead while the receiver works through what is queued.
@@ -351,7 +412,7 @@ impl RxAssist {
     fn ended(&mut self, c: &Arc<PathConn>, end: ReadEnd) {
         let i = self.polled_ix().find(|&i| Arc::ptr_eq(&self.conns[i], c));
         if let Some(i) = i {
-            self.release(i);
+            self.release(i, false);
         }
         crate::reactor::read::leave_to_reactor(&self.inner, c, &end);
     }
@@ -359,7 +420,7 @@ impl RxAssist {
     /// Stops assisting connection `i`; an event the reactor left to us
     /// since our last read goes back to it.
     fn hand_back(&mut self, i: usize) {
-        if let Some(c) = self.release(i) {
+        if let Some(c) = self.release(i, true) {
             if c.rx_unread.load(SeqCst) {
                 self.inner.reactors[c.reactor].send(Cmd::RxRead(c));
             }
@@ -368,8 +429,9 @@ impl RxAssist {
 
     /// Gives polled connection `i` back (its acks are no longer polled
     /// here either); `None` when it was not polled or is given back
-    /// already.
-    fn release(&mut self, i: usize) -> Option<Arc<PathConn>> {
+    /// already. Its readable events go back to the reactor, unless
+    /// `may_linger` and it is left lingering (module docs).
+    fn release(&mut self, i: usize, may_linger: bool) -> Option<Arc<PathConn>> {
         if !self.polls(i) {
             return None;
         }
@@ -378,11 +440,35 @@ impl RxAssist {
         let c = self.conns[i].clone();
         if self.quiet == Some(i) {
             self.quiet = None;
-            c.quiet.fetch_sub(1, SeqCst);
-            self.inner.refresh_quiet(&c);
+            if !(may_linger && self.linger(&c)) {
+                c.quiet.fetch_sub(1, SeqCst);
+                self.inner.refresh_quiet(&c);
+            }
         }
         c.assist.fetch_sub(1, SeqCst);
         Some(c)
+    }
+
+    /// Leaves `c`, whose count of `quiet` this holds, off the reactor's
+    /// registration for [`ASSIST_LINGER`] after this wait (module docs),
+    /// when its caller asked for `quiet` and this wait's last delivery was
+    /// on it (its answers come there) and it may still be read here. True
+    /// when the count now belongs to the linger (or was already given back
+    /// by the reactor ending it).
+    fn linger(&self, c: &Arc<PathConn>) -> bool {
+        if !self.may_linger || self.read_at == 0 || self.lane != lane_of(c) || !self.readable(c) {
+            return false;
+        }
+        let until = self.read_at.saturating_add(ASSIST_LINGER.as_nanos() as u64);
+        c.linger_until.store(until, SeqCst);
+        c.lingering.store(true, SeqCst);
+        let list = (!c.linger_listed.swap(true, SeqCst)).then(|| c.clone());
+        if self.inner.reactors[c.reactor].linger(list, ASSIST_LINGER) {
+            return true;
+        }
+        // No timer to end it: not left lingering, unless the reactor
+        // already ended it (and gave the count back).
+        !c.lingering.swap(false, SeqCst)
     }
 }
 

@@ -222,7 +222,7 @@ mod stats;
 mod sys;
 mod xmit;
 
-pub use assist::{ASSIST_ACK_LAZY_BYTES, ASSIST_MAX_PATHS, ASSIST_STREAM_BYTES, RxAssist};
+pub use assist::{ASSIST_ACK_LAZY_BYTES, ASSIST_LINGER, ASSIST_MAX_PATHS, ASSIST_STREAM_BYTES, RxAssist};
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};

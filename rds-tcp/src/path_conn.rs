@@ -122,6 +122,17 @@ pub(crate) struct PathConn {
     /// the reactor's registration (`crate::assist`): while there is one the
     /// reactor is not woken by its bytes at all.
     pub quiet: AtomicU32,
+    /// A receiving thread that read its answers on this connection left
+    /// it off the reactor's registration after its wait (`crate::assist`'s
+    /// linger): the linger holds one of `quiet`'s counts, which the next
+    /// such wait takes over or the reactor gives back at `linger_until`.
+    pub lingering: AtomicBool,
+    /// When the linger ends unless a wait renews it (a `now_ns` value).
+    pub linger_until: AtomicU64,
+    /// The reactor has this connection on its list of lingers (or one is
+    /// on its way there): set by the thread that lists it, cleared by the
+    /// reactor when it drops it.
+    pub linger_listed: AtomicBool,
     /// Why the connection is being closed, when the core asked.
     pub requested: Mutex<Option<DownReason>>,
     /// The peer's FIN or an error was seen: the connection is ending, so
@@ -199,6 +210,9 @@ impl PathConn {
             wr_gen: AtomicU64::new(0),
             interest: Mutex::new(Registered { readable: true, writable: true }),
             quiet: AtomicU32::new(0),
+            lingering: AtomicBool::new(false),
+            linger_until: AtomicU64::new(0),
+            linger_listed: AtomicBool::new(false),
             requested: Mutex::new(None),
             rx_ending: AtomicBool::new(false),
             tx: Mutex::new(TxState::default()),

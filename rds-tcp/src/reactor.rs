@@ -44,10 +44,11 @@ mod timer;
 
 use accept::{ACCEPT_BACKOFF_MIN, Deferred, reserve};
 use read::RBUF;
-use timer::{COARSE, TimerShared};
+use timer::{COARSE, LingerTimer, TimerShared};
 
 const WAKER: Token = Token(0);
 const TIMER: Token = Token(1);
+const LINGER: Token = Token(2);
 /// Tokens of listeners and connections start here.
 pub(crate) const FIRST_TOKEN: usize = 16;
 
@@ -95,6 +96,7 @@ pub(crate) struct ReactorHandle {
     pub registry: mio::Registry,
     cmds: Mutex<Vec<Cmd>>,
     timer: Mutex<TimerShared>,
+    linger: Mutex<LingerTimer>,
 }
 
 impl ReactorHandle {
@@ -103,12 +105,17 @@ impl ReactorHandle {
         if let Some(t) = &fd {
             poll.registry().register(&mut SourceFd(&t.fd()), TIMER, Interest::READABLE)?;
         }
+        let linger_fd = crate::sys::TimerFd::new().ok();
+        if let Some(t) = &linger_fd {
+            poll.registry().register(&mut SourceFd(&t.fd()), LINGER, Interest::READABLE)?;
+        }
         Ok(ReactorHandle {
             last_rx: std::sync::atomic::AtomicU64::new(0),
             waker: Waker::new(poll.registry(), WAKER)?,
             registry: poll.registry().try_clone()?,
             cmds: Mutex::new(Vec::new()),
             timer: Mutex::new(TimerShared { fd, at: None, watch_in: Vec::new(), flush_in: Vec::new() }),
+            linger: Mutex::new(LingerTimer { fd: linger_fd, linger_in: Vec::new() }),
         })
     }
 
@@ -135,6 +142,27 @@ impl ReactorHandle {
         if !armed {
             conn.flush_pending.store(false, std::sync::atomic::Ordering::SeqCst);
             self.send(Cmd::Xmit(conn));
+        }
+    }
+
+    /// A receiving thread left a connection lingering for `within`
+    /// (`crate::assist`): have the reactor end the linger then, unless a
+    /// wait renews it, through its linger timer ([`LingerTimer`]; no
+    /// wake-up now). `list`: the connection, when the thread listed it
+    /// (`PathConn::linger_listed`). The timer is set for this linger even
+    /// when it was listed already (a renewal): the reactor's own setting
+    /// was for the linger's earlier end. False without a timerfd (or when
+    /// setting it failed): the thread then must not linger; a listed
+    /// connection it gave is listed all the same (the reactor drops it
+    /// when it finds it not lingering).
+    pub fn linger(&self, list: Option<Arc<PathConn>>, within: Duration) -> bool {
+        let mut t = self.linger.lock();
+        if let Some(c) = list {
+            t.linger_in.push(c);
+        }
+        match &mut t.fd {
+            Some(fd) => fd.arm(within).is_ok(),
+            None => false,
         }
     }
 
@@ -172,6 +200,9 @@ struct Reactor {
     rx_more: Vec<Arc<PathConn>>,
     /// Coalescing windows to close (flush at the time).
     flushes: Vec<(Instant, Arc<PathConn>)>,
+    /// Connections left lingering by a receiving thread (`crate::assist`),
+    /// each once (`PathConn::linger_listed`).
+    lingers: Vec<Arc<PathConn>>,
     rbuf: Vec<u8>,
     /// The batch of received messages handed to the sink, kept for its
     /// capacity (the sink drains it).
@@ -219,6 +250,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         drains: Vec::new(),
         rx_more: Vec::new(),
         flushes: Vec::new(),
+        lingers: Vec::new(),
         rbuf: vec![0; RBUF],
         rx_batch: Vec::new(),
         siblings: Vec::new(),
@@ -270,6 +302,15 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
                         fd.clear();
                     }
                     t.at = None;
+                }
+                LINGER => {
+                    let mut t = r.inner.reactors[r.idx].linger.lock();
+                    if let Some(fd) = &mut t.fd {
+                        fd.clear();
+                    }
+                    r.lingers.append(&mut t.linger_in);
+                    drop(t);
+                    r.expire_lingers(r.woke_ns);
                 }
                 tok => {
                     if r.listeners.contains_key(&tok) {
@@ -381,6 +422,44 @@ impl Reactor {
             return Some(Duration::ZERO);
         }
         if at - now >= COARSE || !t.arm_at(at, now) { Some(at - now) } else { None }
+    }
+
+    /// At the linger timer ([`LingerTimer`]): ends the lingers that are
+    /// due (`crate::assist`): the connection's readable events come back
+    /// to the reactor, which epoll then reports for bytes that came
+    /// meanwhile. A linger a receiving thread took over is dropped from the
+    /// list (its thread lists it again when it lingers again); one it
+    /// renewed stays, and the timer is set for the earliest left.
+    fn expire_lingers(&mut self, now_ns: u64) {
+        let mut keep = Vec::with_capacity(self.lingers.len());
+        for c in std::mem::take(&mut self.lingers) {
+            let lingering = c.lingering.load(SeqCst);
+            if lingering && c.state() != CLOSED && c.linger_until.load(SeqCst) > now_ns {
+                keep.push(c);
+                continue;
+            }
+            if lingering && c.lingering.swap(false, SeqCst) {
+                // The linger's count of `quiet` goes back.
+                c.quiet.fetch_sub(1, SeqCst);
+                self.inner.refresh_quiet(&c);
+                inc(&self.inner.stats.rx_linger_expired);
+            }
+            // Unlisted, unless a thread left it lingering again meanwhile
+            // and did not list it itself (it saw it listed).
+            c.linger_listed.store(false, SeqCst);
+            if c.lingering.load(SeqCst) && !c.linger_listed.swap(true, SeqCst) {
+                keep.push(c);
+            }
+        }
+        self.lingers = keep;
+        let next = self.lingers.iter().filter(|c| c.lingering.load(SeqCst)).map(|c| c.linger_until.load(SeqCst)).min();
+        if let Some(at) = next {
+            let mut t = self.inner.reactors[self.idx].linger.lock();
+            if let Some(fd) = &mut t.fd {
+                // Should setting it fail, the next renewal sets it.
+                let _ = fd.arm(Duration::from_nanos(at.saturating_sub(now_ns)));
+            }
+        }
     }
 
     /// Takes the paths transmitting threads started watching into

@@ -37,6 +37,11 @@ pub(crate) struct Stats {
     /// events off the reactor while they assisted (`quiet`, asked by a
     /// caller whose socket sent since its previous wait; ours).
     pub rx_assist_quiet: AtomicU64,
+    /// Lingers the reactor ended: a receiving thread that read its
+    /// answers on its lane left it off the reactor's registration after
+    /// its wait and did not come back to wait within
+    /// [`crate::ASSIST_LINGER`] (`crate::assist`; ours).
+    pub rx_linger_expired: AtomicU64,
     /// Connections reset because a partly received message made no
     /// progress for [`crate::TcpConfig::rx_frame_timeout`].
     pub rx_frame_stalled: AtomicU64,
@@ -104,6 +109,7 @@ impl Stats {
             ("tcp_ack_timer_polls", self.ack_timer_polls.load(Relaxed)),
             ("tcp_rx_assist_acks_left", self.rx_assist_acks_left.load(Relaxed)),
             ("tcp_rx_assist_quiet", self.rx_assist_quiet.load(Relaxed)),
+            ("tcp_rx_linger_expired", self.rx_linger_expired.load(Relaxed)),
             ("tcp_reset_untaken", self.reset_untaken.load(Relaxed)),
             ("tcp_window_clamp_reasserted", self.window_clamp_reasserted.load(Relaxed)),
         ]

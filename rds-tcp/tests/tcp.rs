@@ -347,6 +347,7 @@ fn listener_and_address_checks() {
             "tcp_ack_timer_polls",
             "tcp_rx_assist_acks_left",
             "tcp_rx_assist_quiet",
+            "tcp_rx_linger_expired",
             "tcp_reset_untaken",
             "tcp_window_clamp_reasserted"
         ]

@@ -476,6 +476,55 @@ fn only_a_receiver_that_sent_takes_its_lane_off_the_reactor() {
     assert!(q2 - q1 >= u64::from(N / 4), "{} of {N} waits for a request that followed an answer were quiet", q2 - q1);
 }
 
+/// A receiver whose waits read its answers on its lane leaves the lane
+/// off the reactor for `rds_tcp::ASSIST_LINGER` after each wait
+/// (`rds_tcp::RxAssist`): the next wait takes it over without waking the
+/// reactor. When no wait comes, the reactor takes the lane back when the
+/// linger runs out (`tcp_rx_linger_expired`) and reads what came on it
+/// meanwhile: a message sent right after the last exchange, which the
+/// receiver never waits for, reaches its queue all the same, once, and in
+/// bounded time (a second here; the linger is 10 ms). The waits of the
+/// exchange took their lane over: far fewer lingers ran out than there
+/// were waits.
+#[test]
+fn a_lingering_lane_comes_back_to_the_reactor() {
+    use rds_sock::RecvFlags;
+    const N: u32 = 100;
+    let ip = addr_block(43);
+    let Pair { e1: _e1, e2, a, b } = pair(ip, 4040);
+    first_exchange(&a, &b);
+    let expired = || engine_counter(&e2, "tcp_rx_linger_expired");
+    let reads = || engine_counter(&e2, "tcp_rx_assist_reads");
+    let e0 = expired();
+    // b answers each request before it waits again: each of its waits
+    // is quiet and leaves the lane lingering.
+    paced_exchange(&a, &b, (N, 64, Duration::ZERO));
+    let (e1, r1) = (expired(), reads());
+    assert!(
+        e1 - e0 < u64::from(N / 2),
+        "{} of {N} lingers ran out during the exchange: the waits did not take their lane over",
+        e1 - e0
+    );
+    // b's last wait left its lane lingering; this comes on that lane
+    // while b does not wait.
+    a.send_to(b"after", b.local_addr().unwrap()).unwrap();
+    let none = RecvFlags { dontwait: true, ..RecvFlags::default() };
+    let mut buf = [0u8; 16];
+    let start = std::time::Instant::now();
+    let m = loop {
+        match b.recv_msg(&mut buf, none) {
+            Ok(m) => break m,
+            Err(_) if start.elapsed() < Duration::from_secs(5) => std::thread::sleep(Duration::from_millis(1)),
+            Err(e) => panic!("the message on the lingering lane never reached the queue: {e}"),
+        }
+    };
+    assert_eq!((&buf[..m.len], m.from), (&b"after"[..], Some(a.local_addr().unwrap())));
+    assert!(start.elapsed() < Duration::from_secs(1), "it took {:?}", start.elapsed());
+    assert!(expired() > e1, "the linger did not run out (tcp_rx_linger_expired)");
+    assert_eq!(reads(), r1, "b read it itself, though it never waited");
+    assert!(b.recv_msg(&mut buf, none).is_err(), "once");
+}
+
 /// The blocking receive without a deadline (the C ABI's, qperf's) waits
 /// before it first looks when the socket's descriptor shows nothing
 /// queued (`RdsSocket::known_empty`): it must still return what was

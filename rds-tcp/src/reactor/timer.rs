@@ -20,6 +20,19 @@ pub(super) struct TimerShared {
     pub flush_in: Vec<(Instant, Arc<PathConn>)>,
 }
 
+/// The reactor's linger timer: a `timerfd` of its own, which every thread
+/// that leaves a connection lingering (`crate::assist`) sets to that
+/// linger's end, later each time (unlike [`TimerShared`]'s, whose
+/// deadlines only move earlier): a lane renewed by each wait of a
+/// request/response exchange never wakes the reactor, which wakes only
+/// when a linger runs out unrenewed. A renewal of one connection may
+/// postpone another's end by up to [`crate::ASSIST_LINGER`].
+pub(super) struct LingerTimer {
+    pub fd: Option<crate::sys::TimerFd>,
+    /// Connections left lingering, not yet seen by the reactor.
+    pub linger_in: Vec<Arc<PathConn>>,
+}
+
 impl TimerShared {
     /// Makes the timerfd fire at `at` or earlier. An armed timer is only
     /// ever moved earlier, never later: a deadline that went away (the
