@@ -295,7 +295,7 @@ why_window() {
     cleanup_pids
     out=$(cat /tmp/perf-why.$$); rm -f /tmp/perf-why.$$
     per=$(echo "$out" | awk '$1 == "window" { for (i = 1; i <= NF; i++) if ($i == "msg/s,") v = $(i - 1)
-        if (v > 0) print 1e6 / v, "rate", v / 1e3, "k/s" }')
+        if (v > 0) printf "%s rate %.2f k/s\n", 1e6 / v, v / 1e3 }')
     if [ -z "$per" ]; then
         echo "perf: why $key: rds-window failed: $(echo "$out" | tr '\n' ' ')" >&2
         return 0

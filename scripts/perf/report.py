@@ -369,17 +369,23 @@ def gap_cause(vm, row, base, raw, kern):
         k = {x: why_val(vm, f"vm_why_w16_kern_{x}") for x in ("cpu", "user", "engine", "wakes", "switches", "idle")}
         if o["cpu"] is None or k["cpu"] is None:
             return None
-        return (f"with 16 in flight the guest's CPUs are busy ({o['idle']:.0f}% idle against "
-                f"the kernel's {k['idle']:.0f}%), so the rate is the CPU time per answered "
-                f"message: the two rds-window processes spent {o['cpu']:.0f} us against the "
-                f"kernel's {k['cpu']:.0f} us ({o['user']:.0f} us in user space against "
-                f"{k['user']:.0f}; {o['engine']:.0f} us in our engine's threads, which woke "
-                f"{o['wakes']:.2f} times per message; {o['switches']:.2f} context switches "
-                f"against {k['switches']:.2f}) (\"Where a message's time goes with 16 in "
-                "flight\"): a message that arrives while no receive waits for it, as in a "
-                "window where the program is busy sending, is read by our reactor and handed "
-                "to the program's thread, two threads woken per message, where the kernel's "
-                "RDS delivers it from its TCP receive callback")
+        s = (f"with 16 in flight the guest's CPUs are busy ({o['idle']:.0f}% idle against "
+             f"the kernel's {k['idle']:.0f}%), so the rate is the CPU time per answered "
+             f"message: the two rds-window processes spent {o['cpu']:.0f} us against the "
+             f"kernel's {k['cpu']:.0f} us, of it {o['user']:.0f} us in user space against "
+             f"{k['user']:.0f} (the shim's and the engine's code for a send and a receive, "
+             f"each instruction emulated) and {o['engine']:.0f} us in our engine's threads "
+             f"({o['wakes']:.2f} wake-ups per message; {o['switches']:.2f} context switches "
+             f"against {k['switches']:.2f}) (\"Where a message's time goes with 16 in flight\")")
+        if o["wakes"] is not None and o["wakes"] >= 0.5:
+            s += ("; a message that arrives while no receive waits for it is read by our "
+                  "reactor and handed to the program's thread, two threads woken per message, "
+                  "where the kernel's RDS delivers it from its TCP receive callback")
+        else:
+            s += ("; the program's own receive reads its answers (`rds_tcp::ASSIST_LINGER`), "
+                  "so what is left is the user-space code and the system calls per message "
+                  "(the instructions per round trip counted on the host, above)")
+        return s
     if row in sizes and base == "kernel":
         size = sizes[row]
         o, k = per(size, "shim"), per(size, "kern")
@@ -437,7 +443,8 @@ def why_table(w, vm, cols, first, per, app="qperf"):
     for key, label in (first, ("idle", "guest CPUs idle"),
                        ("cpu", f"CPU time of both processes per {per}"),
                        ("user", "of which in user space"),
-                       ("server", "of which in the server's process (a stream's receiver)"),
+                       ("server", "of which in the server's process (a stream's receiver)" if app == "qperf"
+                        else "of which in the answering process"),
                        ("engine", f"of which in threads other than {app}'s (our engine's)"),
                        ("switches", f"context switches per {per}"),
                        ("wakes", f"wake-ups of threads other than {app}'s per {per}")):
