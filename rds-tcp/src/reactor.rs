@@ -115,7 +115,7 @@ impl ReactorHandle {
             registry: poll.registry().try_clone()?,
             cmds: Mutex::new(Vec::new()),
             timer: Mutex::new(TimerShared { fd, at: None, watch_in: Vec::new(), flush_in: Vec::new() }),
-            linger: Mutex::new(LingerTimer { fd: linger_fd, linger_in: Vec::new() }),
+            linger: Mutex::new(LingerTimer { fd: linger_fd, at: None, linger_in: Vec::new() }),
         })
     }
 
@@ -145,25 +145,23 @@ impl ReactorHandle {
         }
     }
 
-    /// A receiving thread left a connection lingering for `within`
-    /// (`crate::assist`): have the reactor end the linger then, unless a
-    /// wait renews it, through its linger timer ([`LingerTimer`]; no
-    /// wake-up now). `list`: the connection, when the thread listed it
-    /// (`PathConn::linger_listed`). The timer is set for this linger even
-    /// when it was listed already (a renewal): the reactor's own setting
-    /// was for the linger's earlier end. False without a timerfd (or when
-    /// setting it failed): the thread then must not linger; a listed
-    /// connection it gave is listed all the same (the reactor drops it
-    /// when it finds it not lingering).
-    pub fn linger(&self, list: Option<Arc<PathConn>>, within: Duration) -> bool {
+    /// A receiving thread left a connection lingering until `until`
+    /// (`crate::assist`; `now`: its clock, both `now_ns` values): have the
+    /// reactor end the linger then, unless a wait renews it, through its
+    /// linger timer ([`LingerTimer`]; no wake-up now). `list`: the
+    /// connection, when the thread listed it (`PathConn::linger_listed`).
+    /// The timer is armed for it even when it was listed already (a
+    /// renewal): the reactor may have found it taken over and armed the
+    /// timer for nothing. False without a timerfd (or when arming failed):
+    /// the thread then must not linger; a listed connection it gave is
+    /// listed all the same (the reactor drops it when it finds it not
+    /// lingering).
+    pub fn linger(&self, list: Option<Arc<PathConn>>, until: u64, now: u64) -> bool {
         let mut t = self.linger.lock();
         if let Some(c) = list {
             t.linger_in.push(c);
         }
-        match &mut t.fd {
-            Some(fd) => fd.arm(within).is_ok(),
-            None => false,
-        }
+        t.arm_at(until, now)
     }
 
     /// The connection has messages awaiting their TCP ack: have the reactor
@@ -308,6 +306,7 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
                     if let Some(fd) = &mut t.fd {
                         fd.clear();
                     }
+                    t.at = None;
                     r.lingers.append(&mut t.linger_in);
                     drop(t);
                     r.expire_lingers(r.woke_ns);
@@ -454,11 +453,8 @@ impl Reactor {
         self.lingers = keep;
         let next = self.lingers.iter().filter(|c| c.lingering.load(SeqCst)).map(|c| c.linger_until.load(SeqCst)).min();
         if let Some(at) = next {
-            let mut t = self.inner.reactors[self.idx].linger.lock();
-            if let Some(fd) = &mut t.fd {
-                // Should setting it fail, the next renewal sets it.
-                let _ = fd.arm(Duration::from_nanos(at.saturating_sub(now_ns)));
-            }
+            // Should arming fail, the next linger arms it.
+            let _ = self.inner.reactors[self.idx].linger.lock().arm_at(at, now_ns);
         }
     }
 

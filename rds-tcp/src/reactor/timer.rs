@@ -20,17 +20,38 @@ pub(super) struct TimerShared {
     pub flush_in: Vec<(Instant, Arc<PathConn>)>,
 }
 
-/// The reactor's linger timer: a `timerfd` of its own, which every thread
-/// that leaves a connection lingering (`crate::assist`) sets to that
-/// linger's end, later each time (unlike [`TimerShared`]'s, whose
-/// deadlines only move earlier): a lane renewed by each wait of a
-/// request/response exchange never wakes the reactor, which wakes only
-/// when a linger runs out unrenewed. A renewal of one connection may
-/// postpone another's end by up to [`crate::ASSIST_LINGER`].
+/// The reactor's linger timer: a `timerfd` of its own, armed for the
+/// earliest end of the lingers of its connections (`crate::assist`). As
+/// [`TimerShared`]'s, it only ever moves earlier when a thread leaves a
+/// connection lingering: a renewal of one linger must not postpone the end
+/// of another, which would then never come while the first is renewed.
+/// A renewed linger wakes the reactor once per [`crate::ASSIST_LINGER`]
+/// at most, which then arms it for the earliest end left.
 pub(super) struct LingerTimer {
     pub fd: Option<crate::sys::TimerFd>,
+    /// When it fires, if armed (a `now_ns` value).
+    pub at: Option<u64>,
     /// Connections left lingering, not yet seen by the reactor.
     pub linger_in: Vec<Arc<PathConn>>,
+}
+
+impl LingerTimer {
+    /// Makes it fire at `at` or earlier (`now`: the caller's clock, both
+    /// `now_ns` values). False without a timerfd or when arming failed.
+    pub fn arm_at(&mut self, at: u64, now: u64) -> bool {
+        match &mut self.fd {
+            Some(fd) => {
+                if self.at.is_none_or(|x| at < x) {
+                    if fd.arm(Duration::from_nanos(at.saturating_sub(now))).is_err() {
+                        return false;
+                    }
+                    self.at = Some(at);
+                }
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 impl TimerShared {
