@@ -360,13 +360,14 @@ def why_val(vm, key):
 def gap_cause(vm, row, base, raw, kern):
     """What this run measured of an unmet VM target's gap: the why runs'
     CPU time and context switches of ours against the kernel's."""
+    def figs(prefix):
+        return {x: why_val(vm, f"{prefix}_{x}") for x in ("cpu", "user", "server", "engine", "wakes", "switches", "idle")}
+
     def per(size, k):
-        c = f"vm_why_bw{size}_{k}" if size else f"vm_why_{k}"
-        return {x: why_val(vm, f"{c}_{x}") for x in ("cpu", "user", "server", "engine", "switches", "idle")}
+        return figs(f"vm_why_bw{size}_{k}" if size else f"vm_why_{k}")
     sizes = {"bandwidth 1 KiB": 1024, "bandwidth 8 KiB": 8192, "bandwidth 64 KiB": 65536}
     if row == "message rate 64 B, 16 in flight" and base == "kernel":
-        o = {x: why_val(vm, f"vm_why_w16_shim_{x}") for x in ("cpu", "user", "engine", "wakes", "switches", "idle")}
-        k = {x: why_val(vm, f"vm_why_w16_kern_{x}") for x in ("cpu", "user", "engine", "wakes", "switches", "idle")}
+        o, k = figs("vm_why_w16_shim"), figs("vm_why_w16_kern")
         if o["cpu"] is None or k["cpu"] is None:
             return None
         s = (f"with 16 in flight the guest's CPUs are busy ({o['idle']:.0f}% idle against "
