@@ -79,12 +79,12 @@
 //! (a window of requests in flight: the answer comes while the program
 //! sends the next), the program's next wait now reads it: one thread
 //! woken per message instead of two. The reactor takes the lane back when
-//! a linger runs out unrenewed (`tcp_rx_linger_expired`): its own timerfd
-//! (`reactor::timer::LingerTimer`), armed for the earliest end of its
-//! connections' lingers (a renewal never postpones another linger's end),
-//! wakes it at most once per [`ASSIST_LINGER`] while lingers are renewed;
-//! the registration's change makes epoll report the bytes that came
-//! meanwhile, and the reactor reads them. A wait that did not ask for `quiet` takes a lingering lane over
+//! a linger runs out unrenewed (`tcp_rx_linger_expired`): its timer
+//! (`reactor::timer::TimerShared`), armed for its earliest deadline and
+//! only ever moved earlier (a renewal never postpones another linger's
+//! end), wakes it at most once per [`ASSIST_LINGER`] while lingers are
+//! renewed; the registration's change makes epoll report the bytes that
+//! came meanwhile, and the reactor reads them. A wait that did not ask for `quiet` takes a lingering lane over
 //! too and gives it back at its end. So a message that comes on a lingering
 //! lane while its program is not in a blocking receive (it polls the
 //! socket's descriptor instead) is delivered up to [`ASSIST_LINGER`] late,
@@ -98,9 +98,9 @@
 //! waits there (a busy guest under emulation deschedules the program for
 //! longer): 4.0-5.9 k and 613-730 us; 2 ms, 7.2-10.0 k and 576-729 us
 //! (worse than without: about 500 reactor wake-ups a second per side).
-//! 10 ms with a timer each renewal set later (no wake-up while renewed)
-//! measured the same as 10 ms with one that only moves earlier, which is
-//! what it is: set later, a renewal of one lane postponed the end of
+//! 10 ms on a timerfd of its own that each renewal set later (no wake-up
+//! while renewed) measured the same as 10 ms on the reactor's timer, which
+//! is what it is: set later, a renewal of one lane postponed the end of
 //! another lane's linger on the same reactor for as long as it went on.
 
 use std::cell::RefCell;
@@ -466,7 +466,8 @@ impl RxAssist {
         c.linger_until.store(until, SeqCst);
         c.lingering.store(true, SeqCst);
         let list = (!c.linger_listed.swap(true, SeqCst)).then(|| c.clone());
-        if self.inner.reactors[c.reactor].linger(list, until, self.read_at) {
+        let (at, now) = (crate::path_conn::instant_of(until), crate::path_conn::instant_of(self.read_at));
+        if self.inner.reactors[c.reactor].linger(list, at, now) {
             return true;
         }
         // No timer to end it: not left lingering, unless the reactor

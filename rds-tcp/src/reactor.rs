@@ -44,11 +44,10 @@ mod timer;
 
 use accept::{ACCEPT_BACKOFF_MIN, Deferred, reserve};
 use read::RBUF;
-use timer::{COARSE, LingerTimer, TimerShared};
+use timer::{COARSE, TimerShared};
 
 const WAKER: Token = Token(0);
 const TIMER: Token = Token(1);
-const LINGER: Token = Token(2);
 /// Tokens of listeners and connections start here.
 pub(crate) const FIRST_TOKEN: usize = 16;
 
@@ -96,7 +95,6 @@ pub(crate) struct ReactorHandle {
     pub registry: mio::Registry,
     cmds: Mutex<Vec<Cmd>>,
     timer: Mutex<TimerShared>,
-    linger: Mutex<LingerTimer>,
 }
 
 impl ReactorHandle {
@@ -105,17 +103,18 @@ impl ReactorHandle {
         if let Some(t) = &fd {
             poll.registry().register(&mut SourceFd(&t.fd()), TIMER, Interest::READABLE)?;
         }
-        let linger_fd = crate::sys::TimerFd::new().ok();
-        if let Some(t) = &linger_fd {
-            poll.registry().register(&mut SourceFd(&t.fd()), LINGER, Interest::READABLE)?;
-        }
         Ok(ReactorHandle {
             last_rx: std::sync::atomic::AtomicU64::new(0),
             waker: Waker::new(poll.registry(), WAKER)?,
             registry: poll.registry().try_clone()?,
             cmds: Mutex::new(Vec::new()),
-            timer: Mutex::new(TimerShared { fd, at: None, watch_in: Vec::new(), flush_in: Vec::new() }),
-            linger: Mutex::new(LingerTimer { fd: linger_fd, at: None, linger_in: Vec::new() }),
+            timer: Mutex::new(TimerShared {
+                fd,
+                at: None,
+                watch_in: Vec::new(),
+                flush_in: Vec::new(),
+                linger_in: Vec::new(),
+            }),
         })
     }
 
@@ -145,23 +144,22 @@ impl ReactorHandle {
         }
     }
 
-    /// A receiving thread left a connection lingering until `until`
-    /// (`crate::assist`; `now`: its clock, both `now_ns` values): have the
-    /// reactor end the linger then, unless a wait renews it, through its
-    /// linger timer ([`LingerTimer`]; no wake-up now). `list`: the
-    /// connection, when the thread listed it (`PathConn::linger_listed`).
-    /// The timer is armed for it even when it was listed already (a
-    /// renewal): the reactor may have found it taken over and armed the
-    /// timer for nothing. False without a timerfd (or when arming failed):
-    /// the thread then must not linger; a listed connection it gave is
-    /// listed all the same (the reactor drops it when it finds it not
-    /// lingering).
-    pub fn linger(&self, list: Option<Arc<PathConn>>, until: u64, now: u64) -> bool {
-        let mut t = self.linger.lock();
+    /// A receiving thread left a connection lingering until `at`
+    /// (`crate::assist`; `now`: its clock): have the reactor end the
+    /// linger then, unless a wait renews it, through its timer (no wake-up
+    /// now). `list`: the connection, when the thread listed it
+    /// (`PathConn::linger_listed`). The timer is armed for it even when it
+    /// was listed already (a renewal): the reactor may have found it taken
+    /// over and left it out of its deadlines. False without a timerfd (or
+    /// when arming failed): the thread then must not linger; a listed
+    /// connection it gave is listed all the same (the reactor drops it
+    /// when it finds it not lingering).
+    pub fn linger(&self, list: Option<Arc<PathConn>>, at: Instant, now: Instant) -> bool {
+        let mut t = self.timer.lock();
         if let Some(c) = list {
             t.linger_in.push(c);
         }
-        t.arm_at(until, now)
+        t.arm_at(at, now)
     }
 
     /// The connection has messages awaiting their TCP ack: have the reactor
@@ -301,16 +299,6 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
                     }
                     t.at = None;
                 }
-                LINGER => {
-                    let mut t = r.inner.reactors[r.idx].linger.lock();
-                    if let Some(fd) = &mut t.fd {
-                        fd.clear();
-                    }
-                    t.at = None;
-                    r.lingers.append(&mut t.linger_in);
-                    drop(t);
-                    r.expire_lingers(r.woke_ns);
-                }
                 tok => {
                     if r.listeners.contains_key(&tok) {
                         accept_on.push(tok);
@@ -359,6 +347,9 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
                 }
             }
         }
+        if !r.lingers.is_empty() {
+            r.expire_lingers(r.woke_ns);
+        }
         if r.next_ack_poll.is_some_and(|t| t <= now) {
             r.poll_watched(now);
         }
@@ -390,6 +381,7 @@ impl Reactor {
         let handle = &self.inner.reactors[self.idx];
         let mut t = handle.timer.lock();
         self.flushes.append(&mut t.flush_in);
+        self.lingers.append(&mut t.linger_in);
         if self.watch.is_empty() {
             self.next_ack_poll = None;
         }
@@ -409,6 +401,12 @@ impl Reactor {
             self.accept_retry,
             self.defer_at,
             self.flushes.iter().map(|f| f.0).min(),
+            // A linger a thread took over ends with its wait, not here.
+            self.lingers
+                .iter()
+                .filter(|c| c.lingering.load(SeqCst))
+                .map(|c| crate::path_conn::instant_of(c.linger_until.load(SeqCst)))
+                .min(),
         ]
         .into_iter()
         .flatten()
@@ -423,12 +421,12 @@ impl Reactor {
         if at - now >= COARSE || !t.arm_at(at, now) { Some(at - now) } else { None }
     }
 
-    /// At the linger timer ([`LingerTimer`]): ends the lingers that are
-    /// due (`crate::assist`): the connection's readable events come back
-    /// to the reactor, which epoll then reports for bytes that came
-    /// meanwhile. A linger a receiving thread took over is dropped from the
-    /// list (its thread lists it again when it lingers again); one it
-    /// renewed stays, and the timer is set for the earliest left.
+    /// Ends the lingers that are due (`crate::assist`): the connection's
+    /// readable events come back to the reactor, which epoll then reports
+    /// for bytes that came meanwhile. A linger a receiving thread took
+    /// over is dropped from the list (its thread lists it again when it
+    /// lingers again); one it renewed stays, its end among the reactor's
+    /// deadlines (`timeout`).
     fn expire_lingers(&mut self, now_ns: u64) {
         let mut keep = Vec::with_capacity(self.lingers.len());
         for c in std::mem::take(&mut self.lingers) {
@@ -451,11 +449,6 @@ impl Reactor {
             }
         }
         self.lingers = keep;
-        let next = self.lingers.iter().filter(|c| c.lingering.load(SeqCst)).map(|c| c.linger_until.load(SeqCst)).min();
-        if let Some(at) = next {
-            // Should arming fail, the next linger arms it.
-            let _ = self.inner.reactors[self.idx].linger.lock().arm_at(at, now_ns);
-        }
     }
 
     /// Takes the paths transmitting threads started watching into

@@ -18,40 +18,13 @@ pub(super) struct TimerShared {
     pub watch_in: Vec<Arc<PathConn>>,
     /// Connections to flush at the end of their coalescing window.
     pub flush_in: Vec<(Instant, Arc<PathConn>)>,
-}
-
-/// The reactor's linger timer: a `timerfd` of its own, armed for the
-/// earliest end of the lingers of its connections (`crate::assist`). As
-/// [`TimerShared`]'s, it only ever moves earlier when a thread leaves a
-/// connection lingering: a renewal of one linger must not postpone the end
-/// of another, which would then never come while the first is renewed.
-/// A renewed linger wakes the reactor once per [`crate::ASSIST_LINGER`]
-/// at most, which then arms it for the earliest end left.
-pub(super) struct LingerTimer {
-    pub fd: Option<crate::sys::TimerFd>,
-    /// When it fires, if armed (a `now_ns` value).
-    pub at: Option<u64>,
-    /// Connections left lingering, not yet seen by the reactor.
+    /// Connections a receiving thread left lingering (`crate::assist`),
+    /// not yet seen by the reactor. As every deadline here, a linger's end
+    /// only ever moves the timer earlier: a renewal of one linger never
+    /// postpones the end of another (which would then never come while
+    /// the first is renewed); a renewed linger wakes the reactor once per
+    /// [`crate::ASSIST_LINGER`] at most.
     pub linger_in: Vec<Arc<PathConn>>,
-}
-
-impl LingerTimer {
-    /// Makes it fire at `at` or earlier (`now`: the caller's clock, both
-    /// `now_ns` values). False without a timerfd or when arming failed.
-    pub fn arm_at(&mut self, at: u64, now: u64) -> bool {
-        match &mut self.fd {
-            Some(fd) => {
-                if self.at.is_none_or(|x| at < x) {
-                    if fd.arm(Duration::from_nanos(at.saturating_sub(now))).is_err() {
-                        return false;
-                    }
-                    self.at = Some(at);
-                }
-                true
-            }
-            None => false,
-        }
-    }
 }
 
 impl TimerShared {
@@ -91,8 +64,13 @@ mod tests {
     /// message; and it fires at the earliest deadline asked for.
     #[test]
     fn timer_only_moves_earlier() {
-        let mut t =
-            TimerShared { fd: crate::sys::TimerFd::new().ok(), at: None, watch_in: Vec::new(), flush_in: Vec::new() };
+        let mut t = TimerShared {
+            fd: crate::sys::TimerFd::new().ok(),
+            at: None,
+            watch_in: Vec::new(),
+            flush_in: Vec::new(),
+            linger_in: Vec::new(),
+        };
         assert!(t.fd.is_some(), "timerfd available");
         let now = Instant::now();
         let (near, mid, far) =
