@@ -350,6 +350,12 @@ impl Node {
             .map_or(Readiness::default(), |sock| Readiness { readable: sock.readable(), writable: sock.writable() })
     }
 
+    /// Messages queued on the socket for receive (0: none, or no such
+    /// socket).
+    pub fn recv_queued(&self, s: SockId) -> usize {
+        self.sock(s).map_or(0, |k| k.recv_queue.len())
+    }
+
     /// Messages of this socket that were dropped because the peer restarted
     /// (the kernel drops them silently; we count them per socket).
     pub fn flushed(&self, s: SockId) -> u64 {

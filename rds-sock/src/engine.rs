@@ -254,12 +254,28 @@ impl Inner {
     fn dispatch(&self, work: &mut Vec<Work>) {
         for w in work.drain(..) {
             match w {
+                // A reply that may go out with the next ones (`crate::batch`).
+                Work::Out(Output::Kick(p)) if p.kind == TransportKind::Tcp && crate::batch::active() => {
+                    if self.tcp.kick_later(p) {
+                        crate::batch::hold(p);
+                    } else {
+                        self.tcp.kick(p);
+                    }
+                }
                 Work::Out(o) => {
+                    if let Output::Kick(p) = &o {
+                        crate::batch::kicked(p);
+                    }
                     driver::carry_out(o, |k| self.transport(k));
                 }
                 Work::Wake(sh, seq, r, w) => sh.wake(seq, r, w),
             }
         }
+    }
+
+    /// Kicks a TCP path whose kick a thread held (`crate::batch`).
+    pub(crate) fn kick_now(&self, p: PathInfo) {
+        self.tcp.kick(p);
     }
 
     /// The TCP paths of an address pair for a blocked receiver to read

@@ -58,8 +58,13 @@
 //! Threads: the TCP transport runs a fixed number of reactor threads
 //! (`TcpConfig::threads`) whatever the number of peers, plus one timer
 //! thread per engine. Sends are written by the calling thread when the
-//! connection has room, as the kernel does.
+//! connection has room, as the kernel does, except that a thread answering
+//! messages it has not finished reading (its socket has more queued) has
+//! its answers written together, up to 8 at a time, and at the latest when
+//! it next finds nothing to read or waits (the `batch` module; the
+//! reactor writes them within `rds_tcp::REPLY_BATCH_MAX` otherwise).
 
+mod batch;
 mod copy;
 mod engine;
 pub mod info;

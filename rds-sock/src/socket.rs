@@ -290,9 +290,22 @@ impl RdsSocket {
         self.check_rdma_send(flags.rdma.as_ref(), flags.rdma_dest)?;
         let blocking = wait != SendWait::No;
         let opts = SendOptions { rdma: flags.rdma.clone(), rdma_dest: flags.rdma_dest, blocking };
+        // Whether this send may leave its write for the program's next
+        // ones (`crate::batch`): this thread received from the socket last.
+        let may_batch = crate::batch::receiving(&self.shared);
         loop {
             let snap = self.shared.snapshot();
-            let r = self.run(|n| n.send(self.id, dst, &payload, &opts));
+            let r = self.run(|n| {
+                let r = n.send(self.id, dst, &payload, &opts);
+                if may_batch && r.is_ok() {
+                    let queued = n.recv_queued(self.id);
+                    if queued > 0 {
+                        crate::batch::start(queued);
+                    }
+                }
+                r
+            });
+            crate::batch::sent(&self.engine.inner);
             // Stored only when it changes: a stream's sends do not write
             // the line the receiving thread's waits read.
             if r.is_ok() && !self.shared.sent_since_wait.load(std::sync::atomic::Ordering::Relaxed) {
@@ -336,6 +349,7 @@ impl RdsSocket {
         deadline: Option<Instant>,
         mut acks: Option<(IpAddr, IpAddr)>,
     ) -> io::Result<()> {
+        crate::batch::release(&self.engine.inner);
         let (mut nap, mut fruitless) = (ACK_NAP_MIN, 0u32);
         loop {
             if let Some((l, f)) = acks {
@@ -386,15 +400,23 @@ impl RdsSocket {
             let snap = self.shared.snapshot();
             match self.run(|n| n.recv(self.id, flags.peek)) {
                 Ok(Received::Data(inc)) if !flags.peek => {
+                    crate::batch::received_from(&self.shared);
                     self.rdma_unuse(&inc.header);
                     *self.shared.rx_hint.lock() = Some((inc.to.ip(), inc.from.ip()));
                     return Ok(Received::Data(inc));
                 }
                 Err(Errno::EAGAIN) if blocking => {
+                    crate::batch::release(&self.engine.inner);
                     if !self.shared.wait(snap, deadline) {
                         return Err(err(Errno::ETIMEDOUT));
                     }
                     self.live()?;
+                }
+                Err(Errno::EAGAIN) => {
+                    // Nothing to read: the program goes to wait (held
+                    // replies go out first).
+                    crate::batch::release(&self.engine.inner);
+                    return Err(err(Errno::EAGAIN));
                 }
                 r => return r.map_err(err),
             }
@@ -667,6 +689,7 @@ impl RdsSocket {
     /// [`RdsSocket::recv_msg_wait`]).
     fn wait_readable(&self, deadline: Option<Instant>) -> io::Result<()> {
         use std::sync::atomic::Ordering::Relaxed;
+        crate::batch::release(&self.engine.inner);
         let fd = self.as_raw_fd();
         let skip = &self.shared.assist_skip;
         let mut assist = if skip.load(Relaxed) > 0 {
@@ -782,6 +805,7 @@ impl AsFd for RdsSocket {
 
 impl Drop for RdsSocket {
     fn drop(&mut self) {
+        crate::batch::release(&self.engine.inner);
         self.rdma_drop_keys();
         self.engine.unregister_sock(self.id);
     }

@@ -126,7 +126,8 @@
 //! passes a short read ended (see "Receive"), `tcp_tx_coalesced` the
 //! sends left to the end of a write-coalescing window (of them
 //! `tcp_tx_handed_off` those left to the reactor after it,
-//! [`TcpConfig::stream_handoff`]) and
+//! [`TcpConfig::stream_handoff`]), `tcp_tx_batched` the replies left for
+//! the replying program's next kick ([`TcpTransport::kick_later`]) and
 //! `tcp_ack_timer_answered` the waits for acks whose timer started at
 //! `ack_poll_max` and `tcp_ack_timer_polls` the reactor's polls on its ack
 //! timer, a wake-up each (see "Acks"), and `tcp_window_clamp_reasserted`
@@ -213,6 +214,7 @@
 #![deny(clippy::undocumented_unsafe_blocks)]
 
 mod assist;
+mod batch;
 mod coalesce;
 mod interest;
 mod path_conn;
@@ -223,6 +225,7 @@ mod sys;
 mod xmit;
 
 pub use assist::{ASSIST_ACK_LAZY_BYTES, ASSIST_LINGER, ASSIST_MAX_PATHS, ASSIST_STREAM_BYTES, RxAssist};
+pub use batch::REPLY_BATCH_MAX;
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};

@@ -69,6 +69,9 @@ pub(crate) struct Stats {
     /// reactor after the window's end (ours; see
     /// [`crate::TcpConfig::stream_handoff`]).
     pub tx_handed_off: AtomicU64,
+    /// Sends left for the sending program's next kick, replies written as
+    /// a batch (ours; see [`crate::TcpTransport::kick_later`]).
+    pub tx_batched: AtomicU64,
     /// Ack timers armed at [`crate::TcpConfig::ack_poll_max`] because the
     /// connection brought a message (not a congestion map) within that
     /// long: when a wait for acks starts (`Inner::ack_timer`), and when
@@ -105,6 +108,7 @@ impl Stats {
             ("tcp_rx_short_reads", self.rx_short_reads.load(Relaxed)),
             ("tcp_tx_coalesced", self.tx_coalesced.load(Relaxed)),
             ("tcp_tx_handed_off", self.tx_handed_off.load(Relaxed)),
+            ("tcp_tx_batched", self.tx_batched.load(Relaxed)),
             ("tcp_ack_timer_answered", self.ack_timer_answered.load(Relaxed)),
             ("tcp_ack_timer_polls", self.ack_timer_polls.load(Relaxed)),
             ("tcp_rx_assist_acks_left", self.rx_assist_acks_left.load(Relaxed)),

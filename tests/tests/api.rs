@@ -682,3 +682,99 @@ fn a_blocked_sender_polls_the_acks_that_make_room() {
     assert_eq!(engine_counter(&e1, "tcp_ack_timer_polls"), polls0, "the ack timer never fired");
     assert!(engine_counter(&e1, "send_queue_full") > 0, "the send buffer was full");
 }
+
+/// Waits (at most 10 s) until `e` queued `n` more messages on its
+/// sockets than `from` (`recv_queued`).
+fn await_queued(e: &rds_sock::Engine, from: u64, n: u64) {
+    let start = std::time::Instant::now();
+    while engine_counter(e, "recv_queued") < from + n {
+        assert!(start.elapsed() < Duration::from_secs(10), "{n} messages never reached the queue");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+}
+
+/// Answers to requests already queued go out together (`rds_sock`'s
+/// batch, `rds_tcp::TcpTransport::kick_later`): b finds 16 requests
+/// queued and answers each as it reads it. The first 15 answers find
+/// more requests queued and are held for the next (`tcp_tx_batched`);
+/// the last finds none and goes out at once, with them. A send from
+/// another thread than the receiving one is never held. a gets every
+/// answer once, in order.
+#[test]
+fn answers_to_queued_requests_go_out_together() {
+    use rds_sock::RecvFlags;
+    const N: u32 = 16;
+    let ip = addr_block(43);
+    let Pair { e1: _e1, e2, a, b } = pair(ip, 4050);
+    first_exchange(&a, &b);
+    let (a_addr, b_addr) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+    let deadline = || Some(std::time::Instant::now() + Duration::from_secs(10));
+    let batched = || engine_counter(&e2, "tcp_tx_batched");
+    let d0 = engine_counter(&e2, "recv_queued");
+    for i in 0..N {
+        a.send_to(&i.to_le_bytes(), b_addr).unwrap();
+    }
+    await_queued(&e2, d0, u64::from(N));
+    let b0 = batched();
+    // Another thread's send, with 16 requests queued: written at once.
+    std::thread::scope(|s| {
+        s.spawn(|| b.send_to(b"other", a_addr).unwrap());
+    });
+    assert_eq!(batched(), b0, "a send from a thread that did not receive was held");
+    let mut buf = [0u8; 16];
+    for i in 0..N {
+        let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+        assert_eq!((&buf[..m.len], m.from), (&i.to_le_bytes()[..], Some(a_addr)), "request {i}");
+        b.send_to(&(i | 1 << 31).to_le_bytes(), a_addr).unwrap();
+    }
+    assert_eq!(batched() - b0, u64::from(N - 1), "the answers that found more requests queued were held");
+    let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+    assert_eq!(&buf[..m.len], b"other");
+    for i in 0..N {
+        let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+        assert_eq!((&buf[..m.len], m.from), (&(i | 1 << 31).to_le_bytes()[..], Some(b_addr)), "answer {i}");
+    }
+    let none = RecvFlags { dontwait: true, ..RecvFlags::default() };
+    assert!(a.recv_msg(&mut buf, none).is_err() && b.recv_msg(&mut buf, none).is_err(), "nothing more");
+}
+
+/// A held answer goes out without its program (`rds_tcp::REPLY_BATCH_MAX`):
+/// b reads one of two queued requests and answers it (held: one more is
+/// queued), then makes no call for 3 s. The reactor writes the answer,
+/// which a gets while b still sleeps; then b answers the second request.
+#[test]
+fn a_held_answer_goes_out_while_its_program_does_something_else() {
+    use rds_sock::RecvFlags;
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let ip = addr_block(43);
+    let Pair { e1: _e1, e2, a, b } = pair(ip, 4051);
+    first_exchange(&a, &b);
+    let (a_addr, b_addr) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+    let deadline = || Some(std::time::Instant::now() + Duration::from_secs(10));
+    let d0 = engine_counter(&e2, "recv_queued");
+    a.send_to(b"one", b_addr).unwrap();
+    a.send_to(b"two", b_addr).unwrap();
+    await_queued(&e2, d0, 2);
+    let b0 = engine_counter(&e2, "tcp_tx_batched");
+    let awake = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut buf = [0u8; 16];
+            let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+            assert_eq!(&buf[..m.len], b"one");
+            b.send_to(b"answer one", a_addr).unwrap();
+            assert_eq!(engine_counter(&e2, "tcp_tx_batched") - b0, 1, "the answer was held");
+            std::thread::sleep(Duration::from_secs(3));
+            awake.store(true, SeqCst);
+            let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+            assert_eq!(&buf[..m.len], b"two");
+            b.send_to(b"answer two", a_addr).unwrap();
+        });
+        let mut buf = [0u8; 16];
+        let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+        assert_eq!((&buf[..m.len], m.from), (&b"answer one"[..], Some(b_addr)));
+        assert!(!awake.load(SeqCst), "the held answer waited for its program");
+        let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+        assert_eq!(&buf[..m.len], b"answer two");
+    });
+}
