@@ -18,6 +18,8 @@
 //! - when it next looks for a message and finds none (a receive that would
 //!   block or fails with `EAGAIN`), before any wait on the socket (a
 //!   receive's, a blocking send's), and when it closes a socket;
+//! - when the thread ends (a program's `exit` included: the held list's
+//!   destructor writes them, as the kernel had written them in `sendmsg`);
 //! - the reactor writes them otherwise.
 //!
 //! A send from another thread than the receiving one, and every send of a
@@ -25,10 +27,12 @@
 //! is written at once, as before.
 
 use std::cell::{Cell, RefCell};
+use std::sync::Arc;
 
-use rds_core::PathInfo;
+use rds_core::{PathInfo, RdsTransport};
+use rds_tcp::TcpTransport;
 
-use crate::engine::{Inner, SockShared};
+use crate::engine::SockShared;
 
 /// A thread that holds this many sends writes them (module docs). With 16
 /// requests in flight, each answered (`rds-window`, 64 B, VM rig, 3 rounds
@@ -37,17 +41,27 @@ use crate::engine::{Inner, SockShared};
 /// whole batch 13.8-15.6 k.
 pub(crate) const BATCH_SENDS: usize = 8;
 
-thread_local! {
+/// A thread's batch, apart from the kicks it holds ([`HELD`], which has a
+/// destructor; these do not, so reading them costs no check of it).
+struct State {
     /// The socket this thread last received a message from (its shared
     /// state's address; only compared, never followed).
-    static RECEIVING: Cell<usize> = const { Cell::new(0) };
+    receiving: Cell<usize>,
     /// While a send that may wait dispatches its outputs: the messages its
     /// socket still has queued for receive.
-    static BATCHING: Cell<usize> = const { Cell::new(0) };
-    /// The TCP paths whose kicks this thread holds.
-    static HELD: RefCell<Vec<PathInfo>> = const { RefCell::new(Vec::new()) };
+    batching: Cell<usize>,
     /// Sends held since this thread last wrote.
-    static SENDS: Cell<usize> = const { Cell::new(0) };
+    sends: Cell<usize>,
+    /// Whether [`HELD`] holds anything.
+    holding: Cell<bool>,
+}
+
+thread_local! {
+    static STATE: State = const {
+        State { receiving: Cell::new(0), batching: Cell::new(0), sends: Cell::new(0), holding: Cell::new(false) }
+    };
+    /// The TCP paths whose kicks this thread holds, with their transport.
+    static HELD: RefCell<Held> = const { RefCell::new(Held(Vec::new())) };
 }
 
 fn addr(sh: &SockShared) -> usize {
@@ -56,52 +70,78 @@ fn addr(sh: &SockShared) -> usize {
 
 /// This thread received a message from the socket.
 pub(crate) fn received_from(sh: &SockShared) {
-    RECEIVING.with(|r| r.set(addr(sh)));
+    STATE.with(|b| b.receiving.set(addr(sh)));
 }
 
 /// Whether this thread last received from the socket (its sends may wait).
 pub(crate) fn receiving(sh: &SockShared) -> bool {
-    RECEIVING.with(|r| r.get() == addr(sh))
+    STATE.with(|b| b.receiving.get() == addr(sh))
 }
 
 /// The send being dispatched may wait: called under the node's lock with
 /// the messages its socket has queued for receive (more than 0).
 pub(crate) fn start(queued: usize) {
-    BATCHING.with(|b| b.set(queued));
+    STATE.with(|b| b.batching.set(queued));
 }
 
 /// Whether the kicks being dispatched may wait.
 pub(crate) fn active() -> bool {
-    BATCHING.with(|b| b.get() > 0)
+    STATE.with(|b| b.batching.get() > 0)
 }
 
-/// Holds a kick the transport left for later.
-pub(crate) fn hold(p: PathInfo) {
-    HELD.with(|h| {
-        let mut h = h.borrow_mut();
-        if !h.iter().any(|q| q.id == p.id && q.inst == p.inst) {
-            h.push(p);
+/// Kicks held by a thread; what is still held when the thread ends (or
+/// the program exits) is written then.
+struct Held(Vec<(PathInfo, Arc<TcpTransport>)>);
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        for (p, t) in self.0.drain(..) {
+            t.kick(p);
+        }
+    }
+}
+
+/// Holds a kick that `t` left for later (past the thread's end, when the
+/// list is gone, it kicks at once).
+pub(crate) fn hold(t: &Arc<TcpTransport>, p: PathInfo) {
+    let held = HELD.try_with(|h| {
+        let h = &mut h.borrow_mut().0;
+        if !h.iter().any(|(q, u)| q.id == p.id && q.inst == p.inst && Arc::ptr_eq(t, u)) {
+            h.push((p, t.clone()));
         }
     });
+    match held {
+        Ok(()) => STATE.with(|b| b.holding.set(true)),
+        Err(_) => t.kick(p),
+    }
 }
 
-/// A kick of `p` went out: it need not be held any more.
-pub(crate) fn kicked(p: &PathInfo) {
-    HELD.with(|h| {
+/// A kick of `p` went out on `t`: it need not be held any more.
+pub(crate) fn kicked(t: &Arc<TcpTransport>, p: &PathInfo) {
+    if !STATE.with(|b| b.holding.get()) {
+        return;
+    }
+    // `try_with`: the list may be gone (its destructor kicks through here).
+    let _ = HELD.try_with(|h| {
         if let Ok(mut h) = h.try_borrow_mut() {
-            h.retain(|q| q.id != p.id);
+            h.0.retain(|(q, u)| q.id != p.id || !Arc::ptr_eq(t, u));
+            if h.0.is_empty() {
+                STATE.with(|b| b.holding.set(false));
+            }
         }
     });
 }
 
 /// After a send's dispatch: writes what this thread holds unless the send
 /// was one that may wait, or when it holds [`BATCH_SENDS`] (module docs).
-pub(crate) fn sent(inner: &Inner) {
-    let queued = BATCHING.with(|b| b.replace(0));
-    let (write, held) = after_send(queued, SENDS.with(Cell::get));
-    SENDS.with(|s| s.set(held));
+pub(crate) fn sent() {
+    let write = STATE.with(|b| {
+        let (write, sends) = after_send(b.batching.replace(0), b.sends.get());
+        b.sends.set(sends);
+        write && b.holding.get()
+    });
     if write {
-        kick_held(inner);
+        kick_held();
     }
 }
 
@@ -113,18 +153,21 @@ fn after_send(queued: usize, held: usize) -> (bool, usize) {
 }
 
 /// Writes every path this thread holds: its batch is over.
-pub(crate) fn release(inner: &Inner) {
-    SENDS.with(|s| s.set(0));
-    kick_held(inner);
+pub(crate) fn release() {
+    let holding = STATE.with(|b| {
+        b.sends.set(0);
+        b.holding.get()
+    });
+    if holding {
+        kick_held();
+    }
 }
 
-fn kick_held(inner: &Inner) {
-    let held = HELD.with(|h| {
-        let mut h = h.borrow_mut();
-        if h.is_empty() { Vec::new() } else { std::mem::take(&mut *h) }
-    });
-    for p in held {
-        inner.kick_now(p);
+fn kick_held() {
+    STATE.with(|b| b.holding.set(false));
+    let held = HELD.try_with(|h| std::mem::take(&mut h.borrow_mut().0)).unwrap_or_default();
+    for (p, t) in held {
+        t.kick(p);
     }
 }
 

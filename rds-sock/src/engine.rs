@@ -224,7 +224,9 @@ thread_local! {
 impl Inner {
     /// Runs `f` on the node, then dispatches what it asked for.
     pub(crate) fn run<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R {
-        let mut work = WORK.with(|w| std::mem::take(&mut *w.borrow_mut()));
+        // `try_with`: a thread's held kicks are written by a destructor at
+        // its end (`crate::batch`), when this one may be gone.
+        let mut work = WORK.try_with(|w| std::mem::take(&mut *w.borrow_mut())).unwrap_or_default();
         let r = {
             let mut st = self.state.lock();
             let r = f(&mut st.node);
@@ -232,7 +234,7 @@ impl Inner {
             r
         };
         self.dispatch(&mut work);
-        WORK.with(|w| {
+        let _ = WORK.try_with(|w| {
             let mut w = w.borrow_mut();
             if w.capacity() < work.capacity() {
                 *w = work;
@@ -257,25 +259,22 @@ impl Inner {
                 // A reply that may go out with the next ones (`crate::batch`).
                 Work::Out(Output::Kick(p)) if p.kind == TransportKind::Tcp && crate::batch::active() => {
                     if self.tcp.kick_later(p) {
-                        crate::batch::hold(p);
+                        crate::batch::hold(&self.tcp, p);
                     } else {
                         self.tcp.kick(p);
                     }
                 }
                 Work::Out(o) => {
-                    if let Output::Kick(p) = &o {
-                        crate::batch::kicked(p);
+                    if let Output::Kick(p) = &o
+                        && p.kind == TransportKind::Tcp
+                    {
+                        crate::batch::kicked(&self.tcp, p);
                     }
                     driver::carry_out(o, |k| self.transport(k));
                 }
                 Work::Wake(sh, seq, r, w) => sh.wake(seq, r, w),
             }
         }
-    }
-
-    /// Kicks a TCP path whose kick a thread held (`crate::batch`).
-    pub(crate) fn kick_now(&self, p: PathInfo) {
-        self.tcp.kick(p);
     }
 
     /// The TCP paths of an address pair for a blocked receiver to read

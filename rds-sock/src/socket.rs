@@ -305,7 +305,7 @@ impl RdsSocket {
                 }
                 r
             });
-            crate::batch::sent(&self.engine.inner);
+            crate::batch::sent();
             // Stored only when it changes: a stream's sends do not write
             // the line the receiving thread's waits read.
             if r.is_ok() && !self.shared.sent_since_wait.load(std::sync::atomic::Ordering::Relaxed) {
@@ -349,7 +349,7 @@ impl RdsSocket {
         deadline: Option<Instant>,
         mut acks: Option<(IpAddr, IpAddr)>,
     ) -> io::Result<()> {
-        crate::batch::release(&self.engine.inner);
+        crate::batch::release();
         let (mut nap, mut fruitless) = (ACK_NAP_MIN, 0u32);
         loop {
             if let Some((l, f)) = acks {
@@ -406,7 +406,7 @@ impl RdsSocket {
                     return Ok(Received::Data(inc));
                 }
                 Err(Errno::EAGAIN) if blocking => {
-                    crate::batch::release(&self.engine.inner);
+                    crate::batch::release();
                     if !self.shared.wait(snap, deadline) {
                         return Err(err(Errno::ETIMEDOUT));
                     }
@@ -415,7 +415,7 @@ impl RdsSocket {
                 Err(Errno::EAGAIN) => {
                     // Nothing to read: the program goes to wait (held
                     // replies go out first).
-                    crate::batch::release(&self.engine.inner);
+                    crate::batch::release();
                     return Err(err(Errno::EAGAIN));
                 }
                 r => return r.map_err(err),
@@ -689,7 +689,7 @@ impl RdsSocket {
     /// [`RdsSocket::recv_msg_wait`]).
     fn wait_readable(&self, deadline: Option<Instant>) -> io::Result<()> {
         use std::sync::atomic::Ordering::Relaxed;
-        crate::batch::release(&self.engine.inner);
+        crate::batch::release();
         let fd = self.as_raw_fd();
         let skip = &self.shared.assist_skip;
         let mut assist = if skip.load(Relaxed) > 0 {
@@ -805,7 +805,7 @@ impl AsFd for RdsSocket {
 
 impl Drop for RdsSocket {
     fn drop(&mut self) {
-        crate::batch::release(&self.engine.inner);
+        crate::batch::release();
         self.rdma_drop_keys();
         self.engine.unregister_sock(self.id);
     }

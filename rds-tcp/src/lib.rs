@@ -328,6 +328,12 @@ pub struct TcpConfig {
     /// thread only queues. Default on (`RDS_TCP_STREAM_HANDOFF=0` in the
     /// environment turns it off). See the `coalesce` module's docs.
     pub stream_handoff: bool,
+    /// The longest an answer left for its program's next write waits for
+    /// it: the reactor writes it then ([`TcpTransport::kick_later`], the
+    /// `batch` module's docs). Zero holds no answer (every send writes at
+    /// once, as the kernel's). Default [`REPLY_BATCH_MAX`], 2 ms
+    /// (`RDS_TCP_REPLY_BATCH_US` in the environment overrides it).
+    pub reply_batch: Duration,
 }
 
 /// A receive buffer several times the largest receive window a connection
@@ -403,6 +409,7 @@ impl Default for TcpConfig {
             coalesce_max: env_micros("RDS_TCP_COALESCE_MAX_US", 500),
             rx_frame_timeout: Duration::from_secs(30),
             stream_handoff: std::env::var("RDS_TCP_STREAM_HANDOFF").map_or(true, |v| v != "0"),
+            reply_batch: env_micros("RDS_TCP_REPLY_BATCH_US", REPLY_BATCH_MAX.as_micros() as u64),
         }
     }
 }

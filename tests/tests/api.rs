@@ -778,3 +778,56 @@ fn a_held_answer_goes_out_while_its_program_does_something_else() {
         assert_eq!(&buf[..m.len], b"answer two");
     });
 }
+
+/// Two engines whose TCP transport holds answers for up to `reply_batch`
+/// (`rds_tcp::TcpConfig::reply_batch`), a socket on each.
+fn pair_holding(ip: impl Fn(u8) -> std::net::IpAddr, port: u16, reply_batch: Duration) -> Pair {
+    let cfg = || {
+        let mut c = rds_sock::EngineConfig::default();
+        c.tcp.reply_batch = reply_batch;
+        rds_sock::Engine::new(c).unwrap()
+    };
+    let (e1, e2) = (cfg(), cfg());
+    let (a, b) = (e1.socket().unwrap(), e2.socket().unwrap());
+    a.bind(sa(ip(1), port)).unwrap();
+    b.bind(sa(ip(2), port)).unwrap();
+    Pair { e1, e2, a, b }
+}
+
+/// A thread that ends holding an answer writes it as it ends (as a
+/// program's `exit` does: the held list's destructor), where the reactor
+/// would write it only after `reply_batch`, here 60 s: b's thread reads
+/// one of two queued requests, answers it (held) and ends; a gets the
+/// answer well within its 10 s deadline. With `reply_batch` zero no
+/// answer is held at all.
+#[test]
+fn a_thread_that_ends_writes_the_answers_it_held() {
+    use rds_sock::RecvFlags;
+    for (port, hold) in [(4052, Duration::from_secs(60)), (4053, Duration::ZERO)] {
+        let ip = addr_block(43);
+        let Pair { e1: _e1, e2, a, b } = pair_holding(ip, port, hold);
+        first_exchange(&a, &b);
+        let (a_addr, b_addr) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+        let deadline = || Some(std::time::Instant::now() + Duration::from_secs(10));
+        let q0 = engine_counter(&e2, "recv_queued");
+        a.send_to(b"one", b_addr).unwrap();
+        a.send_to(b"two", b_addr).unwrap();
+        await_queued(&e2, q0, 2);
+        let b0 = engine_counter(&e2, "tcp_tx_batched");
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let mut buf = [0u8; 16];
+                let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+                assert_eq!(&buf[..m.len], b"one");
+                b.send_to(b"answer one", a_addr).unwrap();
+            });
+        });
+        let held = u64::from(!hold.is_zero());
+        assert_eq!(engine_counter(&e2, "tcp_tx_batched") - b0, held, "held with reply_batch {hold:?}");
+        let mut buf = [0u8; 16];
+        let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+        assert_eq!((&buf[..m.len], m.from), (&b"answer one"[..], Some(b_addr)));
+        let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+        assert_eq!(&buf[..m.len], b"two");
+    }
+}
