@@ -171,9 +171,56 @@ fn kick_held() {
     }
 }
 
+/// In the child of a fork ([`crate::Engine::forget_after_fork`]): forgets
+/// the kicks this thread held without writing them or dropping their
+/// transports. They name the parent's connections, whose TCP sockets the
+/// child shares: a write from the child would go into the parent's
+/// streams.
+pub(crate) fn forget_after_fork() {
+    STATE.with(|b| {
+        b.receiving.set(0);
+        b.batching.set(0);
+        b.sends.set(0);
+        b.holding.set(false);
+    });
+    let _ = HELD.try_with(|h| {
+        if let Ok(mut h) = h.try_borrow_mut() {
+            std::mem::forget(std::mem::take(&mut h.0));
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
-    use super::after_send;
+    use super::*;
+
+    /// What a thread held before a fork is forgotten in the child: not
+    /// held any more, and no kick of it is left for a later write or the
+    /// thread's end.
+    #[test]
+    fn a_fork_child_forgets_the_held_kicks() {
+        let engine = crate::Engine::new(crate::EngineConfig { info_dir: None, ..Default::default() }).unwrap();
+        let p = PathInfo {
+            id: rds_core::PathId { conn: rds_core::ConnId(7), index: 3 },
+            inst: 1,
+            laddr: std::net::Ipv4Addr::LOCALHOST.into(),
+            faddr: std::net::Ipv4Addr::new(127, 0, 0, 2).into(),
+            kind: rds_core::TransportKind::Tcp,
+            tos: 0,
+            npaths: 8,
+            taken: true,
+        };
+        let tcp = engine.inner.tcp_transport();
+        hold(&tcp, p);
+        hold(&tcp, p);
+        assert!(STATE.with(|b| b.holding.get()));
+        assert_eq!(HELD.with(|h| h.borrow().0.len()), 1, "held once");
+        let refs = Arc::strong_count(&tcp);
+        forget_after_fork();
+        assert!(!STATE.with(|b| b.holding.get()));
+        assert_eq!(HELD.with(|h| h.borrow().0.len()), 0);
+        assert_eq!(Arc::strong_count(&tcp), refs, "the transport was forgotten, not dropped");
+    }
 
     /// A batch of 20 requests answered one by one: the 8th and the 16th
     /// answers write the ones held, the last (none queued) the rest: 3

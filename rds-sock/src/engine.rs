@@ -296,6 +296,12 @@ impl Inner {
         self.tcp.poll_pair_acks(laddr, faddr)
     }
 
+    /// The TCP transport.
+    #[cfg(test)]
+    pub(crate) fn tcp_transport(&self) -> Arc<TcpTransport> {
+        self.tcp.clone()
+    }
+
     fn transport(&self, kind: TransportKind) -> &dyn RdsTransport {
         match kind {
             TransportKind::Tcp => &*self.tcp,

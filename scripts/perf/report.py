@@ -383,9 +383,10 @@ def gap_cause(vm, row, base, raw, kern):
                   "reactor and handed to the program's thread, two threads woken per message, "
                   "where the kernel's RDS delivers it from its TCP receive callback")
         else:
-            s += ("; the program's own receive reads its answers (`rds_tcp::ASSIST_LINGER`), "
-                  "so what is left is the user-space code and the system calls per message "
-                  "(the instructions per round trip counted on the host, above)")
+            s += ("; the program's own receive reads its answers (`rds_tcp::ASSIST_LINGER`) "
+                  "and the answers to messages still queued go out up to 8 per write "
+                  "(`rds_sock`'s batch, `tcp_tx_batched`), so what is left is the user-space "
+                  "code per message (the instructions per round trip counted on the host, above)")
         return s
     if row in sizes and base == "kernel":
         size = sizes[row]

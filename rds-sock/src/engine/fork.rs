@@ -37,7 +37,11 @@ impl Engine {
     /// handler does). What it cannot repair: a lock another thread of the
     /// parent held at the instant of fork (POSIX allows only
     /// async-signal-safe calls in the child of a multithreaded process).
+    ///
+    /// The answers this thread held for a batch (`crate::batch`) are
+    /// forgotten too: they would be written into the parent's connections.
     pub fn forget_after_fork(self) {
+        crate::batch::forget_after_fork();
         forget_waiters(&self.inner.timer_cond, &self.inner.state);
         if let Some(socks) = self.inner.socks.try_read() {
             for sh in socks.values() {
