@@ -341,6 +341,23 @@ fn first_exchange(a: &rds_sock::RdsSocket, b: &rds_sock::RdsSocket) {
     a.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
 }
 
+/// A [`Pair`] on `port` after its [`first_exchange`], with its two
+/// sockets' addresses.
+fn exchanged_pair(
+    ip: impl Fn(u8) -> std::net::IpAddr,
+    port: u16,
+) -> (Pair, std::net::SocketAddr, std::net::SocketAddr) {
+    let p = pair(ip, port);
+    first_exchange(&p.a, &p.b);
+    let (a_addr, b_addr) = (p.a.local_addr().unwrap(), p.b.local_addr().unwrap());
+    (p, a_addr, b_addr)
+}
+
+/// A deadline 10 s from now, for a blocking receive that must not hang.
+fn in_10s() -> Option<std::time::Instant> {
+    Some(std::time::Instant::now() + Duration::from_secs(10))
+}
+
 /// Request/response through the blocking receive, the answer slower than
 /// the ack timer's shortest interval: each answer polls the acks (or, for
 /// small messages, leaves them to the timer), so the reactor's ack timer
@@ -442,9 +459,7 @@ fn only_a_receiver_that_sent_takes_its_lane_off_the_reactor() {
     use rds_sock::RecvFlags;
     const N: u32 = 100;
     let ip = addr_block(43);
-    let Pair { e1: _e1, e2, a, b } = pair(ip, 4030);
-    first_exchange(&a, &b);
-    let (a_addr, b_addr) = (a.local_addr().unwrap(), b.local_addr().unwrap());
+    let (Pair { e1: _e1, e2, a, b }, a_addr, b_addr) = exchanged_pair(ip, 4030);
     let quiet = || engine_counter(&e2, "tcp_rx_assist_quiet");
     let reads = || engine_counter(&e2, "tcp_rx_assist_reads");
     let deadline = || Some(std::time::Instant::now() + Duration::from_secs(10));
@@ -705,10 +720,7 @@ fn answers_to_queued_requests_go_out_together() {
     use rds_sock::RecvFlags;
     const N: u32 = 16;
     let ip = addr_block(43);
-    let Pair { e1: _e1, e2, a, b } = pair(ip, 4050);
-    first_exchange(&a, &b);
-    let (a_addr, b_addr) = (a.local_addr().unwrap(), b.local_addr().unwrap());
-    let deadline = || Some(std::time::Instant::now() + Duration::from_secs(10));
+    let (Pair { e1: _e1, e2, a, b }, a_addr, b_addr) = exchanged_pair(ip, 4050);
     let batched = || engine_counter(&e2, "tcp_tx_batched");
     let d0 = engine_counter(&e2, "recv_queued");
     for i in 0..N {
@@ -723,15 +735,15 @@ fn answers_to_queued_requests_go_out_together() {
     assert_eq!(batched(), b0, "a send from a thread that did not receive was held");
     let mut buf = [0u8; 16];
     for i in 0..N {
-        let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+        let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), in_10s()).unwrap();
         assert_eq!((&buf[..m.len], m.from), (&i.to_le_bytes()[..], Some(a_addr)), "request {i}");
         b.send_to(&(i | 1 << 31).to_le_bytes(), a_addr).unwrap();
     }
     assert_eq!(batched() - b0, u64::from(N - 1), "the answers that found more requests queued were held");
-    let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+    let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), in_10s()).unwrap();
     assert_eq!(&buf[..m.len], b"other");
     for i in 0..N {
-        let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+        let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), in_10s()).unwrap();
         assert_eq!((&buf[..m.len], m.from), (&(i | 1 << 31).to_le_bytes()[..], Some(b_addr)), "answer {i}");
     }
     let none = RecvFlags { dontwait: true, ..RecvFlags::default() };
@@ -747,10 +759,7 @@ fn a_held_answer_goes_out_while_its_program_does_something_else() {
     use rds_sock::RecvFlags;
     use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
     let ip = addr_block(43);
-    let Pair { e1: _e1, e2, a, b } = pair(ip, 4051);
-    first_exchange(&a, &b);
-    let (a_addr, b_addr) = (a.local_addr().unwrap(), b.local_addr().unwrap());
-    let deadline = || Some(std::time::Instant::now() + Duration::from_secs(10));
+    let (Pair { e1: _e1, e2, a, b }, a_addr, b_addr) = exchanged_pair(ip, 4051);
     let d0 = engine_counter(&e2, "recv_queued");
     a.send_to(b"one", b_addr).unwrap();
     a.send_to(b"two", b_addr).unwrap();
@@ -760,21 +769,21 @@ fn a_held_answer_goes_out_while_its_program_does_something_else() {
     std::thread::scope(|s| {
         s.spawn(|| {
             let mut buf = [0u8; 16];
-            let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+            let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), in_10s()).unwrap();
             assert_eq!(&buf[..m.len], b"one");
             b.send_to(b"answer one", a_addr).unwrap();
             assert_eq!(engine_counter(&e2, "tcp_tx_batched") - b0, 1, "the answer was held");
             std::thread::sleep(Duration::from_secs(3));
             awake.store(true, SeqCst);
-            let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+            let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), in_10s()).unwrap();
             assert_eq!(&buf[..m.len], b"two");
             b.send_to(b"answer two", a_addr).unwrap();
         });
         let mut buf = [0u8; 16];
-        let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+        let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), in_10s()).unwrap();
         assert_eq!((&buf[..m.len], m.from), (&b"answer one"[..], Some(b_addr)));
         assert!(!awake.load(SeqCst), "the held answer waited for its program");
-        let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+        let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), in_10s()).unwrap();
         assert_eq!(&buf[..m.len], b"answer two");
     });
 }
@@ -808,7 +817,6 @@ fn a_thread_that_ends_writes_the_answers_it_held() {
         let Pair { e1: _e1, e2, a, b } = pair_holding(ip, port, hold);
         first_exchange(&a, &b);
         let (a_addr, b_addr) = (a.local_addr().unwrap(), b.local_addr().unwrap());
-        let deadline = || Some(std::time::Instant::now() + Duration::from_secs(10));
         let q0 = engine_counter(&e2, "recv_queued");
         a.send_to(b"one", b_addr).unwrap();
         a.send_to(b"two", b_addr).unwrap();
@@ -817,7 +825,7 @@ fn a_thread_that_ends_writes_the_answers_it_held() {
         std::thread::scope(|s| {
             s.spawn(|| {
                 let mut buf = [0u8; 16];
-                let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+                let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), in_10s()).unwrap();
                 assert_eq!(&buf[..m.len], b"one");
                 b.send_to(b"answer one", a_addr).unwrap();
             });
@@ -825,9 +833,9 @@ fn a_thread_that_ends_writes_the_answers_it_held() {
         let held = u64::from(!hold.is_zero());
         assert_eq!(engine_counter(&e2, "tcp_tx_batched") - b0, held, "held with reply_batch {hold:?}");
         let mut buf = [0u8; 16];
-        let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+        let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), in_10s()).unwrap();
         assert_eq!((&buf[..m.len], m.from), (&b"answer one"[..], Some(b_addr)));
-        let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), deadline()).unwrap();
+        let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), in_10s()).unwrap();
         assert_eq!(&buf[..m.len], b"two");
     }
 }
