@@ -839,3 +839,70 @@ fn a_thread_that_ends_writes_the_answers_it_held() {
         assert_eq!(&buf[..m.len], b"two");
     }
 }
+
+/// Answers held for two peers at once: x's one thread answers the
+/// requests of y and z, which send theirs in bursts of 20, so that x finds
+/// both peers' requests queued and holds answers on two connections
+/// (`tcp_tx_batched`). Each requester gets every answer once, in order,
+/// with its content; x gets every request once, in order per sender.
+#[test]
+fn answers_held_for_several_peers_arrive_once_in_order() {
+    use rds_sock::RecvFlags;
+    const BURSTS: u32 = 25;
+    const BURST: u32 = 20;
+    let ip = addr_block(43);
+    let engines = [engine(), engine(), engine()];
+    let socks: Vec<_> = engines
+        .iter()
+        .enumerate()
+        .map(|(n, e)| {
+            let s = e.socket().unwrap();
+            s.bind(sa(ip(n as u8 + 1), 4054)).unwrap();
+            s
+        })
+        .collect();
+    let (x, peers) = (&socks[0], &socks[1..]);
+    let x_addr = x.local_addr().unwrap();
+    let b0 = engine_counter(&engines[0], "tcp_tx_batched");
+    let answer = |req: &[u8]| -> Vec<u8> { req.iter().map(|b| b ^ 0x5a).collect() };
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut next = [0u32; 2];
+            let mut buf = [0u8; 16];
+            for _ in 0..2 * BURSTS * BURST {
+                let m = x.recv_msg_wait(&mut buf, RecvFlags::default(), in_10s()).unwrap();
+                let from = m.from.unwrap();
+                let k = peers.iter().position(|p| p.local_addr().unwrap() == from).expect("a known peer");
+                assert_eq!(&buf[..m.len], &(next[k] | (k as u32) << 24).to_le_bytes()[..], "request from peer {k}");
+                next[k] += 1;
+                x.send_to(&answer(&buf[..m.len]), from).unwrap();
+            }
+        });
+        for (k, p) in peers.iter().enumerate() {
+            s.spawn(move || {
+                let mut buf = [0u8; 16];
+                for burst in 0..BURSTS {
+                    for i in 0..BURST {
+                        let req = (burst * BURST + i) | (k as u32) << 24;
+                        p.send_to(&req.to_le_bytes(), x_addr).unwrap();
+                    }
+                    for i in 0..BURST {
+                        let req = (burst * BURST + i) | (k as u32) << 24;
+                        let m = p.recv_msg_wait(&mut buf, RecvFlags::default(), in_10s()).unwrap();
+                        assert_eq!(
+                            (&buf[..m.len], m.from),
+                            (&answer(&req.to_le_bytes())[..], Some(x_addr)),
+                            "answer {req:#x}"
+                        );
+                    }
+                }
+            });
+        }
+    });
+    assert!(engine_counter(&engines[0], "tcp_tx_batched") > b0, "no answer was held");
+    let none = RecvFlags { dontwait: true, ..RecvFlags::default() };
+    let mut buf = [0u8; 16];
+    for s in &socks {
+        assert!(s.recv_msg(&mut buf, none).is_err(), "nothing more");
+    }
+}
