@@ -1,9 +1,7 @@
 //! Multipath RDS over TCP (mprds, `net/rds/send.c`'s `rds_send_mprds_hash`,
 //! `recv.c`'s `rds_recv_hs_exthdrs`, `connection.c`'s peer generation): the
 //! handshake (probe ping and pong carrying NPATHS, GEN_NUM, SPORT_IDX), lane
-//! selection (a socket's lane to a peer is fixed by its first message
-//! either way: the lane it first heard the peer on, else its port's;
-//! `Node::take_lane`), the in-order fan-out of the extra paths and
+//! selection by source port, the in-order fan-out of the extra paths and
 //! peer restarts (generation numbers); the lane-0 hold (a socket's
 //! messages sent on path 0 before the handshake keep its later messages
 //! on other paths waiting) is [`crate::lane0`]'s. The state lives in
@@ -14,7 +12,6 @@ use crate::connection::Connection;
 use crate::message::{MsgFlags, QueuedMsg, RxMessage};
 use crate::node::{HandshakeExts, Node};
 use crate::path::{Path, PathState};
-use crate::sock::PORT_LANE;
 use crate::types::{ConnId, PathId, Payload, SockId};
 use crate::wire::{self, Ext, Header, PROBE_PORT};
 
@@ -32,78 +29,15 @@ impl Node {
             self.maybe_probe(conn);
         }
         let backlog = self.sock(s).map_or(0, |k| k.lane0_count(conn));
-        let lane = self.take_lane(s, conn, port);
-        self.conn(conn).select_path(s, lane, backlog)
+        self.conn(conn).select_path(s, port, backlog)
     }
 
-    /// `RDS_MPATH_HASH`: the path of a socket bound to `port` that has no
-    /// lane of its own on the connection yet (see `Node::take_lane`). The
-    /// kernel hashes the port with a per-socket random value; we use the
-    /// port modulo the path count, which spreads consecutive ports
-    /// (rds-stress tasks) over distinct paths. The choice is local: the
-    /// peer never needs it.
+    /// `RDS_MPATH_HASH`: the path of a socket bound to `port`. The kernel
+    /// hashes the port with a per-socket random value; we use the port modulo
+    /// the path count, which spreads consecutive ports (rds-stress tasks)
+    /// over distinct paths. The choice is local: the peer never needs it.
     pub fn lane_of(&self, conn: ConnId, port: u16) -> usize {
         self.conn(conn).lane_of(port)
-    }
-
-    /// The lane of socket `s` (bound to `port`) on `conn`, fixed by the
-    /// socket's first message either way once the path count is known: the
-    /// sender's lane of the first message it received from the
-    /// connection's peer (`Node::heard_on_lane`) when that came before
-    /// any it sent, else the lane of its port ([`Node::lane_of`]). A request's answer then
-    /// goes back on the request's connection, where TCP's ack of the one
-    /// rides on the other (the kernel's hash sends them on the lanes of
-    /// the two sockets' ports, each with an ack of its own). A socket's
-    /// messages to one peer node keep one lane, as the kernel's do (one
-    /// per socket), so they stay in order. A socket that sent before the
-    /// path count was known keeps its port's lane (the lane-0 hold,
-    /// `crate::lane0`, counts on it). Called by a send: it fixes the lane.
-    pub(crate) fn take_lane(&mut self, s: SockId, conn: ConnId, port: u16) -> usize {
-        let c = self.conn(conn);
-        if c.paths.len() == 1 {
-            return 0;
-        }
-        let (known, active) = (c.npaths != 0, c.active_paths());
-        let by_port = usize::from(port) % active;
-        let Some(sock) = self.sock_mut(s) else { return by_port };
-        let first = if known { by_port as u8 } else { PORT_LANE };
-        match *sock.lanes.entry(conn).or_insert(first) {
-            PORT_LANE => by_port,
-            lane => usize::from(lane) % active,
-        }
-    }
-
-    /// The lane socket `s` uses on `conn` now, without fixing it (see
-    /// `Node::take_lane`).
-    pub(crate) fn lane_now(&self, s: SockId, conn: ConnId) -> Option<usize> {
-        let c = self.conn(conn);
-        let sock = self.sock(s)?;
-        let by_port = usize::from(sock.bound?.port()) % c.active_paths();
-        Some(match sock.lanes.get(&conn) {
-            None | Some(&PORT_LANE) => by_port,
-            Some(&lane) => usize::from(lane) % c.active_paths(),
-        })
-    }
-
-    /// Socket `s` received a message from `conn`'s peer, sent from port
-    /// `sport`, on path `index`: once the path count is known, that fixes
-    /// its lane on the connection unless a message it sent did first
-    /// (`Node::take_lane`): the sender's lane, which is `index` unless
-    /// that is path 0. On path 0 the message may have been sent before the
-    /// sender knew the count (every message is, then), and a sender that
-    /// did keeps its port's lane: ours take `sport` modulo the count, and
-    /// so does the lane recorded here (a kernel's lane is a hash of its
-    /// port that we cannot compute: there a guess, at worst an answer on
-    /// another connection, as before this rule).
-    pub(crate) fn heard_on_lane(&mut self, s: SockId, conn: ConnId, index: u8, sport: u16) {
-        let c = self.conn(conn);
-        if c.paths.len() == 1 || c.npaths == 0 {
-            return;
-        }
-        let lane = if index != 0 { index } else { (usize::from(sport) % c.active_paths()) as u8 };
-        if let Some(sock) = self.sock_mut(s) {
-            sock.lanes.entry(conn).or_insert(lane);
-        }
     }
 
     /// Sends the multipath probe ping on path 0 if the path count is unknown
@@ -292,7 +226,7 @@ impl Connection {
     /// `Node::select_path`), given the socket's messages held on path 0
     /// (`lane0_backlog`): (index, sent before the handshake, held behind
     /// the path-0 backlog).
-    pub(crate) fn select_path(&self, s: SockId, lane: usize, lane0_backlog: u32) -> (usize, bool, bool) {
+    pub(crate) fn select_path(&self, s: SockId, port: u16, lane0_backlog: u32) -> (usize, bool, bool) {
         if self.paths.len() == 1 {
             return (0, false, false);
         }
@@ -310,6 +244,7 @@ impl Connection {
             }
             return (0, true, false);
         }
+        let lane = self.lane_of(port);
         if lane == 0 {
             return (0, false, false);
         }

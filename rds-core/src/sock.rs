@@ -78,14 +78,7 @@ pub(crate) struct Sock {
     /// Per connection: messages of this socket on path 0 while its lane is
     /// another path (the mprds fan-out order rule).
     pub lane0_backlog: Vec<(ConnId, u32)>,
-    /// Per connection: this socket's lane, fixed by its first message
-    /// either way once the path count is known (`crate::mprds`'s lane
-    /// rule), or [`PORT_LANE`] when it sent before that.
-    pub lanes: crate::types::FastMap<ConnId, u8>,
 }
-
-/// A socket's lane on a connection follows its port (`Sock::lanes`).
-pub(crate) const PORT_LANE: u8 = u8::MAX;
 
 impl Sock {
     pub fn new(sndbuf: u32, rcvbuf: u32) -> Sock {
@@ -114,7 +107,6 @@ impl Sock {
             reported: (false, true),
             wake_queued: false,
             lane0_backlog: Vec::new(),
-            lanes: Default::default(),
         }
     }
 

@@ -196,71 +196,11 @@ fn lanes_are_chosen_by_bound_port_and_number_per_path() {
         let seqs: Vec<u64> = got.iter().filter(|g| g.1 == lane).map(|g| g.2).collect();
         assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "lane {lane}: {seqs:?}");
     }
-    // The reply from port 4003 went on path 0: its socket first heard
-    // from node 0 on path 0 ("hs", sent before the count was known, from
-    // port 5000, whose lane is 0), so that is its lane to node 0
-    // (`Node::take_lane`), not its port's (3).
+    // The reply from port 4003 went on path 3.
     let reply = net.data_sent_by(1);
     assert_eq!(reply.len(), 1);
-    assert_eq!(reply[0].path.index, 0);
+    assert_eq!(reply[0].path.index, 3);
     assert_eq!(net.drain_payloads(1, b).len(), 17);
-}
-
-/// A socket's lane to a peer is fixed by its first message either way
-/// once the path count is known: one that receives first answers on the
-/// lane the request came on (and keeps it for every later message to that
-/// peer, to any port), or, when that came on path 0, on the lane of the
-/// sender's port (a message sent before the count was known comes on path
-/// 0, and its sender's lane is then its port's); one that sends first
-/// keeps its port's lane whatever lane it hears on afterwards, and so does
-/// one that sent before the count was known. Every message arrives once,
-/// in order.
-#[test]
-fn an_answer_goes_back_on_the_lane_its_socket_first_heard_on() {
-    let mut net = Net::new(2);
-    let hs = net.bound(0, 5003); // its port's lane: 3
-    let a = net.bound(0, 5001); // 1
-    let d = net.bound(0, 5002); // 2
-    let b = net.bound(1, 4003); // 3
-    let c = net.bound(1, 4004); // 4
-    let e = net.bound(1, 4005); // 5
-    net.send(0, hs, sa(2, 4003), b"hs").unwrap();
-    net.run();
-    net.drain_payloads(1, b);
-    net.wire.clear();
-    let mut step = |node: usize, s: SockId, to: u16, what: &[u8]| {
-        net.send(node, s, sa(2 - node as u8, to), what).unwrap();
-        net.run();
-    };
-    step(1, c, 5003, b"c1"); // c sends first
-    step(0, d, 4005, b"d1");
-    step(1, e, 5002, b"e1"); // e heard d on lane 2 first
-    step(1, e, 5001, b"e2");
-    step(0, a, 4004, b"a1"); // a heard e on lane 2 first
-    step(1, c, 5001, b"c2"); // c heard a on lane 2, but sent first
-    step(1, b, 5003, b"b1"); // b heard hs on path 0: hs's port's lane
-    step(0, hs, 4003, b"hs2"); // hs heard c on lane 4, but sent first
-    let lane = |node: usize, what: &[u8]| {
-        let m: Vec<u8> =
-            net.data_sent_by(node).iter().filter(|m| &m.payload[..] == what).map(|m| m.path.index).collect();
-        assert_eq!(m.len(), 1, "{what:?} sent once");
-        m[0]
-    };
-    assert_eq!(lane(1, b"c1"), 4, "c sent first: its port's lane");
-    assert_eq!(lane(0, b"d1"), 2, "d sent first");
-    assert_eq!(lane(1, b"e1"), 2, "e heard d on lane 2 first");
-    assert_eq!(lane(1, b"e2"), 2, "e keeps that lane to every port of node 0");
-    assert_eq!(lane(0, b"a1"), 2, "a heard e on lane 2 first");
-    assert_eq!(lane(1, b"c2"), 4, "c keeps its port's lane after hearing a on lane 2");
-    assert_eq!(lane(1, b"b1"), 3, "b heard hs's first message, sent before the count was known, on path 0");
-    assert_eq!(lane(0, b"hs2"), 3, "hs sent before the count was known: its port's lane");
-    let mut got = |node, s| net.drain_payloads(node, s);
-    assert_eq!(got(0, hs), vec![b"c1".to_vec(), b"b1".to_vec()]);
-    assert_eq!(got(0, d), vec![b"e1".to_vec()]);
-    assert_eq!(got(0, a), vec![b"e2".to_vec(), b"c2".to_vec()]);
-    assert_eq!(got(1, e), vec![b"d1".to_vec()]);
-    assert_eq!(got(1, b), vec![b"hs2".to_vec()]);
-    assert_eq!(got(1, c), vec![b"a1".to_vec()]);
 }
 
 /// Node 0's data messages so far: (payload, path index).
