@@ -405,18 +405,17 @@ impl RdsSocket {
                     *self.shared.rx_hint.lock() = Some((inc.to.ip(), inc.from.ip()));
                     return Ok(Received::Data(inc));
                 }
-                Err(Errno::EAGAIN) if blocking => {
+                Err(Errno::EAGAIN) => {
+                    // Nothing to read: the program goes to wait, here or
+                    // in its own poll (held replies go out first).
                     crate::batch::release();
+                    if !blocking {
+                        return Err(err(Errno::EAGAIN));
+                    }
                     if !self.shared.wait(snap, deadline) {
                         return Err(err(Errno::ETIMEDOUT));
                     }
                     self.live()?;
-                }
-                Err(Errno::EAGAIN) => {
-                    // Nothing to read: the program goes to wait (held
-                    // replies go out first).
-                    crate::batch::release();
-                    return Err(err(Errno::EAGAIN));
                 }
                 r => return r.map_err(err),
             }

@@ -48,11 +48,10 @@ impl crate::TcpTransport {
     /// the transport is closed: nothing was left, kick it now.
     pub fn kick_later(&self, path: PathInfo) -> bool {
         let within = self.inner.cfg.reply_batch;
-        if within.is_zero() || self.inner.is_closed() {
+        if within.is_zero() {
             return false;
         }
-        let conn = self.inner.paths.lock().get(&path.id).cloned();
-        let Some(conn) = conn.filter(|c| c.info.inst == path.inst && c.state() == UP) else {
+        let Some(conn) = self.inner.conn_of(&path).filter(|c| c.state() == UP) else {
             return false;
         };
         inc(&self.inner.stats.tx_batched);

@@ -468,6 +468,15 @@ impl Inner {
         self.closed.load(SeqCst)
     }
 
+    /// The connection serving this instance of the path, while the
+    /// transport is open (a kick for an older instance finds none).
+    pub(crate) fn conn_of(&self, path: &PathInfo) -> Option<Arc<PathConn>> {
+        if self.is_closed() {
+            return None;
+        }
+        self.paths.lock().get(&path.id).filter(|c| c.info.inst == path.inst).cloned()
+    }
+
     /// Whether the core paused reading this path.
     pub fn rx_paused(&self, id: PathId) -> bool {
         self.rx_paused_n.load(SeqCst) != 0 && self.rx_flow.lock().get(&id).is_some_and(|f| f.0)
@@ -651,11 +660,7 @@ impl RdsTransport for TcpTransport {
     }
 
     fn kick(&self, path: PathInfo) {
-        if self.inner.is_closed() {
-            return;
-        }
-        let conn = self.inner.paths.lock().get(&path.id).cloned();
-        if let Some(conn) = conn.filter(|c| c.info.inst == path.inst) {
+        if let Some(conn) = self.inner.conn_of(&path) {
             self.inner.xmit(&conn);
         }
     }

@@ -108,13 +108,7 @@ impl ReactorHandle {
             waker: Waker::new(poll.registry(), WAKER)?,
             registry: poll.registry().try_clone()?,
             cmds: Mutex::new(Vec::new()),
-            timer: Mutex::new(TimerShared {
-                fd,
-                at: None,
-                watch_in: Vec::new(),
-                flush_in: Vec::new(),
-                linger_in: Vec::new(),
-            }),
+            timer: Mutex::new(TimerShared::new(fd)),
         })
     }
 

@@ -28,6 +28,12 @@ pub(super) struct TimerShared {
 }
 
 impl TimerShared {
+    /// Unarmed, with nothing listed; `fd` `None` where no timerfd could be
+    /// made (every deadline is then epoll's timeout).
+    pub fn new(fd: Option<crate::sys::TimerFd>) -> TimerShared {
+        TimerShared { fd, at: None, watch_in: Vec::new(), flush_in: Vec::new(), linger_in: Vec::new() }
+    }
+
     /// Makes the timerfd fire at `at` or earlier. An armed timer is only
     /// ever moved earlier, never later: a deadline that went away (the
     /// acks it was for came with an event) costs at most one early
@@ -64,13 +70,7 @@ mod tests {
     /// message; and it fires at the earliest deadline asked for.
     #[test]
     fn timer_only_moves_earlier() {
-        let mut t = TimerShared {
-            fd: crate::sys::TimerFd::new().ok(),
-            at: None,
-            watch_in: Vec::new(),
-            flush_in: Vec::new(),
-            linger_in: Vec::new(),
-        };
+        let mut t = TimerShared::new(crate::sys::TimerFd::new().ok());
         assert!(t.fd.is_some(), "timerfd available");
         let now = Instant::now();
         let (near, mid, far) =
