@@ -42,6 +42,7 @@ use std::time::{Duration, Instant};
 use crate::node::{Node, Timer};
 use crate::path::{Path, PathInfo, PathState};
 use crate::types::{ConnId, PathId, TransportKind};
+use crate::wire;
 
 #[derive(Debug)]
 pub(crate) struct Connection {
@@ -83,6 +84,9 @@ pub(crate) struct Connection {
     /// Evicted to make room for another peer (`NodeConfig::max_peers`): no
     /// longer counted, collected as soon as it is idle.
     pub evicted: bool,
+    /// Per lane (path index): how many of our sockets have it as their
+    /// lane on this connection (`Sock::lanes`, `Node::take_lane`).
+    pub lane_socks: [u32; wire::MPATH_WORKERS],
 }
 
 impl Connection {
@@ -118,6 +122,7 @@ impl Connection {
             maps_rx: 0,
             gc_at: None,
             evicted: false,
+            lane_socks: [0; wire::MPATH_WORKERS],
         }
     }
 
@@ -430,6 +435,7 @@ impl Node {
         for slot in self.ep.socks.iter_mut() {
             if let Some(k) = slot.sock.as_mut() {
                 k.lane0_backlog.retain(|(lc, _)| *lc != c);
+                k.lanes.remove(&c);
             }
         }
         if self.ep.cfg.conn_memo_max > 0 {

@@ -3,8 +3,9 @@
 //! peer has *read* them.
 //!
 //! Before the path count is known every message goes on path 0
-//! (`Connection::select_path`); after it, a socket's messages go on the
-//! lane its port hashes to. A message on the lane must not be delivered
+//! (`Connection::select_path`); after it, a socket's messages go on its
+//! lane (`Node::take_lane`: a socket that sent before the count was known
+//! keeps its port's). A message on the lane must not be delivered
 //! before the socket's earlier messages on path 0, and the two paths are
 //! separate byte streams that the peer reads in whatever order its
 //! transport finds them ready. The acks of RDS-TCP say only that the
@@ -44,9 +45,8 @@
 //! hold costs one round trip more than the acks did, once per socket per
 //! handshake. Holds outlive path 0's connection: the peer reads what its
 //! TCP had of the old connection before it takes the next one for the
-//! same path, and the next instance's ping asks. A socket whose port
-//! hashes to path 0, or a peer that turns out to have one path, holds
-//! nothing.
+//! same path, and the next instance's ping asks. A socket whose lane is
+//! path 0, or a peer that turns out to have one path, holds nothing.
 
 use std::time::{Duration, Instant};
 
@@ -127,13 +127,13 @@ impl Node {
     }
 
     /// Whether socket `s` has no lane to hold on `conn`: the peer has one
-    /// path, or the socket's port hashes to path 0.
+    /// path, or the socket's lane is path 0 (`Node::lane_now`).
     fn lane0_needless(&self, conn: ConnId, s: SockId) -> bool {
         let c = self.conn(conn);
         match c.npaths {
             0 => false,
             1 => true,
-            _ => self.sock(s).and_then(|k| k.bound).is_none_or(|b| c.lane_of(b.port()) == 0),
+            _ => self.lane_now(s, conn).is_none_or(|lane| lane == 0),
         }
     }
 

@@ -64,7 +64,7 @@
 //! | reconnect backoff (`queue_reconnect`, the reconnect timer) | [`path`] | `Path` (`reconnect_delay`, `reconnect_at`) |
 //! | idle collection, sequence memos of collected connections, peer limit and eviction | [`connection`] | `Connection` (`gc_at`, `evicted`), `ConnMemo`; `Node` (`memos`) |
 //! | connection table and lookups (`conn_for`, `find_conn`, `path_info`) | [`node`], [`connection`] | `Node` (`conns`: a `ConnTable`, `conn_index`) |
-//! | mprds: handshake (NPATHS, GEN_NUM, SPORT_IDX), lane hashing, fan-out, peer generation and restarts | [`mprds`] | `Connection` (`npaths`, `peer_gen`, `with_sport_idx`, `gen_up_seq`), `Path` (`inst_gen`) |
+//! | mprds: handshake (NPATHS, GEN_NUM, SPORT_IDX), lanes (a socket's first message either way fixes its lane to a peer, among those its node's sockets hold least), fan-out, peer generation and restarts | [`mprds`] | `Connection` (`npaths`, `peer_gen`, `with_sport_idx`, `gen_up_seq`, `lane_socks`), `Path` (`inst_gen`), `Sock` (`lanes`) |
 //! | lane-0 holds: a socket's pre-handshake messages on path 0 hold its lane until a pong proves the peer read them | [`lane0`] | `Path` (`lane0_wire`, `proof_pings`, `read_through`), `Sock` (`lane0_backlog`) |
 //! | congestion maps: our ports' hysteresis, updates owed and sent, map header and versions, receiving a map, monitor notifications | [`cong`] | `Congestion` (`maps`, `versions`; the endpoint's `cong`), `Connection` (`map_queued`), `Sock` (`congested`, `cong_mask`, `cong_notify`) |
 //! | socket API: `socket`, `bind`, `connect`, options, `close`, readiness, errno rules, the address check | [`sock`] | `Sock`, `Endpoint` (`socks`, `bound`) |

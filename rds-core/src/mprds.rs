@@ -1,17 +1,51 @@
 //! Multipath RDS over TCP (mprds, `net/rds/send.c`'s `rds_send_mprds_hash`,
 //! `recv.c`'s `rds_recv_hs_exthdrs`, `connection.c`'s peer generation): the
 //! handshake (probe ping and pong carrying NPATHS, GEN_NUM, SPORT_IDX), lane
-//! selection by source port, the in-order fan-out of the extra paths and
+//! selection (below), the in-order fan-out of the extra paths and
 //! peer restarts (generation numbers); the lane-0 hold (a socket's
 //! messages sent on path 0 before the handshake keep its later messages
 //! on other paths waiting) is [`crate::lane0`]'s. The state lives in
 //! [`crate::path`]'s connection (`npaths`, `ping_triggered`, `peer_gen`,
-//! `with_sport_idx`, ...) and paths (`confirmed`, `inst_gen`).
+//! `with_sport_idx`, `lane_socks`, ...), paths (`confirmed`, `inst_gen`)
+//! and sockets (`lanes`).
+//!
+//! # Lanes
+//!
+//! The kernel sends each socket's messages on one path of a connection,
+//! its lane, a hash of its port; the receiver takes any message on any
+//! path. Ours fixes a socket's lane on a connection at its first message
+//! either way once the path count is known (`Sock::lanes`), among the
+//! lanes the fewest of our sockets hold (`Connection::lane_socks`):
+//! - a socket whose first message is one it receives takes the path it
+//!   came on if that is one of them (path 0: see below): its answers go
+//!   back on the request's TCP connection, where each side's TCP ack rides on the
+//!   other's data (on the lanes of the two sockets' ports, a request and
+//!   its answer took two connections, each carrying data one way and
+//!   acked by a segment of its own: 2 segments each way per round trip
+//!   instead of 1);
+//! - otherwise, and for a socket that sends first, its port's lane
+//!   (`port % npaths`, which spreads consecutive ports) if that is one of
+//!   them, else the lowest-numbered of them.
+//!
+//! Sockets of ours then spread over distinct lanes while there are free
+//! ones, whichever way each began (a kernel that accepts the paths
+//! numbers them by arrival, so its lane k may come on our path j: a
+//! socket that answers on j and one whose port hashes to j would
+//! otherwise share it).
+//! A message heard on path 0 may have been sent before its sender knew
+//! the count, which then keeps its port's lane: the lane it offers is the
+//! sender's port's (`sport % npaths`: right for ours; for a kernel, whose
+//! lane is a hash of its port, a guess). A socket that sent before the
+//! count was known keeps its port's lane (`PORT_LANE`).
+//! One lane per socket and connection, as the kernel's: a socket's
+//! messages to a node stay in order. A kernel peer is unaffected: it accepts any lane, and
+//! its answers follow its hash.
 
 use crate::connection::Connection;
 use crate::message::{MsgFlags, QueuedMsg, RxMessage};
 use crate::node::{HandshakeExts, Node};
 use crate::path::{Path, PathState};
+use crate::sock::PORT_LANE;
 use crate::types::{ConnId, PathId, Payload, SockId};
 use crate::wire::{self, Ext, Header, PROBE_PORT};
 
@@ -29,15 +63,101 @@ impl Node {
             self.maybe_probe(conn);
         }
         let backlog = self.sock(s).map_or(0, |k| k.lane0_count(conn));
-        self.conn(conn).select_path(s, port, backlog)
+        let lane = self.take_lane(s, conn, port);
+        self.conn(conn).select_path(s, lane, backlog)
     }
 
-    /// `RDS_MPATH_HASH`: the path of a socket bound to `port`. The kernel
-    /// hashes the port with a per-socket random value; we use the port modulo
-    /// the path count, which spreads consecutive ports (rds-stress tasks)
-    /// over distinct paths. The choice is local: the peer never needs it.
+    /// `RDS_MPATH_HASH`: the path of a socket bound to `port` that has no
+    /// lane of its own on the connection yet (see `Node::take_lane`). The
+    /// kernel hashes the port with a per-socket random value; we use the
+    /// port modulo the path count, which spreads consecutive ports
+    /// (rds-stress tasks) over distinct paths. The choice is local: the
+    /// peer never needs it.
     pub fn lane_of(&self, conn: ConnId, port: u16) -> usize {
         self.conn(conn).lane_of(port)
+    }
+
+    /// The lane of socket `s` (bound to `port`) on `conn` for a message it
+    /// sends now, fixed by its first message either way (module docs,
+    /// "Lanes"): a socket that sends first, once the path count is known,
+    /// takes its port's lane unless another lane is held by fewer of our
+    /// sockets ([`Node::fix_lane`]); one that sent before the count was
+    /// known keeps its port's lane (the lane-0 hold, `crate::lane0`,
+    /// counts on it).
+    pub(crate) fn take_lane(&mut self, s: SockId, conn: ConnId, port: u16) -> usize {
+        let c = self.conn(conn);
+        if c.paths.len() == 1 {
+            return 0;
+        }
+        let (known, by_port) = (c.npaths != 0, c.lane_of(port));
+        match self.sock(s).map(|k| k.lanes.get(&conn).copied()) {
+            None => by_port,
+            Some(Some(PORT_LANE)) => by_port,
+            Some(Some(lane)) => usize::from(lane) % c.active_paths(),
+            Some(None) if known => self.fix_lane(s, conn, None, port),
+            Some(None) => {
+                self.sock_mut(s).expect("looked up above").lanes.insert(conn, PORT_LANE);
+                by_port
+            }
+        }
+    }
+
+    /// The lane socket `s` uses on `conn` now, without fixing it (see
+    /// `Node::take_lane`).
+    pub(crate) fn lane_now(&self, s: SockId, conn: ConnId) -> Option<usize> {
+        let c = self.conn(conn);
+        let sock = self.sock(s)?;
+        let by_port = c.lane_of(sock.bound?.port());
+        Some(match sock.lanes.get(&conn) {
+            None | Some(&PORT_LANE) => by_port,
+            Some(&lane) => usize::from(lane) % c.active_paths(),
+        })
+    }
+
+    /// Socket `s` received a message from `conn`'s peer, sent from port
+    /// `sport`, on path `index`: once the path count is known, its first
+    /// such message fixes its lane on the connection unless a message it
+    /// sent did first ([`Node::fix_lane`], offered the sender's lane). That
+    /// is `index`, unless it is path 0: a message sent before its sender
+    /// knew the count comes on path 0 (every message does, then), and a
+    /// sender that sent one keeps its port's lane, which ours take modulo
+    /// the count; the lane offered is then `sport` modulo the count (for a
+    /// kernel's socket, whose lane is a hash of its port, a guess: at worst
+    /// an answer on another connection, as on its port's lane).
+    pub(crate) fn heard_on_lane(&mut self, s: SockId, conn: ConnId, index: u8, sport: u16) {
+        let c = self.conn(conn);
+        if c.paths.len() == 1 || c.npaths == 0 {
+            return;
+        }
+        let heard = if index != 0 { usize::from(index) } else { c.lane_of(sport) };
+        let Some(port) = self.sock(s).filter(|k| !k.lanes.contains_key(&conn)).and_then(|k| k.bound) else {
+            return;
+        };
+        self.fix_lane(s, conn, Some(heard), port.port());
+    }
+
+    /// Fixes the lane of socket `s` (bound to `port`, with none on `conn`
+    /// yet; the path count known) and returns it: among the lanes held by
+    /// the fewest of our sockets (`Connection::lane_socks`), `heard` (the
+    /// path a message from the peer came on, for the socket's first
+    /// message being an answer) if it is one of them, else the port's lane
+    /// if it is, else the lowest-numbered of them.
+    pub(crate) fn fix_lane(&mut self, s: SockId, conn: ConnId, heard: Option<usize>, port: u16) -> usize {
+        if self.sock(s).is_none() {
+            return self.conn(conn).lane_of(port);
+        }
+        let c = self.conn_mut(conn);
+        let (active, by_port) = (c.active_paths(), c.lane_of(port));
+        let held = &c.lane_socks[..active];
+        let least = held.iter().copied().min().unwrap_or(0);
+        let lane = match heard {
+            Some(h) if h < active && held[h] == least => h,
+            _ if held[by_port] == least => by_port,
+            _ => held.iter().position(|&n| n == least).unwrap_or(by_port),
+        };
+        c.lane_socks[lane] += 1;
+        self.sock_mut(s).expect("looked up above").lanes.insert(conn, lane as u8);
+        lane
     }
 
     /// Sends the multipath probe ping on path 0 if the path count is unknown
@@ -226,7 +346,7 @@ impl Connection {
     /// `Node::select_path`), given the socket's messages held on path 0
     /// (`lane0_backlog`): (index, sent before the handshake, held behind
     /// the path-0 backlog).
-    pub(crate) fn select_path(&self, s: SockId, port: u16, lane0_backlog: u32) -> (usize, bool, bool) {
+    pub(crate) fn select_path(&self, s: SockId, lane: usize, lane0_backlog: u32) -> (usize, bool, bool) {
         if self.paths.len() == 1 {
             return (0, false, false);
         }
@@ -244,7 +364,6 @@ impl Connection {
             }
             return (0, true, false);
         }
-        let lane = self.lane_of(port);
         if lane == 0 {
             return (0, false, false);
         }

@@ -178,6 +178,7 @@ impl Node {
             self.ep.counters.recv_drop_no_sock += 1;
             return RecvOutcome::NoSocket;
         }
+        self.heard_on_lane(s, conn, via.index, hdr.sport);
         let cap = self.rcv_cap(s);
         let sock = self.sock_mut(s).unwrap();
         let mut rdma_dest = None;

@@ -78,7 +78,15 @@ pub(crate) struct Sock {
     /// Per connection: messages of this socket on path 0 while its lane is
     /// another path (the mprds fan-out order rule).
     pub lane0_backlog: Vec<(ConnId, u32)>,
+    /// Per connection: this socket's lane, fixed by its first message
+    /// either way once the path count is known (`crate::mprds`, "Lanes";
+    /// counted in `Connection::lane_socks`), or [`PORT_LANE`] when it sent
+    /// before that.
+    pub lanes: crate::types::FastMap<ConnId, u8>,
 }
+
+/// A socket's lane on a connection follows its port (`Sock::lanes`).
+pub(crate) const PORT_LANE: u8 = u8::MAX;
 
 impl Sock {
     pub fn new(sndbuf: u32, rcvbuf: u32) -> Sock {
@@ -107,6 +115,7 @@ impl Sock {
             reported: (false, true),
             wake_queued: false,
             lane0_backlog: Vec::new(),
+            lanes: Default::default(),
         }
     }
 
@@ -382,6 +391,14 @@ impl Node {
             self.ep.bound.remove(&b);
         }
         self.ep.write_waiters.retain(|w| *w != s);
+        // Its lanes are free for the sockets that fix theirs later.
+        let lanes = std::mem::take(&mut self.sock_mut(s).unwrap().lanes);
+        for (conn, lane) in lanes {
+            let held = self.conns.get_mut(conn).and_then(|c| c.lane_socks.get_mut(usize::from(lane)));
+            if let Some(n) = held {
+                *n = n.saturating_sub(1);
+            }
+        }
         let slot = &mut self.ep.socks[s.idx as usize];
         slot.sock = None;
         self.ep.free_socks.push(s.idx);

@@ -196,11 +196,140 @@ fn lanes_are_chosen_by_bound_port_and_number_per_path() {
         let seqs: Vec<u64> = got.iter().filter(|g| g.1 == lane).map(|g| g.2).collect();
         assert!(seqs.windows(2).all(|w| w[1] == w[0] + 1), "lane {lane}: {seqs:?}");
     }
-    // The reply from port 4003 went on path 3.
+    // The reply from port 4003 went on path 0, not its port's lane (3):
+    // its socket first heard from node 0 on path 0 ("hs", sent before the
+    // count was known, from port 5000, whose lane is 0), which offers the
+    // lane of the sender's port (rds-core's mprds docs, "Lanes"), and no
+    // other socket of node 1 held a lane.
     let reply = net.data_sent_by(1);
     assert_eq!(reply.len(), 1);
-    assert_eq!(reply[0].path.index, 3);
+    assert_eq!(reply[0].path.index, 0);
     assert_eq!(net.drain_payloads(1, b).len(), 17);
+}
+
+/// A socket's lane to a peer is fixed by its first message either way
+/// once the path count is known, among the lanes the fewest of the node's
+/// sockets hold (`rds_core` mprds docs, "Lanes"): one that first receives,
+/// off path 0, answers on the lane the request came on if that is one of
+/// them (and keeps it for every later message to that peer, to any port);
+/// otherwise, and for one that sends first, its port's lane if that is one
+/// of them, else the lowest-numbered of them; a message on path 0 offers
+/// the lane of its sender's port, a socket that sent before the count was
+/// known keeps its port's lane, and a closed socket's lane is free again. Every message arrives
+/// once, in order.
+#[test]
+fn a_socket_answers_on_the_lane_it_first_heard_on_when_no_other_holds_it() {
+    let mut net = Net::new(2);
+    let hs = net.bound(0, 5003); // its port's lane: 3
+    let a = net.bound(0, 5001); // 1
+    let d = net.bound(0, 5002); // 2
+    let f = net.bound(0, 5010); // 2
+    let b = net.bound(1, 4003); // 3
+    let c = net.bound(1, 4004); // 4
+    let e = net.bound(1, 4005); // 5
+    let g = net.bound(1, 4009); // 1
+    let h = net.bound(1, 4010); // 2
+    net.send(0, hs, sa(2, 4003), b"hs").unwrap();
+    net.run();
+    net.drain_payloads(1, b);
+    net.wire.clear();
+    let mut step = |node: usize, s: SockId, to: u16, what: &[u8]| {
+        net.send(node, s, sa(2 - node as u8, to), what).unwrap();
+        net.run();
+    };
+    step(1, c, 5003, b"c1"); // c sends first
+    step(0, d, 4005, b"d1");
+    step(1, e, 5002, b"e1"); // e heard d on lane 2 first
+    step(1, e, 5001, b"e2");
+    step(0, a, 4004, b"a1"); // a heard e on lane 2 first, which d holds
+    step(1, c, 5001, b"c2"); // c heard a on lane 1, but sent first
+    step(1, b, 5003, b"b1"); // b heard hs (port 5003) on path 0
+    step(0, hs, 4003, b"hs2"); // hs sent before the count was known
+    step(0, f, 4009, b"f1"); // f's port lane is d's
+    step(1, g, 5010, b"g1"); // g heard f (port 5010) on path 0
+    step(1, h, 5010, b"h1"); // h's port lane is e's
+    let lane = |net: &Net, node: usize, what: &[u8]| {
+        let m: Vec<u8> =
+            net.data_sent_by(node).iter().filter(|m| &m.payload[..] == what).map(|m| m.path.index).collect();
+        assert_eq!(m.len(), 1, "{what:?} sent once");
+        m[0]
+    };
+    assert_eq!(lane(&net, 1, b"c1"), 4, "c sent first: its port's lane");
+    assert_eq!(lane(&net, 0, b"d1"), 2, "d sent first");
+    assert_eq!(lane(&net, 1, b"e1"), 2, "e heard d on lane 2 first, which no socket of node 1 held");
+    assert_eq!(lane(&net, 1, b"e2"), 2, "e keeps that lane to every port of node 0");
+    assert_eq!(lane(&net, 0, b"a1"), 1, "a heard e on lane 2, which d holds: its port's lane");
+    assert_eq!(lane(&net, 1, b"c2"), 4, "c keeps its port's lane after hearing a on lane 1");
+    assert_eq!(lane(&net, 1, b"b1"), 3, "b heard hs on path 0: the lane of hs's port, free");
+    assert_eq!(lane(&net, 0, b"hs2"), 3, "hs sent before the count was known: its port's lane");
+    assert_eq!(lane(&net, 0, b"f1"), 0, "f's port's lane is d's: the lowest free one");
+    assert_eq!(lane(&net, 1, b"g1"), 1, "g heard f on path 0: the lane of f's port (2) is e's: its own port's");
+    assert_eq!(lane(&net, 1, b"h1"), 0, "h's port's lane is e's: the lowest free one");
+    let mut got = |node, s| net.drain_payloads(node, s);
+    assert_eq!(got(0, hs), vec![b"c1".to_vec(), b"b1".to_vec()]);
+    assert_eq!(got(0, d), vec![b"e1".to_vec()]);
+    assert_eq!(got(0, a), vec![b"e2".to_vec(), b"c2".to_vec()]);
+    assert_eq!(got(0, f), vec![b"g1".to_vec(), b"h1".to_vec()]);
+    assert_eq!(got(1, e), vec![b"d1".to_vec()]);
+    assert_eq!(got(1, b), vec![b"hs2".to_vec()]);
+    assert_eq!(got(1, c), vec![b"a1".to_vec()]);
+    assert_eq!(got(1, g), vec![b"f1".to_vec()]);
+    // e closes: its lane (2) is free again for the next socket of node 1
+    // that fixes one; one whose port's lane is 2 takes it.
+    net.nodes[1].close(e);
+    let i = net.bound(1, 4018); // 2
+    net.send(1, i, sa(1, 5002), b"i1").unwrap();
+    net.run();
+    assert_eq!(lane(&net, 1, b"i1"), 2, "i's port's lane, free again");
+    assert_eq!(net.drain_payloads(0, d), vec![b"i1".to_vec()]);
+}
+
+/// Eight sockets a side, each answering one of the peer's eight (as the
+/// kernel conformance's mprds scenario pairs them), fix eight distinct
+/// lanes whatever the order in which they first send or first hear, even
+/// where the peer's lanes reach this node on other paths than its ports'
+/// lanes (a kernel numbers the paths it accepts by arrival): every path
+/// carries one socket's messages each way.
+#[test]
+fn sockets_that_answer_and_sockets_that_send_first_spread_over_every_lane() {
+    for order in 0..8u16 {
+        let mut net = Net::new(2);
+        let ours: Vec<SockId> = (0..8).map(|k| net.bound(1, 8000 + k)).collect();
+        // Node 0's lanes for its ports 7000+k are 7000+k mod 8: rotated
+        // against node 1's port lanes, as a peer whose path k arrived as
+        // our path j would be.
+        let theirs: Vec<SockId> = (0..8).map(|k| net.bound(0, 7000 + (k + order) % 8)).collect();
+        net.send(0, theirs[0], sa(2, 8000), b"hs").unwrap();
+        net.run();
+        net.drain_payloads(1, ours[0]);
+        net.wire.clear();
+        // Half of node 1's sockets send first, the other half hear first,
+        // interleaved.
+        for k in 0..8usize {
+            if (k + usize::from(order)) % 2 == 0 {
+                net.send(1, ours[k], sa(1, 7000 + (k as u16 + order) % 8), &[k as u8]).unwrap();
+            } else {
+                net.send(0, theirs[k], sa(2, 8000 + k as u16), &[k as u8]).unwrap();
+            }
+            net.run();
+        }
+        for (k, s) in ours.iter().enumerate() {
+            net.send(1, *s, sa(1, 7000 + (k as u16 + order) % 8), &[k as u8, 1]).unwrap();
+        }
+        net.run();
+        let mut lanes: Vec<u8> =
+            net.data_sent_by(1).iter().filter(|m| m.payload.len() == 2).map(|m| m.path.index).collect();
+        lanes.sort();
+        assert_eq!(lanes, (0..8).collect::<Vec<u8>>(), "order {order}");
+        for (k, s) in theirs.iter().enumerate() {
+            let want: Vec<Vec<u8>> = if (k + usize::from(order)) % 2 == 0 {
+                vec![vec![k as u8], vec![k as u8, 1]]
+            } else {
+                vec![vec![k as u8, 1]]
+            };
+            assert_eq!(net.drain_payloads(0, *s), want, "order {order}, socket {k}");
+        }
+    }
 }
 
 /// Node 0's data messages so far: (payload, path index).

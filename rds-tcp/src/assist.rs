@@ -354,7 +354,9 @@ impl RxAssist {
     /// Polls the acks of the pair's paths with messages awaiting theirs, as
     /// the reactor does at a readable event (`poll_one`, `poll_siblings`):
     /// an answer acks its request, which went on another lane when the
-    /// answering socket's port maps to another. Left to the reactor's ack
+    /// answering socket's lane is another (a kernel's, hashed from its
+    /// port; ours when it sent to the peer first, or another socket of its
+    /// node holds the request's lane). Left to the reactor's ack
     /// timer, a request/response exchange kept it polling every
     /// `ack_poll_min` (each poll found the last request acked, progress).
     /// A path whose transmit state a writing thread holds is skipped (the

@@ -75,8 +75,10 @@
 //! readable or writable event of a connection with messages awaiting their
 //! ack (one left with none is no longer watched until it sends again), at
 //! each readable event of a lane (not path 0) of the same RDS connection (a
-//! reply comes on the lane of the answering socket's port, not always the
-//! request's), by a sending thread whose blocking send found its socket's
+//! kernel's reply comes on the lane its hash gives the answering socket's
+//! port, not always the request's; ours on the request's unless the
+//! answering socket sent to the peer first or another socket of its node
+//! holds that lane: rds-core's mprds docs, "Lanes"), by a sending thread whose blocking send found its socket's
 //! send buffer full, between short naps while it waits
 //! ([`TcpTransport::poll_pair_acks`]: the acks that make its room, as the
 //! kernel's sender learns of them in `sk_write_space`), and on a reactor

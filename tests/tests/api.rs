@@ -368,10 +368,14 @@ fn in_10s() -> Option<std::time::Instant> {
 /// quarter more polls, 52 against 41 in 170 ms, within this bound; the
 /// rule itself is tested in rds-tcp's `reactor::acks`.)
 ///
-/// The two sockets' ports map to different lanes (4010 and 4015, lanes 2
-/// and 7 of 8), as qperf's do: each request goes out on one connection
-/// and its answer comes back on another, which the receiving thread
-/// polls. The request's connection must count as answered all the same.
+/// The two sockets use different lanes (4010 and 4015, lanes 2 and 7 of
+/// 8), as a kernel peer's socket and ours may: each request goes out on
+/// one connection and its answer comes back on another, which the
+/// receiving thread polls. The request's connection must count as answered
+/// all the same. (Between our nodes a socket that first hears from a peer
+/// answers on the lane it heard when no other socket of its node holds
+/// that lane, rds-core's mprds docs, "Lanes": b sends to another port of
+/// a's node before it hears from a, which keeps its port's lane.)
 #[test]
 fn an_answered_exchange_leaves_the_ack_timer_a_fallback() {
     const ROUNDS: u32 = 150;
@@ -379,6 +383,11 @@ fn an_answered_exchange_leaves_the_ack_timer_a_fallback() {
     let Pair { e1, e2, a, b: _ } = pair(ip, 4010);
     let b = e2.socket().unwrap();
     b.bind(sa(ip(2), 4015)).unwrap();
+    let other = e1.socket().unwrap();
+    other.bind(sa(ip(1), 4011)).unwrap();
+    b.send_to(b"first", other.local_addr().unwrap()).unwrap();
+    let mut buf = [0u8; 8];
+    other.recv_msg_wait(&mut buf, rds_sock::RecvFlags::default(), in_10s()).unwrap();
     first_exchange(&a, &b);
     let (polls0, start) = (engine_counter(&e1, "tcp_ack_timer_polls"), std::time::Instant::now());
     answered_exchange(&a, &b, (ROUNDS, 4, Duration::from_millis(1)));

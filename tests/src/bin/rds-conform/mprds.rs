@@ -115,7 +115,10 @@ pub fn sc_mprds(ctx: &Ctx) {
                 .iter()
                 .map(|p| format!("{}:{:?} tx {} rx {}", p.index, p.state, p.next_tx_seq, p.next_rx_seq))
                 .collect();
-            // Our lane k carries socket 8000+k's 150 messages.
+            // Each of our 8 sockets fixed a lane of its own (its port's,
+            // 8000+k: k, or the path the kernel's answer came on, when no
+            // other socket held it: rds-core mprds, "Lanes"), which
+            // carries its 150 messages.
             let tx = c.paths.iter().filter(|p| p.next_tx_seq > MP_PER_FLOW).count();
             let rx = c.paths.iter().filter(|p| p.next_rx_seq > 0).count();
             (c.npaths, up, desc.join(", "), tx, rx)
@@ -148,7 +151,7 @@ pub fn sc_mprds(ctx: &Ctx) {
         "us->kernel",
         errors.is_empty() && acked && tx_lanes == 8,
         &format!(
-            "{tx_lanes}/8 of our paths carried > {MP_PER_FLOW} messages (lane = port % 8){}{}",
+            "{tx_lanes}/8 of our paths carried > {MP_PER_FLOW} messages (a lane per socket){}{}",
             if acked { "" } else { "; NOT all acked" },
             if errors.is_empty() { String::new() } else { format!("; {}", errors.join("; ")) }
         ),
