@@ -331,10 +331,15 @@ impl Node {
         n
     }
 
-    /// Messages of socket `s` still queued or unacked.
+    /// Messages of socket `s` still queued or unacked. Only the
+    /// connections from its bound address are looked at (no other carries
+    /// its messages): a socket of a node with many peers, each on an
+    /// address of its own, is not charged for the others' queues.
     pub fn pending_messages(&self, s: SockId) -> usize {
+        let Some(bound) = self.sock(s).and_then(|k| k.bound) else { return 0 };
         self.conns
             .iter()
+            .filter(|c| c.laddr == bound.ip())
             .flat_map(|c| c.paths.iter())
             .flat_map(|p| p.send_queue.iter().chain(p.retrans.iter()))
             .filter(|m| m.sock == Some(s))
