@@ -386,3 +386,71 @@ fn a_known_lane_is_polled_alone() {
     a.shutdown();
     b.shutdown();
 }
+
+/// A thread that streams to several peers in turn is a stream on each
+/// connection it comes back to (the thread's run, `coalesce.rs`'s
+/// `THREAD_RUN`): a visit of 20 messages to a peer, after a pause on that
+/// connection far longer than [`rds_tcp::TcpConfig::coalesce`] (the same
+/// thread streaming to another node all along), writes its first message
+/// at once and leaves the others to batched writes, where the
+/// connection's own run, ended by the pause, would write 16 of them one
+/// `sendmsg` each before holding any back. Every message arrives once, in
+/// order, intact.
+#[test]
+fn a_thread_streaming_to_peers_in_turn_coalesces_from_each_visits_second_message() {
+    const WINDOW: Duration = Duration::from_millis(1);
+    const VISITS: u64 = 4;
+    const VISIT: u64 = 20;
+    let cfg = rds_tcp::TcpConfig { port: 17119, coalesce: WINDOW, ..Default::default() };
+    let host = |addr, seed| Host::with_config(ip(addr), cfg.clone(), common::node_config(seed));
+    let (a, b) = (host("127.0.25.13", 263), host("127.0.25.14", 264));
+    let (f, g) = (host("127.0.25.15", 265), host("127.0.25.16", 266));
+    let d = deadline(60);
+    let (sa, sb, sf, sg) = (a.socket(5000), b.socket(4000), f.socket(5000), g.socket(4000));
+    let (to_b, to_g) = (SocketAddr::new(b.addr, 4000), SocketAddr::new(g.addr, 4000));
+    for (h, s, to, r, rs) in [(&a, sa, to_b, &b, sb), (&f, sf, to_g, &g, sg)] {
+        h.send(s, to, &Payload::new(pattern(0, 64)), d);
+        assert_eq!(index_of(&r.recv(rs, d).payload), 0);
+    }
+    let mut filler = 1u64;
+    let mut coalesced = Vec::new();
+    for visit in 0..VISITS {
+        let c0 = a.counter("tcp_tx_coalesced");
+        for i in 1 + visit * VISIT..=(visit + 1) * VISIT {
+            a.send(sa, to_b, &Payload::new(pattern(i, 64)), d);
+        }
+        coalesced.push(a.counter("tcp_tx_coalesced") - c0);
+        // The same thread streams to g for 20 windows: the pause of a's
+        // connection ends its own run (over 8 windows), not the thread's.
+        let t = Instant::now();
+        while t.elapsed() < 20 * WINDOW {
+            f.send(sf, to_g, &Payload::new(pattern(filler, 64)), d);
+            filler += 1;
+        }
+    }
+    for i in 1..=VISITS * VISIT {
+        let m = b.recv(sb, d);
+        assert_eq!(index_of(&m.payload), i, "order at b");
+        assert!(m.payload[..] == pattern(i, 64)[..], "message {i} at b");
+    }
+    for i in 1..filler {
+        let m = g.recv(sg, d);
+        assert_eq!(index_of(&m.payload), i, "order at g");
+    }
+    // The first visit starts the thread's run; from the second on, a
+    // visit's sends after its first are held back (a send held up past
+    // the window on a busy machine writes at once: a few may), where the
+    // connection's run would hold back at most 5 of 20.
+    let later: u64 = coalesced[1..].iter().sum();
+    assert!(later >= (VISITS - 1) * 12, "sends of the later visits coalesced: {coalesced:?}");
+    for (h, s) in [(&a, sa), (&f, sf)] {
+        h.wait_for(d, "all acked", |n| n.snd_bytes(s) == 0);
+    }
+    std::thread::sleep(Duration::from_millis(50));
+    for (h, s) in [(&b, sb), (&g, sg)] {
+        assert!(!matches!(h.with(|n| n.recv(s, false)), Ok(Received::Data(_))), "nothing more, nothing twice");
+    }
+    for h in [a, b, f, g] {
+        h.shutdown();
+    }
+}
