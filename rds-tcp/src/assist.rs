@@ -363,7 +363,7 @@ impl RxAssist {
     /// writer polls as it writes). So is one that the reactor's ack timer
     /// watches with fewer than [`ASSIST_ACK_LAZY_BYTES`] not known to be
     /// acked (`tcp_rx_assist_acks_left`): the timer polls it within
-    /// `ack_poll_max`, and an exchange of small messages saves an `ioctl`
+    /// `ack_poll_answered`, and an exchange of small messages saves an `ioctl`
     /// per message (a request's ack then waits for a few more or the
     /// timer, which in such an exchange fires anyway, as the fallback).
     fn poll_acks(&self, sink: &dyn TransportSink) {
@@ -381,7 +381,7 @@ impl RxAssist {
     /// Bytes came in on `c`: record it as the reactor does for a readable
     /// event. Every path of the pair counts as answered (`last_rx_event`),
     /// so the next message sent on one, a request whose answer came on
-    /// another lane, arms the ack timer at `ack_poll_max`, a fallback,
+    /// another lane, arms the ack timer at `ack_poll_answered`, a fallback,
     /// instead of `ack_poll_min`: without it each request of a
     /// request/response exchange cost a timer wake-up of the reactor
     /// (its readable events, which poll the siblings' acks, are left to

@@ -72,9 +72,9 @@ pub(crate) struct Stats {
     /// Sends left for the sending program's next kick, replies written as
     /// a batch (ours; see [`crate::TcpTransport::kick_later`]).
     pub tx_batched: AtomicU64,
-    /// Ack timers armed at [`crate::TcpConfig::ack_poll_max`] because the
-    /// connection brought a message (not a congestion map) within that
-    /// long: when a wait for acks starts (`Inner::ack_timer`), and when
+    /// Ack timers armed at [`crate::TcpConfig::ack_poll_answered`] because
+    /// the connection brought a message (not a congestion map) within
+    /// [`crate::TcpConfig::ack_poll_max`]: when a wait for acks starts (`Inner::ack_timer`), and when
     /// the reactor's poll finds every watched connection answered (ours).
     pub ack_timer_answered: AtomicU64,
     /// Polls of the watched connections' acks on the reactor's ack timer

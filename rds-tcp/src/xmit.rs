@@ -131,12 +131,13 @@ impl Inner {
 
     /// When the reactor's ack timer must first poll a connection that
     /// starts awaiting acks: [`crate::TcpConfig::ack_poll_min`], or
-    /// [`crate::TcpConfig::ack_poll_max`] when the connection brought a
-    /// message other than a congestion map within that long
+    /// [`crate::TcpConfig::ack_poll_answered`] when the connection brought
+    /// a message other than a congestion map within
+    /// [`crate::TcpConfig::ack_poll_max`]
     /// (`reactor::read::is_answer`; `tcp_ack_timer_answered` counts them). The reactor polls the acks of a watched
     /// connection at each of its events, so in request/response traffic the
     /// response brings the request's ack and the timer is only a fallback
-    /// for when the peer falls silent: armed once per `ack_poll_max`
+    /// for when the peer falls silent: armed once per `ack_poll_answered`
     /// instead of once per message (a `timerfd_settime` and, as the
     /// deadline is never moved later, an early reactor wake-up each).
     fn ack_timer(&self, conn: &PathConn, now: u64) -> std::time::Duration {
@@ -145,7 +146,7 @@ impl Inner {
         let since = now.saturating_sub(answered);
         if answered != 0 && u128::from(since) < max.as_nanos() {
             inc(&self.stats.ack_timer_answered);
-            max
+            self.cfg.ack_poll_answered
         } else {
             min
         }

@@ -638,6 +638,7 @@ fn an_answer_on_another_lane_acks_the_request() {
         port,
         ack_poll_min: Duration::from_secs(30),
         ack_poll_max: Duration::from_secs(30),
+        ack_poll_answered: Duration::from_secs(30),
         ..TcpConfig::default()
     };
     let a = Host::with_config(ip("127.0.38.1"), slow(17117), node_config(81));

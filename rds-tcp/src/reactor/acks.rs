@@ -78,15 +78,16 @@ impl Reactor {
         }
         let (min, max) = (self.inner.cfg.ack_poll_min, self.inner.cfg.ack_poll_max);
         let now_ns = crate::path_conn::ns_of(now);
-        let answered = |c: &Arc<PathConn>| {
+        let was_answered = |c: &Arc<PathConn>| {
             let at = c.last_rx_event.load(SeqCst);
             at != 0 && u128::from(now_ns.saturating_sub(at)) < max.as_nanos()
         };
-        let all_answered = !self.watch.is_empty() && self.watch.iter().all(answered);
+        let all_answered = !self.watch.is_empty() && self.watch.iter().all(was_answered);
         if all_answered {
             inc(&self.inner.stats.ack_timer_answered);
         }
-        self.ack_interval = next_interval(self.ack_interval, progress, all_answered, min, max);
+        let answered = self.inner.cfg.ack_poll_answered;
+        self.ack_interval = next_interval(self.ack_interval, progress, all_answered, (min, max, answered));
         self.next_ack_poll = (!self.watch.is_empty()).then(|| later(now, self.ack_interval));
     }
 
@@ -124,7 +125,7 @@ impl Reactor {
     /// request's path to the ack timer: a `timerfd_settime`, a reactor
     /// wake-up, a timerfd read and an ioctl per message. The event also
     /// marks those paths as answered (`last_rx_event`), so the next
-    /// message on them arms the ack timer at `ack_poll_max`, a fallback,
+    /// message on them arms the ack timer at `ack_poll_answered`, a fallback,
     /// instead of `ack_poll_min`. Only events on a lane do this, not on
     /// path 0: in a stream the receiver's congestion updates come there,
     /// and the streaming lane, its acks then polled every 4 ms, starved
@@ -152,16 +153,22 @@ impl Reactor {
     }
 }
 
-/// The ack timer's interval after a poll of the watched connections:
-/// `max` when every one was answered within `max` (request/response: each
-/// answer polls the acks, `poll_one`, `poll_siblings` and the assisting
-/// reader, so the timer stays the fallback `Inner::ack_timer` armed it as;
-/// backing off from `min` instead woke the reactor every few hundred
-/// microseconds for as long as the exchange went on), else `min` after
-/// progress, else twice the last, up to `max`.
-fn next_interval(last: Duration, progress: bool, all_answered: bool, min: Duration, max: Duration) -> Duration {
+/// The ack timer's interval after a poll of the watched connections
+/// (`TcpConfig::ack_poll_min`, `ack_poll_max`, `ack_poll_answered`):
+/// `answered` when every one was answered within `max` (request/response:
+/// each answer polls the acks, `poll_one`, `poll_siblings` and the
+/// assisting reader, so the timer stays the fallback `Inner::ack_timer`
+/// armed it as; backing off from `min` instead woke the reactor every few
+/// hundred microseconds for as long as the exchange went on), else `min`
+/// after progress, else twice the last, up to `max`.
+fn next_interval(
+    last: Duration,
+    progress: bool,
+    all_answered: bool,
+    (min, max, answered): (Duration, Duration, Duration),
+) -> Duration {
     if all_answered {
-        max
+        answered
     } else if progress {
         min
     } else {
@@ -179,14 +186,18 @@ mod tests {
 
     #[test]
     fn the_timer_backs_off_unless_answered() {
-        let (min, max) = (Duration::from_micros(100), Duration::from_millis(4));
+        let (min, max, answered) = (Duration::from_micros(100), Duration::from_millis(4), Duration::from_millis(40));
+        let b = (min, max, answered);
         // A stream waiting for acks: back to `min` on progress, doubling
         // without, never past `max`.
-        assert_eq!(next_interval(Duration::from_millis(1), true, false, min, max), min);
-        assert_eq!(next_interval(min, false, false, min, max), min * 2);
-        assert_eq!(next_interval(Duration::from_millis(3), false, false, min, max), max);
+        assert_eq!(next_interval(Duration::from_millis(1), true, false, b), min);
+        assert_eq!(next_interval(min, false, false, b), min * 2);
+        assert_eq!(next_interval(Duration::from_millis(3), false, false, b), max);
         // Answered: the fallback, whatever came before.
-        assert_eq!(next_interval(min, true, true, min, max), max);
-        assert_eq!(next_interval(min, false, true, min, max), max);
+        assert_eq!(next_interval(min, true, true, b), answered);
+        assert_eq!(next_interval(min, false, true, b), answered);
+        // Silent after that: back to the backoff, never past `max`.
+        assert_eq!(next_interval(answered, false, false, b), max);
+        assert_eq!(next_interval(answered, true, false, b), min);
     }
 }
