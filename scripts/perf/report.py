@@ -707,7 +707,8 @@ def scale_section(w, sc, meta):
             return f"{max(xs):.0f}%" if xs else "?"
         sc_cpu = rounds("scale_bw_n_sender_cpu")
         waited = rounds("scale_bw_n_sender_waited")
-        if sc_cpu and waited:
+        srv_cpu, peers_cpu = rounds("scale_bw_n_server_cpu"), rounds("scale_bw_n_peers_cpu")
+        if sc_cpu and waited and max(sc_cpu) >= 85:
             notes.append(
                 f"With {peers} peers the sending thread never waited for room in a round "
                 f"(waited {', '.join(f'{x:.0f}' for x in waited)} ms) and was busy "
@@ -715,6 +716,16 @@ def scale_section(w, sc, meta):
                 f"thread, which sends for all {peers} peers and also carries the "
                 "loopback's TCP receive processing (softirq in the sender's context), is the "
                 "limit of that phase, not the serving node.")
+        elif sc_cpu and waited and srv_cpu and peers_cpu:
+            notes.append(
+                f"With {peers} peers the sending thread waited "
+                f"{', '.join(f'{x:.0f}' for x in waited)} ms for room in the rounds and was busy "
+                f"{', '.join(f'{x:.0f}%' for x in sc_cpu)} of a core, the serving node "
+                f"{', '.join(f'{x:.0f}%' for x in srv_cpu)}, the peers' process "
+                f"{', '.join(f'{x:.0f}%' for x in peers_cpu)}: no thread measured here used a "
+                "whole core, and the two processes left part of the machine's 2 cores to "
+                "each other and to the shared machine's other work; this run does not show "
+                "what limits that phase.")
         us1, usn = rounds("scale_bw_1_sender_us_per_msg"), rounds("scale_bw_n_sender_us_per_msg")
         co1, con = rounds("scale_bw_1_coalesced"), rounds("scale_bw_n_coalesced")
         if us1 and usn and co1 and con:
