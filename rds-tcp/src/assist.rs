@@ -211,8 +211,8 @@ impl TcpTransport {
         }
         // The caller's lane known and up: that lane is polled; the other
         // paths only have their acks polled and their answers marked (a
-        // request goes out on the lane of its socket's port, the answer
-        // comes back on another).
+        // request may go out on another lane than its answer comes back
+        // on: a kernel's answer comes on its socket's hashed lane).
         let at =
             (lane != 0).then(|| (0..conns.len()).find(|&i| held & 1 << i != 0 && lane_of(&conns[i]) == lane)).flatten();
         let mut polled = 0u64;

@@ -119,14 +119,15 @@ impl Reactor {
 
     /// After a readable event on `conn`, polls the acks of the other
     /// watched paths of the same RDS connection. A reply need not come on
-    /// the path its request went on: each socket sends on the lane of its
-    /// own port, so qperf's request goes on one lane and the answer comes
-    /// back on another. Polling only the path with the event left the
-    /// request's path to the ack timer: a `timerfd_settime`, a reactor
-    /// wake-up, a timerfd read and an ioctl per message. The event also
-    /// marks those paths as answered (`last_rx_event`), so the next
-    /// message on them arms the ack timer at `ack_poll_answered`, a fallback,
-    /// instead of `ack_poll_min`. Only events on a lane do this, not on
+    /// the path its request went on: a kernel's socket sends on the lane
+    /// its port hashes to (ours on the request's, rds-core's mprds docs,
+    /// "Lanes", unless it sent first), so a request goes on one lane and
+    /// the answer comes back on another. Polling only the path with the
+    /// event left the request's path to the ack timer: a
+    /// `timerfd_settime`, a reactor wake-up, a timerfd read and an ioctl
+    /// per message. The event also marks those paths as answered
+    /// (`last_rx_event`), so the next message on them arms the ack timer
+    /// at `ack_poll_answered`, a fallback, instead of `ack_poll_min`. Only events on a lane do this, not on
     /// path 0: in a stream the receiver's congestion updates come there,
     /// and the streaming lane, its acks then polled every 4 ms, starved
     /// its sender (qperf rds_bw 64 KiB on loopback: a third of its
