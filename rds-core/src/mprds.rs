@@ -18,11 +18,11 @@
 //! lanes the fewest of our sockets hold (`Connection::lane_socks`):
 //! - a socket whose first message is one it receives takes the path it
 //!   came on if that is one of them (path 0: see below): its answers go
-//!   back on the request's TCP connection, where each side's TCP ack rides on the
-//!   other's data (on the lanes of the two sockets' ports, a request and
-//!   its answer took two connections, each carrying data one way and
-//!   acked by a segment of its own: 2 segments each way per round trip
-//!   instead of 1);
+//!   back on the request's TCP connection, where each side's TCP ack
+//!   rides on the other's data (on the lanes of the two sockets' ports, a
+//!   request and its answer took two connections, each carrying data one
+//!   way and acked by a segment of its own: 2 segments each way per round
+//!   trip instead of 1);
 //! - otherwise, and for a socket that sends first, its port's lane
 //!   (`port % npaths`, which spreads consecutive ports) if that is one of
 //!   them, else the lowest-numbered of them.
@@ -31,15 +31,14 @@
 //! ones, whichever way each began (a kernel that accepts the paths
 //! numbers them by arrival, so its lane k may come on our path j: a
 //! socket that answers on j and one whose port hashes to j would
-//! otherwise share it).
-//! A message heard on path 0 may have been sent before its sender knew
-//! the count, which then keeps its port's lane: the lane it offers is the
-//! sender's port's (`sport % npaths`: right for ours; for a kernel, whose
-//! lane is a hash of its port, a guess). A socket that sent before the
-//! count was known keeps its port's lane (`PORT_LANE`).
-//! One lane per socket and connection, as the kernel's: a socket's
-//! messages to a node stay in order. A kernel peer is unaffected: it accepts any lane, and
-//! its answers follow its hash.
+//! otherwise share it). A message heard on path 0 may have been sent
+//! before its sender knew the count, which then keeps its port's lane:
+//! the lane it offers is the sender's port's (`sport % npaths`: right for
+//! ours; for a kernel, whose lane is a hash of its port, a guess). A
+//! socket that sent before the count was known keeps its port's lane
+//! (`PORT_LANE`). One lane per socket and connection, as the kernel's: a
+//! socket's messages to a node stay in order. A kernel peer is
+//! unaffected: it accepts any lane, and its answers follow its hash.
 
 use crate::connection::Connection;
 use crate::message::{MsgFlags, QueuedMsg, RxMessage};
@@ -92,8 +91,7 @@ impl Node {
         let (known, by_port) = (c.npaths != 0, c.lane_of(port));
         match self.sock(s).map(|k| k.lanes.get(&conn).copied()) {
             None => by_port,
-            Some(Some(PORT_LANE)) => by_port,
-            Some(Some(lane)) => usize::from(lane) % c.active_paths(),
+            Some(Some(lane)) => c.fixed_lane(lane, by_port),
             Some(None) if known => self.fix_lane(s, conn, None, port),
             Some(None) => {
                 self.sock_mut(s).expect("looked up above").lanes.insert(conn, PORT_LANE);
@@ -108,10 +106,7 @@ impl Node {
         let c = self.conn(conn);
         let sock = self.sock(s)?;
         let by_port = c.lane_of(sock.bound?.port());
-        Some(match sock.lanes.get(&conn) {
-            None | Some(&PORT_LANE) => by_port,
-            Some(&lane) => usize::from(lane) % c.active_paths(),
-        })
+        Some(sock.lanes.get(&conn).map_or(by_port, |&lane| c.fixed_lane(lane, by_port)))
     }
 
     /// Socket `s` received a message from `conn`'s peer, sent from port
@@ -411,6 +406,16 @@ impl Connection {
     /// `RDS_MPATH_HASH` (see [`Node::lane_of`]).
     pub(crate) fn lane_of(&self, port: u16) -> usize {
         usize::from(port) % self.active_paths()
+    }
+
+    /// The path of a socket whose lane here is `lane` (`Sock::lanes`):
+    /// its port's, `by_port`, for [`PORT_LANE`], else `lane` (modulo the
+    /// active paths, should the count have dropped since).
+    pub(crate) fn fixed_lane(&self, lane: u8, by_port: usize) -> usize {
+        match lane {
+            PORT_LANE => by_port,
+            lane => usize::from(lane) % self.active_paths(),
+        }
     }
 
     /// A non-zero GEN_NUM heard on path `index` (see `Node::gen_heard`).

@@ -363,8 +363,8 @@ impl RxAssist {
     /// writer polls as it writes). So is one that the reactor's ack timer
     /// watches with fewer than [`ASSIST_ACK_LAZY_BYTES`] not known to be
     /// acked (`tcp_rx_assist_acks_left`): the timer polls it within
-    /// `ack_poll_answered`, and an exchange of small messages saves an `ioctl`
-    /// per message (a request's ack then waits for a few more or the
+    /// `ack_poll_answered`, and an exchange of small messages saves an
+    /// `ioctl` per message (a request's ack then waits for a few more or the
     /// timer, which in such an exchange fires anyway, as the fallback).
     fn poll_acks(&self, sink: &dyn TransportSink) {
         for p in self.held() {

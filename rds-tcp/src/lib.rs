@@ -78,8 +78,8 @@
 //! kernel's reply comes on the lane its hash gives the answering socket's
 //! port, not always the request's; ours on the request's unless the
 //! answering socket sent to the peer first or another socket of its node
-//! holds that lane: rds-core's mprds docs, "Lanes"), by a sending thread whose blocking send found its socket's
-//! send buffer full, between short naps while it waits
+//! holds that lane: rds-core's mprds docs, "Lanes"), by a sending thread
+//! whose blocking send found its socket's send buffer full, between short naps while it waits
 //! ([`TcpTransport::poll_pair_acks`]: the acks that make its room, as the
 //! kernel's sender learns of them in `sk_write_space`), and on a reactor
 //! timer (a `timerfd`, finer than epoll's milliseconds). Writable events come only while a write waits for room
@@ -133,8 +133,8 @@
 //! [`TcpConfig::stream_handoff`]), `tcp_tx_batched` the replies left for
 //! the replying program's next kick ([`TcpTransport::kick_later`]) and
 //! `tcp_ack_timer_answered` the waits for acks whose timer started at
-//! `ack_poll_answered` and `tcp_ack_timer_polls` the reactor's polls on its ack
-//! timer, a wake-up each (see "Acks"), and `tcp_window_clamp_reasserted`
+//! `ack_poll_answered` and `tcp_ack_timer_polls` the reactor's polls on
+//! its ack timer, a wake-up each (see "Acks"), and `tcp_window_clamp_reasserted`
 //! the window clamps of [`AckHeadroom`] set again after the kernel raised
 //! them. [`TcpTransport::abort_path`] is a fault-injection
 //! hook for tests.

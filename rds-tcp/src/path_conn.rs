@@ -236,6 +236,16 @@ impl PathConn {
         }
     }
 
+    /// Whether the connection brought an answer (a readable event, or a
+    /// message other than a congestion map, `last_rx_event`) less than
+    /// `within` before `now` (a [`now_ns`] value): its ack timer is then a
+    /// fallback (`Inner::ack_timer`, the reactor's poll of its watched
+    /// connections).
+    pub fn answered_within(&self, now: u64, within: std::time::Duration) -> bool {
+        let at = self.last_rx_event.load(SeqCst);
+        at != 0 && u128::from(now.saturating_sub(at)) < within.as_nanos()
+    }
+
     pub fn state(&self) -> u8 {
         self.state.load(SeqCst)
     }

@@ -74,8 +74,9 @@ pub(crate) struct Stats {
     pub tx_batched: AtomicU64,
     /// Ack timers armed at [`crate::TcpConfig::ack_poll_answered`] because
     /// the connection brought a message (not a congestion map) within
-    /// [`crate::TcpConfig::ack_poll_max`]: when a wait for acks starts (`Inner::ack_timer`), and when
-    /// the reactor's poll finds every watched connection answered (ours).
+    /// [`crate::TcpConfig::ack_poll_max`]: when a wait for acks starts
+    /// (`Inner::ack_timer`), and when the reactor's poll finds every
+    /// watched connection answered (ours).
     pub ack_timer_answered: AtomicU64,
     /// Polls of the watched connections' acks on the reactor's ack timer
     /// (ours; the timer is a fallback, each of these a reactor wake-up).

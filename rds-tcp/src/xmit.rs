@@ -141,14 +141,11 @@ impl Inner {
     /// instead of once per message (a `timerfd_settime` and, as the
     /// deadline is never moved later, an early reactor wake-up each).
     fn ack_timer(&self, conn: &PathConn, now: u64) -> std::time::Duration {
-        let (min, max) = (self.cfg.ack_poll_min, self.cfg.ack_poll_max);
-        let answered = conn.last_rx_event.load(SeqCst);
-        let since = now.saturating_sub(answered);
-        if answered != 0 && u128::from(since) < max.as_nanos() {
+        if conn.answered_within(now, self.cfg.ack_poll_max) {
             inc(&self.stats.ack_timer_answered);
             self.cfg.ack_poll_answered
         } else {
-            min
+            self.cfg.ack_poll_min
         }
     }
 

@@ -78,11 +78,7 @@ impl Reactor {
         }
         let (min, max) = (self.inner.cfg.ack_poll_min, self.inner.cfg.ack_poll_max);
         let now_ns = crate::path_conn::ns_of(now);
-        let was_answered = |c: &Arc<PathConn>| {
-            let at = c.last_rx_event.load(SeqCst);
-            at != 0 && u128::from(now_ns.saturating_sub(at)) < max.as_nanos()
-        };
-        let all_answered = !self.watch.is_empty() && self.watch.iter().all(was_answered);
+        let all_answered = !self.watch.is_empty() && self.watch.iter().all(|c| c.answered_within(now_ns, max));
         if all_answered {
             inc(&self.inner.stats.ack_timer_answered);
         }
@@ -127,8 +123,8 @@ impl Reactor {
     /// `timerfd_settime`, a reactor wake-up, a timerfd read and an ioctl
     /// per message. The event also marks those paths as answered
     /// (`last_rx_event`), so the next message on them arms the ack timer
-    /// at `ack_poll_answered`, a fallback, instead of `ack_poll_min`. Only events on a lane do this, not on
-    /// path 0: in a stream the receiver's congestion updates come there,
+    /// at `ack_poll_answered`, a fallback, instead of `ack_poll_min`. Only
+    /// events on a lane do this, not on path 0: in a stream the receiver's congestion updates come there,
     /// and the streaming lane, its acks then polled every 4 ms, starved
     /// its sender (qperf rds_bw 64 KiB on loopback: a third of its
     /// bandwidth; the polls alone still cost a fifth). Skipped when more
