@@ -49,12 +49,40 @@
 //!   (one more clock read), from the send's clock read to the end of its
 //!   write, and kept as a moving average;
 //! - only transmits whose messages average at most [`SMALL_MSG`] bytes
-//!   stretch the window: larger messages pay their copy per byte, not per
-//!   call, and holding them back left the receiver idle (qperf `rds_bw`,
-//!   8 KiB, VM rig: 15% less with a 300 µs window than with 20 µs, where
-//!   64 B gained 2.5x and 1 KiB 1.1-1.8x);
+//!   stretch the window that much: holding larger messages back for a
+//!   window left the receiver idle (qperf `rds_bw`, 8 KiB, VM rig: 15% less
+//!   with a 300 µs window than with 20 µs, where 64 B gained 2.5x and 1 KiB
+//!   1.1-1.8x); those up to [`MID_MSG`] are written in batches instead
+//!   (below), larger ones pay their copy per byte, not per call, and keep
+//!   the window at its floor;
 //! - a coalesced stream writes many messages per transmit, which are not
 //!   timed, so the window does not feed on itself.
+//!
+//! # Batches of mid-size messages
+//!
+//! A stream of messages of 2 to 8 KiB (more than [`SMALL_MSG`], at most
+//! [`MID_MSG`]) where one transmit was measured to cost at least the
+//! window's floor ([`TcpConfig::coalesce`]; on the host it costs a few µs
+//! and nothing changes there) is written in batches of about [`MID_BATCH`]
+//! bytes: a send of the run leaves its message queued until the
+//! connection holds a batch's worth, and the send that completes it writes
+//! them all in its own thread (`PathConn::held` counts the sends held since
+//! the last write; `tcp_tx_batch_full` counts the sends that wrote a
+//! batch). The window, [`MID_COST_FACTOR`] times the transmit's cost,
+//! bounds the wait: a send later than that after the one before writes
+//! what is held at once (a pause is not a stream), and the reactor writes
+//! a batch a window after its first message if no send completed it
+//! (`PathConn::flush_due`: a timer armed for an earlier batch waits for
+//! it). Holding by count rather than by time keeps the receiver fed (the
+//! time window above had idled it), while a `sendmsg` of 64 KiB costs the
+//! sending thread one call and one TCP segment (on a local link: one pass
+//! of the receiver's TCP processing in that call, one ack back) where eight
+//! of 8 KiB cost eight. qperf `rds_bw` in the VM rig, alternating rounds of
+//! one boot (the kernel's RDS-TCP 45-49 and 28-29 MB/s): 8 KiB 50-60 ->
+//! 66-77 MB/s, 4 KiB 30-39 -> 51-65; 1 KiB, 16 KiB, 64 KiB and `rds_lat`
+//! unchanged. Batches of 32 KiB did less (8 KiB 57-67, 4 KiB 53-56 where
+//! 64 KiB gave 67-98 and 57-67 in that boot), and messages of 16 KiB lost
+//! by it (89-109 -> 78-93 MB/s), so they are left out.
 //!
 //! # Handing a stream's writes to the reactor
 //!
@@ -143,18 +171,39 @@ pub(crate) const HANDOFF_MSG: u64 = 512;
 /// One in this many transmits of at most two messages is timed.
 pub(crate) const SAMPLE_EVERY: u32 = 8;
 
-/// Messages averaging more bytes than this (header included) do not
-/// stretch the window.
+/// Messages averaging at most this many bytes (header included) stretch
+/// the window to [`COST_FACTOR`] times their transmit's cost.
 pub(crate) const SMALL_MSG: u64 = 2048 + rds_core::wire::HEADER_LEN as u64;
 
+/// Messages averaging more than [`SMALL_MSG`] bytes and at most this many
+/// (header included) are written in batches (module docs, "Batches of
+/// mid-size messages"); larger ones do not stretch the window.
+pub(crate) const MID_MSG: u64 = (8 << 10) + rds_core::wire::HEADER_LEN as u64;
+
+/// The window of a stream of mid-size messages is this many times the
+/// measured cost of a transmit (of one or two of them): the gap between
+/// two of its sends that each write is about one transmit and a copy, so
+/// the run of [`run_after`] grows within it.
+pub(crate) const MID_COST_FACTOR: u64 = 2;
+
+/// A mid-size stream's write carries about this many bytes of messages:
+/// the largest TCP segment Linux builds (GSO).
+pub(crate) const MID_BATCH: u64 = 64 << 10;
+
 /// The measured cost of one transmit on a connection (see the module
-/// docs): a moving average of sampled transmits of small messages.
+/// docs): a moving average of sampled transmits of small or mid-size
+/// messages.
 #[derive(Default)]
 pub(crate) struct WriteCost {
     /// Nanoseconds, the average of the samples (an eighth of each new one
     /// against the rest); 0 before the first, and after a sample of large
     /// messages.
     avg_ns: AtomicU64,
+    /// The factor the window is of `avg_ns`, by the last sample's message
+    /// size: [`COST_FACTOR`] or [`MID_COST_FACTOR`].
+    factor: AtomicU64,
+    /// The messages a mid-size stream's write carries (0: not one).
+    batch: AtomicU32,
     /// Transmits of at most two messages since the last sample.
     count: AtomicU32,
     /// Whether the last sample's messages averaged at most
@@ -171,14 +220,41 @@ impl WriteCost {
 
     /// A timed transmit of `msgs` messages and `bytes` took `ns`.
     pub fn record(&self, ns: u64, msgs: usize, bytes: u64) {
-        self.tiny.store(msgs > 0 && bytes / msgs as u64 <= HANDOFF_MSG, Relaxed);
-        if msgs == 0 || bytes / msgs as u64 > SMALL_MSG {
+        let each = bytes.checked_div(msgs as u64).unwrap_or(u64::MAX);
+        self.tiny.store(each <= HANDOFF_MSG, Relaxed);
+        let factor = if each <= SMALL_MSG {
+            COST_FACTOR
+        } else if each <= MID_MSG {
+            MID_COST_FACTOR
+        } else {
+            0
+        };
+        let batch = match factor {
+            MID_COST_FACTOR => MID_BATCH.div_ceil(each.max(1)).max(2) as u32,
+            _ => 0,
+        };
+        self.batch.store(batch, Relaxed);
+        // Samples of another size class start the average afresh.
+        let old = match self.factor.swap(factor, Relaxed) {
+            f if f == factor => self.avg_ns.load(Relaxed),
+            _ => 0,
+        };
+        if factor == 0 {
             self.avg_ns.store(0, Relaxed);
             return;
         }
-        let old = self.avg_ns.load(Relaxed);
         let new = if old == 0 { ns } else { old - old / 8 + ns / 8 };
         self.avg_ns.store(new.max(1), Relaxed);
+    }
+
+    /// The messages a write of a mid-size stream carries: 0 when the last
+    /// sample was not of mid-size messages, or its transmits cost less
+    /// than `floor` nanoseconds (the window's floor).
+    pub fn batch(&self, floor: u64) -> u32 {
+        match self.avg_ns.load(Relaxed) >= floor {
+            true => self.batch.load(Relaxed),
+            false => 0,
+        }
     }
 
     /// Whether the last sampled transmit carried messages of at most
@@ -190,7 +266,8 @@ impl WriteCost {
     /// The window in nanoseconds: at least `floor`, at most `cap` (unless
     /// `floor` is more).
     pub fn window(&self, floor: u64, cap: u64) -> u64 {
-        floor.max(self.avg_ns.load(Relaxed).saturating_mul(COST_FACTOR).min(cap))
+        let stretched = self.avg_ns.load(Relaxed).saturating_mul(self.factor.load(Relaxed));
+        floor.max(stretched.min(cap))
     }
 }
 
@@ -224,6 +301,40 @@ impl Inner {
         if run.max(thread_run) < COALESCE_RUN {
             return false;
         }
+        let batch = conn.write_cost.batch(nanos(self.cfg.coalesce));
+        if batch > 0 {
+            // A mid-size stream (module docs, "Batches of mid-size
+            // messages"): the send that completes a batch writes it, as
+            // does one later than the window after the send before; the
+            // reactor writes what is held a window after the batch began,
+            // if no send did.
+            if gap >= window {
+                return false;
+            }
+            let held = conn.held.fetch_add(1, SeqCst);
+            if held + 1 >= batch {
+                // (Beyond the batch when its write could not go out: the
+                // socket is full, and the reactor writes when it drains.)
+                if held + 1 == batch {
+                    inc(&self.stats.tx_batch_full);
+                }
+                return false;
+            }
+            inc(&self.stats.tx_coalesced);
+            let due = now.saturating_add(window);
+            if held == 0 {
+                conn.flush_due.store(due, SeqCst);
+            }
+            if !conn.flush_pending.swap(true, SeqCst) {
+                conn.flush_due.store(due, SeqCst);
+                self.reactors[conn.reactor].flush_at(
+                    conn.clone(),
+                    path_conn::instant_of(due),
+                    path_conn::instant_of(now),
+                );
+            }
+            return true;
+        }
         let due = conn.last_write.load(SeqCst).saturating_add(window);
         if now >= due {
             // The window is over. A stream of small messages leaves the
@@ -243,6 +354,7 @@ impl Inner {
         // it is over).
         inc(&self.stats.tx_coalesced);
         if !conn.flush_pending.swap(true, SeqCst) {
+            conn.flush_due.store(due.max(now), SeqCst);
             let at = path_conn::instant_of(due.max(now));
             self.reactors[conn.reactor].flush_at(conn.clone(), at, path_conn::instant_of(now));
         }
@@ -266,10 +378,38 @@ mod tests {
         c.record(1_000_000, 1, 112);
         assert_eq!(c.window(20_000, 500_000), 500_000, "capped");
         assert_eq!(c.window(900_000, 500_000), 900_000, "a floor above the cap wins");
-        c.record(60_000, 1, 8192 + 48);
+        c.record(60_000, 1, 16384 + 48);
         assert_eq!(c.window(20_000, 500_000), 20_000, "large messages: back to the floor");
         c.record(3_000, 2, 2 * 1072);
         assert_eq!(c.window(20_000, 500_000), 20_000, "4 x 3 us is below the floor");
+    }
+
+    /// Mid-size messages: a window of twice their transmit's cost and
+    /// batches of 64 KiB, where a transmit costs at least the floor; a
+    /// sample of another size class starts the average afresh.
+    #[test]
+    fn mid_size_messages_are_batched_where_a_transmit_costs_the_floor() {
+        let c = WriteCost::default();
+        assert_eq!(c.batch(20_000), 0, "nothing measured");
+        c.record(100_000, 1, 8192 + 48);
+        assert_eq!(c.window(20_000, 500_000), 200_000);
+        assert_eq!(c.batch(20_000), 8, "65,536 / 8,240, rounded up");
+        assert_eq!(c.batch(100_001), 0, "a transmit cheaper than the floor");
+        c.record(60_000, 2, 2 * (4096 + 48));
+        // 100_000 - 12_500 + 7_500
+        assert_eq!(c.window(20_000, 500_000), 2 * 95_000);
+        assert_eq!(c.batch(20_000), 16);
+        c.record(60_000, 1, 2048 + 49);
+        // 95_000 - 11_875 + 7_500; 65,536 / 2,097 rounded up.
+        assert_eq!((c.window(20_000, 500_000), c.batch(20_000)), (2 * 90_625, 32), "2 KiB + 1 is mid-size");
+        c.record(60_000, 1, 8192 + 49);
+        assert_eq!((c.window(20_000, 500_000), c.batch(20_000)), (20_000, 0), "larger: the floor, no batch");
+        c.record(60_000, 1, 1024 + 48);
+        assert_eq!((c.window(20_000, 500_000), c.batch(20_000)), (240_000, 0), "small: stretched, no batch");
+        c.record(2_000, 1, 8192 + 48);
+        assert_eq!((c.window(20_000, 500_000), c.batch(20_000)), (20_000, 0), "afresh: 2 x 2 us, below the floor");
+        c.record(100_000, 0, 0);
+        assert_eq!((c.window(20_000, 500_000), c.batch(1)), (20_000, 0), "no message");
     }
 
     /// The run grows by one send within the window, survives a send

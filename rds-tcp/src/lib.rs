@@ -130,7 +130,9 @@
 //! passes a short read ended (see "Receive"), `tcp_tx_coalesced` the
 //! sends left to the end of a write-coalescing window (of them
 //! `tcp_tx_handed_off` those left to the reactor after it,
-//! [`TcpConfig::stream_handoff`]), `tcp_tx_batched` the replies left for
+//! [`TcpConfig::stream_handoff`]), `tcp_tx_batch_full` the sends that
+//! completed a batch of a stream of mid-size messages and wrote it (the
+//! `coalesce` module's docs), `tcp_tx_batched` the replies left for
 //! the replying program's next kick ([`TcpTransport::kick_later`]) and
 //! `tcp_ack_timer_answered` the waits for acks whose timer started at
 //! `ack_poll_answered` and `tcp_ack_timer_polls` the reactor's polls on
@@ -321,7 +323,11 @@ pub struct TcpConfig {
     /// message sent after a pause, and request/response traffic, go out at
     /// once. The window is this long, or longer where a transmit of small
     /// messages costs more ([`TcpConfig::coalesce_max`]); a stream's
-    /// messages wait at most a window. Zero writes every message at once.
+    /// messages wait at most a window. A stream of messages of 2 to 8 KiB
+    /// where a transmit costs more than this window is written in batches
+    /// of about 64 KiB, each by the send that completes it (the `coalesce`
+    /// module's docs, `tcp_tx_batch_full`). Zero writes every message at
+    /// once.
     /// Default 20 µs (`RDS_TCP_COALESCE_US` in the environment overrides
     /// it).
     pub coalesce: Duration,

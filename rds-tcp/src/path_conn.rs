@@ -148,6 +148,10 @@ pub(crate) struct PathConn {
     pub last_write: AtomicU64,
     /// The reactor will flush this connection at the end of a window.
     pub flush_pending: AtomicBool,
+    /// [`now_ns`] the pending flush is for: a flush whose timer comes
+    /// earlier (armed for a batch the sending thread wrote since) waits
+    /// until then.
+    pub flush_due: AtomicU64,
     /// [`now_ns`] of the last send from an application thread, and the
     /// number of sends in a row each within the coalescing window of the
     /// one before with no readable event on the reactor in between (a
@@ -156,6 +160,9 @@ pub(crate) struct PathConn {
     /// shows (`coalesce::COALESCE_RUN`).
     pub last_send: AtomicU64,
     pub send_run: AtomicU32,
+    /// Sends left queued since the connection's last write (mid-size
+    /// streams' batches, `coalesce` module docs).
+    pub held: AtomicU32,
     /// What a transmit of small messages costs here, sampled: the
     /// coalescing window follows it (`crate::coalesce`).
     pub write_cost: crate::coalesce::WriteCost,
@@ -225,8 +232,10 @@ impl PathConn {
             }),
             last_write: AtomicU64::new(0),
             flush_pending: AtomicBool::new(false),
+            flush_due: AtomicU64::new(0),
             last_send: AtomicU64::new(0),
             send_run: AtomicU32::new(0),
+            held: AtomicU32::new(0),
             write_cost: Default::default(),
             last_rx_event: AtomicU64::new(0),
             rx_unread: AtomicBool::new(true),

@@ -336,7 +336,12 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
             let (due, later): (Vec<_>, Vec<_>) = std::mem::take(&mut r.flushes).into_iter().partition(|f| f.0 <= now);
             r.flushes = later;
             for (_, c) in due {
-                if c.flush_pending.swap(false, std::sync::atomic::Ordering::SeqCst) {
+                // A batch begun since this flush was armed waits its own
+                // window (`PathConn::flush_due`).
+                let at = c.flush_due.load(std::sync::atomic::Ordering::SeqCst);
+                if at > r.woke_ns {
+                    r.flushes.push((crate::path_conn::instant_of(at), c));
+                } else if c.flush_pending.swap(false, std::sync::atomic::Ordering::SeqCst) {
                     r.inner.xmit(&c);
                 }
             }

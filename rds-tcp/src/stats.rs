@@ -69,6 +69,9 @@ pub(crate) struct Stats {
     /// reactor after the window's end (ours; see
     /// [`crate::TcpConfig::stream_handoff`]).
     pub tx_handed_off: AtomicU64,
+    /// Sends that completed a batch of a stream of mid-size messages and
+    /// wrote it (ours; see the `coalesce` module).
+    pub tx_batch_full: AtomicU64,
     /// Sends left for the sending program's next kick, replies written as
     /// a batch (ours; see [`crate::TcpTransport::kick_later`]).
     pub tx_batched: AtomicU64,
@@ -109,6 +112,7 @@ impl Stats {
             ("tcp_rx_short_reads", self.rx_short_reads.load(Relaxed)),
             ("tcp_tx_coalesced", self.tx_coalesced.load(Relaxed)),
             ("tcp_tx_handed_off", self.tx_handed_off.load(Relaxed)),
+            ("tcp_tx_batch_full", self.tx_batch_full.load(Relaxed)),
             ("tcp_tx_batched", self.tx_batched.load(Relaxed)),
             ("tcp_ack_timer_answered", self.ack_timer_answered.load(Relaxed)),
             ("tcp_ack_timer_polls", self.ack_timer_polls.load(Relaxed)),

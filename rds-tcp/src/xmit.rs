@@ -235,6 +235,7 @@ impl Inner {
                     let now = stamp.take().unwrap_or_else(path_conn::now_ns);
                     last = Some(now);
                     conn.last_write.store(now, SeqCst);
+                    conn.held.store(0, SeqCst);
                     let n = tx.queued_len();
                     let timed = conn.write_cost.sample_due(n);
                     let res = tx.write(&conn.stream);

@@ -198,6 +198,39 @@ fn the_coalescing_window_grows_with_what_a_write_costs() {
     assert!(grown > 0, "the window grew to what a write costs and held sends back");
 }
 
+/// A stream of 8 KiB messages where a transmit costs more than the window's
+/// floor (1 µs here; every `sendmsg` does) is written in batches of about
+/// 64 KiB: the send that completes a batch of 8 writes it
+/// (`tcp_tx_batch_full`), the 7 before it are held (`tcp_tx_coalesced`);
+/// in a burst at least a fifth of the possible batches are (half to 85%
+/// on an idle machine; a send later than the window, twice a transmit's
+/// cost, after the one before writes what is held, and the reactor writes a
+/// batch that waited a window). A stream of 16 KiB messages is not batched (but for a batch
+/// or two while the last timed transmit was one of a congestion map,
+/// 8 KiB). Every message arrives once, in order, intact, either way.
+#[test]
+fn a_stream_of_mid_size_messages_is_written_in_batches() {
+    const N: u64 = 2000;
+    let cfg = rds_tcp::TcpConfig { coalesce: Duration::from_micros(1), ..Default::default() };
+    // The burst that wrote the most batches: (batches, sends held); bursts
+    // until one wrote a fifth of those it could.
+    let batches = |addr, size, seed| {
+        let (prev, best) = (std::cell::Cell::new((0, 0)), std::cell::Cell::new((0, 0)));
+        one_way_burst(addr, cfg.clone(), seed, N, size, &["tcp_tx_batch_full", "tcp_tx_coalesced"], |m| {
+            let burst = (m[0] - prev.get().0, m[1] - prev.get().1);
+            prev.set((m[0], m[1]));
+            best.set(best.get().max(burst));
+            best.get().0 >= N / 40
+        });
+        best.get()
+    };
+    let (mid, held) = batches(("127.0.25.17", "127.0.25.18"), 8192, 267);
+    assert!(mid >= N / 40, "batches of 8 KiB messages written: {mid} in a burst of {N}");
+    assert!(held >= 7 * mid, "7 sends held per batch written: {held} held, {mid} batches");
+    let (large, _) = batches(("127.0.25.19", "127.0.25.20"), 16384, 269);
+    assert!(large <= 4, "16 KiB messages are not batched: {large} batches in a burst");
+}
+
 /// A stream of small messages leaves its writes to the reactor also after
 /// a coalescing window ended (`TcpConfig::stream_handoff`, counted in
 /// `tcp_tx_handed_off`); switched off, no send is handed off. Every

@@ -343,6 +343,7 @@ fn listener_and_address_checks() {
             "tcp_rx_short_reads",
             "tcp_tx_coalesced",
             "tcp_tx_handed_off",
+            "tcp_tx_batch_full",
             "tcp_tx_batched",
             "tcp_ack_timer_answered",
             "tcp_ack_timer_polls",
