@@ -107,7 +107,7 @@
 //! [`TcpConfig::stream_handoff`]: crate::TcpConfig::stream_handoff
 
 use std::sync::atomic::Ordering::{Relaxed, SeqCst};
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU32, AtomicU64};
 
 use crate::Inner;
 use crate::path_conn::{self, PathConn};
@@ -199,16 +199,28 @@ pub(crate) struct WriteCost {
     /// against the rest); 0 before the first, and after a sample of large
     /// messages.
     avg_ns: AtomicU64,
-    /// The factor the window is of `avg_ns`, by the last sample's message
-    /// size: [`COST_FACTOR`] or [`MID_COST_FACTOR`].
-    factor: AtomicU64,
-    /// The messages a mid-size stream's write carries (0: not one).
-    batch: AtomicU32,
+    /// Bytes per message (header included) of the last sample, which the
+    /// window's factor ([`factor_of`]), the batch and [`WriteCost::tiny`]
+    /// follow; 0 before the first.
+    each: AtomicU64,
     /// Transmits of at most two messages since the last sample.
     count: AtomicU32,
-    /// Whether the last sample's messages averaged at most
-    /// [`HANDOFF_MSG`] bytes.
-    tiny: AtomicBool,
+}
+
+/// The window's factor of a transmit's cost for messages of `each` bytes
+/// (header included): [`COST_FACTOR`] for small ones, [`MID_COST_FACTOR`]
+/// for mid-size ones, 0 (the window stays at its floor) for larger ones
+/// and before any sample (`each` 0).
+fn factor_of(each: u64) -> u64 {
+    if each == 0 {
+        0
+    } else if each <= SMALL_MSG {
+        COST_FACTOR
+    } else if each <= MID_MSG {
+        MID_COST_FACTOR
+    } else {
+        0
+    }
 }
 
 impl WriteCost {
@@ -220,22 +232,10 @@ impl WriteCost {
 
     /// A timed transmit of `msgs` messages and `bytes` took `ns`.
     pub fn record(&self, ns: u64, msgs: usize, bytes: u64) {
-        let each = bytes.checked_div(msgs as u64).unwrap_or(u64::MAX);
-        self.tiny.store(each <= HANDOFF_MSG, Relaxed);
-        let factor = if each <= SMALL_MSG {
-            COST_FACTOR
-        } else if each <= MID_MSG {
-            MID_COST_FACTOR
-        } else {
-            0
-        };
-        let batch = match factor {
-            MID_COST_FACTOR => MID_BATCH.div_ceil(each.max(1)).max(2) as u32,
-            _ => 0,
-        };
-        self.batch.store(batch, Relaxed);
+        let each = bytes.checked_div(msgs as u64).unwrap_or(u64::MAX).max(1);
+        let factor = factor_of(each);
         // Samples of another size class start the average afresh.
-        let old = match self.factor.swap(factor, Relaxed) {
+        let old = match factor_of(self.each.swap(each, Relaxed)) {
             f if f == factor => self.avg_ns.load(Relaxed),
             _ => 0,
         };
@@ -251,22 +251,23 @@ impl WriteCost {
     /// sample was not of mid-size messages, or its transmits cost less
     /// than `floor` nanoseconds (the window's floor).
     pub fn batch(&self, floor: u64) -> u32 {
-        match self.avg_ns.load(Relaxed) >= floor {
-            true => self.batch.load(Relaxed),
-            false => 0,
+        let each = self.each.load(Relaxed);
+        if factor_of(each) != MID_COST_FACTOR || self.avg_ns.load(Relaxed) < floor {
+            return 0;
         }
+        MID_BATCH.div_ceil(each).max(2) as u32
     }
 
     /// Whether the last sampled transmit carried messages of at most
     /// [`HANDOFF_MSG`] bytes each on average.
     pub fn tiny(&self) -> bool {
-        self.tiny.load(Relaxed)
+        (1..=HANDOFF_MSG).contains(&self.each.load(Relaxed))
     }
 
     /// The window in nanoseconds: at least `floor`, at most `cap` (unless
     /// `floor` is more).
     pub fn window(&self, floor: u64, cap: u64) -> u64 {
-        let stretched = self.avg_ns.load(Relaxed).saturating_mul(self.factor.load(Relaxed));
+        let stretched = self.avg_ns.load(Relaxed).saturating_mul(factor_of(self.each.load(Relaxed)));
         floor.max(stretched.min(cap))
     }
 }
@@ -320,20 +321,12 @@ impl Inner {
                 }
                 return false;
             }
-            inc(&self.stats.tx_coalesced);
             let due = now.saturating_add(window);
             if held == 0 {
+                // A flush pending for the batch before waits for this one.
                 conn.flush_due.store(due, SeqCst);
             }
-            if !conn.flush_pending.swap(true, SeqCst) {
-                conn.flush_due.store(due, SeqCst);
-                self.reactors[conn.reactor].flush_at(
-                    conn.clone(),
-                    path_conn::instant_of(due),
-                    path_conn::instant_of(now),
-                );
-            }
-            return true;
+            return self.hold(conn, due, now);
         }
         let due = conn.last_write.load(SeqCst).saturating_add(window);
         if now >= due {
@@ -352,11 +345,17 @@ impl Inner {
         // one before (a stream): let this window's messages go out
         // together; the reactor flushes at the window's end (at once when
         // it is over).
+        self.hold(conn, due.max(now), now)
+    }
+
+    /// A send at `now` leaves its message queued (`tcp_tx_coalesced`): the
+    /// reactor writes what is queued at `at` unless a flush is pending
+    /// already (`PathConn::flush_due` says when that one is for). True.
+    fn hold(&self, conn: &std::sync::Arc<PathConn>, at: u64, now: u64) -> bool {
         inc(&self.stats.tx_coalesced);
         if !conn.flush_pending.swap(true, SeqCst) {
-            conn.flush_due.store(due.max(now), SeqCst);
-            let at = path_conn::instant_of(due.max(now));
-            self.reactors[conn.reactor].flush_at(conn.clone(), at, path_conn::instant_of(now));
+            conn.flush_due.store(at, SeqCst);
+            self.reactors[conn.reactor].flush_at(conn.clone(), path_conn::instant_of(at), path_conn::instant_of(now));
         }
         true
     }
