@@ -64,6 +64,8 @@ const SCENARIOS: &[Scenario] = &[
         py_env: &[],
     },
     Scenario { name: "datagrams", pass: &["us->kernel", "kernel->us"], known: &[], py_env: &[] },
+    // Our stream of 8 KiB messages in batched writes; one direction only.
+    Scenario { name: "batches", pass: &["us->kernel"], known: &[], py_env: &[] },
     Scenario { name: "congestion", pass: &["us->kernel", "kernel->us"], known: &[], py_env: &[] },
     // rds-conform (the larger address) kills single TCP connections while
     // all 8 are up; every message exactly once.

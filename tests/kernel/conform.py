@@ -443,6 +443,33 @@ def sc_datagrams():
     barrier("dg-done", 180)
 
 
+BT_OURS = 5101
+BT_KERNEL = 6101
+BT_COUNT = 2000
+BT_SIZE = 8192
+
+
+def bt_size(_flow, _i):
+    return BT_SIZE
+
+
+def sc_batches():
+    """Our stream of 8 KiB messages, written in batches of about 64 KiB
+    (several whole RDS frames per sendmsg): every one exact and in order."""
+    s = rds_sock(BT_KERNEL, sndbuf=BIG, rcvbuf=BIG)
+    flow = flow_id(BT_OURS, BT_KERNEL)
+    expect = {flow: BT_COUNT}
+    checker = FlowChecker("batches", bt_size, expect)
+    barrier("bt-ready")
+    t0 = time.time()
+    recv_loop([s], checker, checker.complete, time.time() + 150)
+    ok, note = checker.verdict(expect, False)
+    result("batches", "us->kernel", ok,
+           f"{checker.count}/{BT_COUNT} messages of {BT_SIZE} B from our batched writes, exact and in order"
+           f" in {time.time() - t0:.1f} s" + (f"; {note}" if note else ""))
+    barrier("bt-done", 180)
+
+
 def cong_size(_flow, _i):
     return 4096
 
@@ -961,6 +988,7 @@ SCENARIOS = {
     "ping": sc_ping,
     "tools": sc_tools,
     "datagrams": sc_datagrams,
+    "batches": sc_batches,
     "congestion": sc_congestion,
     "mprds": sc_mprds,
     "reconnect": sc_reconnect,

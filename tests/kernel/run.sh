@@ -12,7 +12,7 @@ set -u
 here=$(cd "$(dirname "$0")" && pwd)
 knode=${CONFORM_KNODE:?}
 bin=${CONFORM_BIN:?}
-scenarios=${CONFORM_SCENARIOS:-"ping tools datagrams congestion mprds reconnect resetall restart selftest"}
+scenarios=${CONFORM_SCENARIOS:-"ping tools datagrams batches congestion mprds reconnect resetall restart selftest"}
 me=$VMRIG_SELF
 peer=$VMRIG_PEER
 
@@ -32,6 +32,7 @@ limit() {
         ping) echo 90;;
         tools) echo 200;;
         datagrams) echo 200;;
+        batches) echo 200;;
         congestion) echo 200;;
         mprds) echo 200;;
         reconnect) echo 200;;

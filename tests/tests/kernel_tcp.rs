@@ -33,7 +33,7 @@ use std::time::Instant;
 
 use rds_testkit::rig::{usable_rig, workspace_root};
 
-const SCENARIOS: &str = "ping tools datagrams congestion mprds reconnect resetall restart selftest";
+const SCENARIOS: &str = "ping tools datagrams batches congestion mprds reconnect resetall restart selftest";
 
 /// Scenarios that count lost and duplicated messages (GAPS lines) and have
 /// a kernel-to-kernel baseline.
@@ -47,6 +47,7 @@ const EXPECTED: &[(&str, &str)] = &[
     ("tools", "kernel->us"),
     ("datagrams", "us->kernel"),
     ("datagrams", "kernel->us"),
+    ("batches", "us->kernel"),
     ("congestion", "us->kernel"),
     ("congestion", "kernel->us"),
     ("mprds", "both"),

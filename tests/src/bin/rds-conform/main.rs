@@ -4,7 +4,7 @@
 //!
 //! usage: rds-conform SCENARIO --self ADDR --peer ADDR
 //!
-//! Scenarios: ping, tools, datagrams, congestion, mprds, reconnect, resetall, restart-a,
+//! Scenarios: ping, tools, datagrams, batches, congestion, mprds, reconnect, resetall, restart-a,
 //! restart-b, selftest. The two sides meet at `barrier NAME` points (the
 //! rig's helper) and print
 //!
@@ -17,6 +17,7 @@
 //! script's), so receivers check content, order and count per flow
 //! (source port, destination port) on their own.
 
+mod batches;
 mod common;
 mod congestion;
 mod exchange;
@@ -29,6 +30,7 @@ mod selftest;
 
 use std::net::IpAddr;
 
+use batches::sc_batches;
 use common::{Ctx, barrier};
 use congestion::sc_congestion;
 use exchange::{sc_datagrams, sc_ping, sc_tools};
@@ -58,6 +60,7 @@ fn main() {
         "ping" => sc_ping(&ctx),
         "tools" => sc_tools(&ctx),
         "datagrams" => sc_datagrams(&ctx),
+        "batches" => sc_batches(&ctx),
         "congestion" => sc_congestion(&ctx),
         "mprds" => sc_mprds(&ctx),
         "reconnect" => {
