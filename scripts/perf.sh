@@ -34,7 +34,7 @@
 # report, default docs/perf.md), PERF_QPERF_T / PERF_STRESS_T (seconds per
 # qperf test / rds-stress run and multipath run, default 3 / 4),
 # PERF_SCALE_PEERS / PERF_SCALE_ROUNDS (peer nodes and throughput rounds of
-# the scale part, default 256 / 3), PERF_ROUNDS (each other part runs this
+# the scale part, default 256 / 7), PERF_ROUNDS (each other part runs this
 # many times, default 2; the report keeps the best figure).
 set -euo pipefail
 here="$(cd "$(dirname "$0")/.." && pwd)"

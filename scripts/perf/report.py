@@ -521,9 +521,10 @@ def tasks(vals, key):
 
 def paired_ratios(sc):
     """Each round's throughput with every peer active over that with one,
-    measured just before it in the same round: a pair shares the machine's
-    load of its moment, where the best of each over all rounds does not
-    (the one-peer figure moves by up to 2x between rounds)."""
+    measured next to it in the same round (one peer first in every other
+    round, all first in the others): a pair shares the machine's load of
+    its moment, where the best of each over all rounds does not (the
+    one-peer figure moves by up to 2x between rounds)."""
     ones = [one(v, u, "bw") for v, u in sc.get("scale_bw_1", [])]
     alls = [one(v, u, "bw") for v, u in sc.get("scale_bw_n", [])]
     return [n / o for o, n in zip(ones, alls) if o and n]
@@ -653,7 +654,8 @@ def scale_section(w, sc, meta):
       "each side: the one-peer figure moves by up to 2x from round to round at the same "
       "CPU of its sending thread (on the host, 0.7 to 1.3 GB/s in three rounds of one "
       "run), so the best of several one-peer rounds is an outlier the other side never "
-      "gets to meet.")
+      "gets to meet. The two sides of a round run in turns (one peer first in every other "
+      "round, all first in the others), so neither always runs in the other's wake.")
     w("")
     w("Multipath: one node (`rds-scale paths`, 2 reactor threads) sends for "
       f"{meta.get('stress_t', '4')} s from 8 sockets (ports 6000..6007: one path each, "

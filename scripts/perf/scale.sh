@@ -16,9 +16,11 @@
 # Usage: scale.sh BIN_DIR
 set -uo pipefail
 BIN=$1
-# Throughput rounds of 1 peer and of all (a second or two each): one more
-# than the other parts, the figure moves the most.
-ROUNDS=${PERF_SCALE_ROUNDS:-3}
+# Throughput rounds of 1 peer and of all (about a second each, taken in
+# turns: rds-scale peers runs the one-peer side first in every other
+# round): more than the other parts, the figure moves the most (a run's
+# paired ratios spread from 0.58 to 1.12 on this shared machine).
+ROUNDS=${PERF_SCALE_ROUNDS:-7}
 SECS=${PERF_STRESS_T:-4}
 PEERS=${PERF_SCALE_PEERS:-256}
 SRV=127.0.0.1:4000

@@ -50,7 +50,8 @@ peers: --peers peer nodes (default 256), a socket each on one shared
   (skipping .0 and .255), port -p (default 5000), with a control node at
   --control (default 127.0.0.3). Each peer sends one message and the
   serving node's memory is read after --settle seconds (default 2); then
-  --rounds times (default 2) one peer, and then all, send -l bytes
+  --rounds times (default 2) one peer and all (in turns: one peer
+  first in the 1st, 3rd, ... round, all first in the others) send -l bytes
   (default 1G) in -m sized messages (default 8K), from one thread, up
   to --burst messages (default 64) to a peer before the next (after a
   warm-up of each with a quarter of -l).

@@ -136,12 +136,28 @@ pub fn run(args: &rds_tools::Args) -> bool {
     // warm-up of each (a quarter of the volume, not reported: the first
     // bulk transfer on a connection is slower).
     let mut sent = n as u64;
+    // Before each transfer the serving node has taken every message sent
+    // so far: a flush ends when its TCP acked them, while its receiving
+    // threads may still be reading a burst's backlog (its sockets hold
+    // 16 MiB), which the next transfer measured as its own slowness.
+    let settled = |sent: u64| {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while stat_u64(&get("drain"), "msgs") < sent && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    };
     for active in [1, n] {
+        settled(sent);
         sent += blast(&mut peers[..active], server, size, total / 4, burst, &mut buf).msgs;
     }
+    // Each round measures both, in turns (one peer first in the even
+    // rounds, all first in the odd ones), so that neither side of a
+    // round's ratio always runs in the other's wake.
     for r in 0..rounds {
-        for active in [1, n] {
+        let order = if r % 2 == 0 { [1, n] } else { [n, 1] };
+        for active in order {
             let k = if active == 1 { "1" } else { "n" };
+            settled(sent);
             let srv0 = stat_u64(&get("round"), "cpu_ms");
             let (me0, th0) = (crate::proc::process_cpu_ms(), crate::proc::thread_cpu_ms());
             let coalesced0 = coalesced(&peers[..active], shared.as_ref());
