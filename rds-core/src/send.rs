@@ -181,6 +181,7 @@ impl Node {
                 ack_required: false,
                 rdma: None,
             });
+            self.map_taken(laddr);
         }
         // A held path sends only its maps, and on the first connection of a
         // fresh connection object our leading probe (`probe_first`).

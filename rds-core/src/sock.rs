@@ -52,6 +52,10 @@ pub(crate) struct Sock {
     /// Payload bytes on the receive queue.
     pub rcv_bytes: u64,
     pub congested: bool,
+    /// Its congestion went out to the peers, or is on its way (a map
+    /// update queued or taken since it began): its end must follow
+    /// (`Node::recheck_congestion`).
+    pub cong_announced: bool,
     pub recv_queue: VecDeque<Incoming>,
     pub notify_queue: VecDeque<Notification>,
     pub cong_monitor: bool,
@@ -99,6 +103,7 @@ impl Sock {
             snd_bytes: 0,
             rcv_bytes: 0,
             congested: false,
+            cong_announced: false,
             recv_queue: VecDeque::new(),
             notify_queue: VecDeque::new(),
             cong_monitor: false,
@@ -332,7 +337,7 @@ impl Node {
         }
         // A larger send buffer may make a blocked sender writable, a larger
         // receive buffer may uncongest the socket (and raise its hard cap).
-        self.recheck_congestion(s);
+        self.recheck_congestion(s, false);
         self.rx_recheck();
         self.wake(s, false);
         Ok(())
@@ -417,7 +422,7 @@ impl Node {
         } else {
             self.ep.counters.recv_bytes_freed_fromsock += (-delta) as u64;
         }
-        self.recheck_congestion(s);
+        self.recheck_congestion(s, delta > 0);
     }
 
     pub(crate) fn sock(&self, s: SockId) -> Option<&Sock> {

@@ -122,6 +122,10 @@ counters! {
         /// Lane-0 holds ended at the acks because the peer answered no
         /// probe ping for several checks (a peer with `ping_enable` off).
         mprds_proof_unanswered,
+        /// Congestions of our sockets that ended before a message arrived
+        /// during them: no map update went out for either edge
+        /// (`Node::recheck_congestion`).
+        cong_update_spared,
     }
 }
 

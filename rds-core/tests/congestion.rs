@@ -53,8 +53,13 @@ fn hysteresis_congested_above_half_rcvbuf_uncongested_below_a_quarter() {
     assert!(start.iter().all(|m| map_ports(m).is_empty()));
     assert_eq!(net.send(0, a, sa(2, 4000), &[3; 1]), Ok(1));
     net.run();
-    // 10001 > 10000: congested, one map goes out with bit 4000 set
-    // (byte 500, bit 0).
+    // 10001 > 10000: congested, but the peers hear of it only once it
+    // holds a message back: no map yet, and node 0 may still send.
+    assert_eq!(maps(&net, 1, 0).len(), start.len());
+    assert_eq!(net.send(0, a, sa(2, 4000), &[4; 1]), Ok(1));
+    net.run();
+    // That message arrived while congested: one map goes out with bit
+    // 4000 set (byte 500, bit 0).
     let m = maps(&net, 1, 0);
     assert_eq!(m.len(), start.len() + 1);
     assert_eq!(map_ports(&m[start.len()]), vec![4000]);
@@ -65,12 +70,12 @@ fn hysteresis_congested_above_half_rcvbuf_uncongested_below_a_quarter() {
     net.bound(1, 4001);
     assert_eq!(net.send(0, a, sa(2, 4001), &[4; 1]), Ok(1));
     net.run();
-    // 10001 - 5001 = 5000 is not below 5000: still congested.
+    // 10002 - 5001 = 5001 is not below 5000: still congested.
     assert_eq!(data(net.nodes[1].recv(b, false).unwrap()).payload.len(), 5001);
     net.run();
     assert_eq!(maps(&net, 1, 0).len(), start.len() + 1);
     assert_eq!(net.send(0, a, sa(2, 4000), &[4; 1]), Err(Errno::ENOBUFS));
-    // 5000 - 4999 = 1: uncongested, an all-clear map goes out.
+    // 5001 - 4999 = 2: uncongested, an all-clear map goes out.
     assert_eq!(data(net.nodes[1].recv(b, false).unwrap()).payload.len(), 4999);
     net.run();
     let m = maps(&net, 1, 0);
@@ -79,13 +84,14 @@ fn hysteresis_congested_above_half_rcvbuf_uncongested_below_a_quarter() {
     assert_eq!(net.send(0, a, sa(2, 4000), &[5; 1]), Ok(1));
     net.run();
     let c = net.nodes[1].counters();
-    // To 4000: 5001, 4999, 1 and the last 1; to 4001: 1.
-    assert_eq!(c.recv_bytes_added_to_sock, 5001 + 4999 + 1 + 1 + 1);
+    // To 4000: 5001, 4999, 1, the held-back 1 and the last 1; to 4001: 1.
+    assert_eq!(c.recv_bytes_added_to_sock, 5001 + 4999 + 1 + 1 + 1 + 1);
     assert_eq!(c.recv_bytes_freed_fromsock, 5001 + 4999);
     // Two changes queued an update each, plus those of the connection
     // start; node 0 received each of them.
     assert_eq!(c.cong_update_queued, start.len() as u64 + 2);
     assert_eq!(net.nodes[0].counters().cong_update_received, start.len() as u64 + 2);
+    assert_eq!(c.cong_update_spared, 0);
 }
 
 #[test]
@@ -117,6 +123,8 @@ fn map_update_goes_to_every_connection_of_the_address_and_after_reconnect() {
     assert_eq!(net.drain_payloads(2, c), vec![b"hello".to_vec()]);
     net.nodes[1].setsockopt(b, SockOpt::RcvBuf(2000)).unwrap();
     net.send(0, a, sa(2, 4003), &[7; 2000]).unwrap();
+    // The message congestion holds back: its arrival announces it.
+    net.send(0, a, sa(2, 4003), &[7; 1]).unwrap();
     net.run();
     // The update with port 4003 (byte 500 = 0x08) went to node 0 and node 2.
     for peer in [0, 2] {
@@ -196,6 +204,7 @@ fn switching_cong_monitor_off_forgets_masks_and_notifications() {
     net.nodes[1].setsockopt(b, SockOpt::RcvBuf(2000)).unwrap();
     net.nodes[0].setsockopt(a, SockOpt::CongMonitor(true)).unwrap();
     net.send(0, a, sa(2, 4003), &[0; 2001]).unwrap();
+    net.send(0, a, sa(2, 4003), &[0; 1]).unwrap();
     net.run();
     assert_eq!(net.send(0, a, sa(2, 4003), b"x"), Err(Errno::ENOBUFS));
     net.drain(1, b);
@@ -207,6 +216,7 @@ fn switching_cong_monitor_off_forgets_masks_and_notifications() {
     assert_eq!(net.nodes[0].recv(a, false).unwrap_err(), Errno::EAGAIN);
     // The recorded group is gone too: the next update notifies nothing.
     net.send(0, a, sa(2, 4003), &[0; 2001]).unwrap();
+    net.send(0, a, sa(2, 4003), &[0; 1]).unwrap();
     net.run();
     assert_eq!(net.send(0, a, sa(2, 4003), b"x"), Err(Errno::ENOBUFS));
     net.nodes[0].setsockopt(a, SockOpt::CongMonitor(false)).unwrap();
@@ -289,6 +299,7 @@ fn recv_order_is_notifications_then_cong_update_then_data() {
     net.run();
     // b becomes congested; a's next send to it fails and is monitored.
     net.send(0, a, sa(2, 4000), &[0; 2001]).unwrap();
+    net.send(0, a, sa(2, 4000), &[0; 1]).unwrap();
     net.run();
     assert_eq!(net.send(0, a, sa(2, 4000), b"x"), Err(Errno::ENOBUFS));
     // An RDMA op with NOTIFY_ME completes when its message is acked.
@@ -336,8 +347,9 @@ fn maps_travel_only_on_the_map_lane() {
     let path3 = net.path(1, 0, 3);
     let mark = net.wire.len();
     for round in 0..20u8 {
-        // Congest b (a map with its bit goes out)...
-        for _ in 0..3 {
+        // Congest b (3000 of 4500 bytes), and a fourth message arrives
+        // while it is: a map with its bit goes out...
+        for _ in 0..4 {
             let _ = net.send(0, a, sa(2, 4000), &[round; 1500]);
             net.run();
         }
@@ -360,11 +372,90 @@ fn maps_travel_only_on_the_map_lane() {
     net.cut(1, lane);
     let a1 = net.bound(0, 4001); // lane 1: still connected
     let mark = net.wire.len();
-    for _ in 0..3 {
+    for _ in 0..4 {
         let _ = net.send(0, a1, sa(2, 4000), &[9; 1500]);
         net.run();
     }
     let after: Vec<_> = net.wire[mark..].iter().filter(|m| m.from == 1 && m.header.kind() == Kind::CongMap).collect();
     assert!(!after.is_empty());
     assert!(after.iter().all(|m| m.path.index == 1), "{:?}", after.iter().map(|m| m.path.index).collect::<Vec<_>>());
+}
+
+/// A congestion that the reader ends before another message arrives held
+/// nothing back: the peers never hear of it, neither its start nor its
+/// end (`cong_update_spared`); one that does hold a message back is
+/// announced as before.
+#[test]
+fn a_congestion_drained_before_the_next_message_is_never_announced() {
+    let mut net = Net::new(2);
+    let a = net.bound(0, 5000);
+    let b = net.bound(1, 4000);
+    net.send(0, a, sa(2, 4000), b"warm").unwrap();
+    net.run();
+    net.drain(1, b);
+    net.nodes[1].setsockopt(b, SockOpt::RcvBuf(1000)).unwrap(); // limit 2000
+    let start = maps(&net, 1, 0).len();
+    let (queued, seen) = (net.nodes[1].counters().cong_update_queued, net.nodes[1].counters().cong_update_received);
+    for round in 0..3u8 {
+        net.send(0, a, sa(2, 4000), &[round; 2001]).unwrap();
+        net.run();
+        assert_eq!(net.drain_payloads(1, b), vec![vec![round; 2001]]);
+        net.run();
+    }
+    assert_eq!(maps(&net, 1, 0).len(), start, "no map for a congestion that held nothing back");
+    let c = net.nodes[1].counters();
+    assert_eq!(c.cong_update_spared, 3);
+    assert_eq!(c.cong_update_queued, queued);
+    // Node 1's own map saw every change (local senders test it).
+    assert_eq!(c.cong_update_received - seen, 6);
+    // Held back once: announced, then its end.
+    net.send(0, a, sa(2, 4000), &[7; 2001]).unwrap();
+    net.send(0, a, sa(2, 4000), &[8; 1]).unwrap();
+    net.run();
+    assert_eq!(map_ports(maps(&net, 1, 0).last().unwrap()), vec![4000]);
+    assert_eq!(net.send(0, a, sa(2, 4000), b"x"), Err(Errno::ENOBUFS));
+    assert_eq!(net.drain_payloads(1, b), vec![vec![7; 2001], vec![8; 1]]);
+    net.run();
+    assert_eq!(maps(&net, 1, 0).len(), start + 2);
+    assert_eq!(map_ports(maps(&net, 1, 0).last().unwrap()), Vec::<u16>::new());
+    assert_eq!(net.send(0, a, sa(2, 4000), b"x"), Ok(1));
+    assert_eq!(net.nodes[1].counters().cong_update_spared, 3);
+}
+
+/// A map that leaves for another port's congestion carries every bit of
+/// the address: a socket congested meanwhile is then announced, and its
+/// end must follow, or the peer would keep its port congested for good.
+#[test]
+fn a_congestion_carried_by_another_ports_map_has_its_end_sent() {
+    let mut net = Net::new(2);
+    let a = net.bound(0, 5000);
+    let warm = net.bound(1, 4002);
+    let b1 = net.bound(1, 4000);
+    let b2 = net.bound(1, 4001);
+    net.send(0, a, sa(2, 4002), b"warm").unwrap();
+    net.run();
+    net.drain(1, warm);
+    for s in [b1, b2] {
+        net.nodes[1].setsockopt(s, SockOpt::RcvBuf(1000)).unwrap(); // limit 2000
+    }
+    let start = maps(&net, 1, 0).len();
+    // b1 goes over its limit: held, not announced.
+    net.send(0, a, sa(2, 4000), &[1; 2001]).unwrap();
+    net.run();
+    assert_eq!(maps(&net, 1, 0).len(), start);
+    // b2 goes over and holds a message back: its map carries b1's bit too.
+    net.send(0, a, sa(2, 4001), &[2; 2001]).unwrap();
+    net.send(0, a, sa(2, 4001), &[2; 1]).unwrap();
+    net.run();
+    assert_eq!(maps(&net, 1, 0).len(), start + 1);
+    assert_eq!(map_ports(maps(&net, 1, 0).last().unwrap()), vec![4000, 4001]);
+    assert_eq!(net.send(0, a, sa(2, 4000), b"x"), Err(Errno::ENOBUFS));
+    // b1 drains: its end goes out, though no message of its own announced it.
+    net.drain(1, b1);
+    net.run();
+    assert_eq!(maps(&net, 1, 0).len(), start + 2);
+    assert_eq!(map_ports(maps(&net, 1, 0).last().unwrap()), vec![4001]);
+    assert_eq!(net.send(0, a, sa(2, 4000), b"x"), Ok(1));
+    assert_eq!(net.send(0, a, sa(2, 4001), b"x"), Err(Errno::ENOBUFS));
+    assert_eq!(net.nodes[1].counters().cong_update_spared, 0);
 }

@@ -14,7 +14,9 @@ fn data_after_a_consumed_congestion_update_wakes_the_receiver() {
     let a = net.bound(0, 4000);
     let b = net.bound(1, 4000);
     net.nodes[1].setsockopt(b, SockOpt::RcvBuf(2000)).unwrap(); // congested above 2000
-    for _ in 0..2 {
+    // The second goes over; the third arrives while b is congested, which
+    // announces it to node 0.
+    for _ in 0..3 {
         net.send(0, a, sa(2, 4000), &[1; 1500]).unwrap();
         net.run();
     }
