@@ -192,7 +192,11 @@ pub(crate) const MID_BATCH: u64 = 64 << 10;
 
 /// The measured cost of one transmit on a connection (see the module
 /// docs): a moving average of sampled transmits of small or mid-size
-/// messages.
+/// messages. A transmit that carries a congestion map is not sampled
+/// (`TxState::queued_has_map`): its 8 KiB said nothing of the stream's
+/// messages, and classed a stream of 16 KiB ones as mid-size until the
+/// next sample (1 in 8 transmits of one or two messages), which held a
+/// batch or two of them.
 #[derive(Default)]
 pub(crate) struct WriteCost {
     /// Nanoseconds, the average of the samples (an eighth of each new one

@@ -237,7 +237,9 @@ impl Inner {
                     conn.last_write.store(now, SeqCst);
                     conn.held.store(0, SeqCst);
                     let n = tx.queued_len();
-                    let timed = conn.write_cost.sample_due(n);
+                    // A map's 8 KiB would class a stream of larger (or
+                    // smaller) messages as mid-size until the next sample.
+                    let timed = !tx.queued_has_map() && conn.write_cost.sample_due(n);
                     let res = tx.write(&conn.stream);
                     if timed && matches!(res, Ok(WriteRes::Flushed)) {
                         // The coalescing window's measure: from the send's
@@ -325,6 +327,8 @@ const IOV_BATCH: usize = 1024;
 pub(crate) struct TxItem {
     hdr: [u8; HEADER_LEN],
     payload: Payload,
+    /// A congestion map (8 KiB, whatever the stream's messages).
+    map: bool,
 }
 
 impl TxItem {
@@ -373,12 +377,13 @@ impl TxState {
         let mut tracked = false;
         for m in msgs.drain(..) {
             self.queued_end += m.wire_len() as u64;
-            if !m.is_cong_map() {
+            let map = m.is_cong_map();
+            if !map {
                 self.unacked.push_back((self.queued_end, m.header.sequence));
                 self.expected_una = self.queued_end;
                 tracked = true;
             }
-            self.queue.push_back(TxItem { hdr: m.header.to_bytes(), payload: m.payload });
+            self.queue.push_back(TxItem { hdr: m.header.to_bytes(), payload: m.payload, map });
         }
         tracked
     }
@@ -390,6 +395,13 @@ impl TxState {
 
     pub fn queued_len(&self) -> usize {
         self.queue.len()
+    }
+
+    /// Whether a congestion map is among the queued messages: a transmit
+    /// that carries one does not measure the stream's messages
+    /// (`WriteCost`).
+    pub fn queued_has_map(&self) -> bool {
+        self.queue.iter().any(|i| i.map)
     }
 
     pub fn unacked_len(&self) -> usize {
@@ -540,6 +552,7 @@ mod tests {
         let mut st = TxState::default();
         assert!(st.enqueue(&mut msgs));
         assert_eq!(st.unacked_len(), 200, "the congestion map is not tracked");
+        assert!(st.queued_has_map(), "a queued map is known (not a cost sample)");
         let reader = std::thread::spawn(move || {
             let mut got = vec![0u8; expect.len()];
             rx.read_exact(&mut got).unwrap();
@@ -561,6 +574,7 @@ mod tests {
             }
         }
         assert!(blocked > 0, "the small buffer forced partial writes");
+        assert!(!st.queued_has_map(), "written");
         reader.join().unwrap();
         let until = std::time::Instant::now() + std::time::Duration::from_secs(10);
         while last_seq < 200 {
