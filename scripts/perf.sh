@@ -3,7 +3,8 @@
 # command, one run, about 5 minutes (under 10), every load bounded by a size
 # or a time. It
 #   1. runs scripts/setup.sh and builds rds-gen, rds-sink, rds-stress,
-#      rds-scale, librdspreload.so and perf-chart in release, and
+#      rds-scale and perf-chart in release, librdspreload.so with the dist
+#      profile (Cargo.toml), and
 #      rds-window (scripts/perf/rds_window.c) with cc;
 #   2. on the host loopback (in a private network namespace when run as
 #      root): ours against raw TCP (qperf tcp_bw/tcp_lat on 127.0.0.1;
@@ -50,12 +51,15 @@ echo "== setup and release build"
 "$here/scripts/setup.sh"
 export PATH="$HOME/.cargo/bin:$PATH"
 cargo build --release -q -p rds-tools --bin rds-gen --bin rds-sink --bin rds-stress --bin rds-scale
-# librdspreload.so: ours through the same qperf as the kernel's.
-cargo build --release -q -p rds-preload
+# librdspreload.so: ours through the same qperf as the kernel's, built as
+# it is meant to run (the dist profile: Cargo.toml).
+cargo build --profile dist -q -p rds-preload
 chart_status=drawn
 cargo build --release -q -p perf-chart || chart_status="not drawn: perf-chart did not build"
-bin="$(cargo metadata --format-version 1 --no-deps \
-    | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')/release"
+target_dir="$(cargo metadata --format-version 1 --no-deps \
+    | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+bin="$target_dir/release"
+shim="$target_dir/dist/librdspreload.so"
 # rds-window: the 64 B message rate with 16 in flight, the same C program on
 # the kernel's AF_RDS and on ours under the shim (qperf cannot limit what
 # is in flight). setup.sh installed the C compiler (cargo links with it).
@@ -82,7 +86,7 @@ if [ "$(id -u)" = 0 ] && unshare -n true 2>/dev/null; then
 else
     echo "perf: not root: the host and scale parts use the machine's own loopback" >&2
 fi
-host_cmd=("${private_net[@]}" bash "$here/scripts/perf/host.sh" "$bin")
+host_cmd=("${private_net[@]}" bash "$here/scripts/perf/host.sh" "$bin" "$shim")
 timeout 400 "${host_cmd[@]}" | tee "$work/host.txt" || echo "perf: WARNING: the host part failed (status $?)" >&2
 
 echo "== scale on the host loopback: 256 peers, 8 paths"
@@ -112,7 +116,7 @@ else
     for v in PERF_ROUNDS PERF_QPERF_T PERF_STRESS_T PERF_VM_TOTAL_1K PERF_VM_TOTAL_8K PERF_VM_TOTAL_64K; do
         if [ -n "${!v:-}" ]; then vm_env+=(-e "$v=${!v}"); fi
     done
-    "$vmrig_dir/vmrig" run -t 540 "${vm_env[@]}" -- bash "$here/scripts/perf/guest.sh" "$bin" \
+    "$vmrig_dir/vmrig" run -t 540 "${vm_env[@]}" -- bash "$here/scripts/perf/guest.sh" "$bin" "$shim" \
         | tee "$work/vm.txt" || rc=$?
     if [ $rc != 0 ] || ! grep -q '^R vm_done' "$work/vm.txt"; then
         vm_status="failed (vmrig run status $rc; figures missing from the VM part)"

@@ -13,13 +13,13 @@
 # change in the shared machine's load moves them together (the kernel's
 # rounds used to come after all of ours, minutes later); the report keeps
 # the best figure of each.
-# Usage: guest.sh BIN_DIR
+# Usage: guest.sh BIN_DIR [SHIM] (default BIN_DIR/librdspreload.so)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=scripts/perf/lib.sh
 . "$here/lib.sh"
 BIN=$1
-SHIM=$BIN/librdspreload.so
+SHIM=${2:-$BIN/librdspreload.so}
 ON_A=(ip netns exec ns1)
 ON_B=(ip netns exec ns2)
 ADDR_A=10.99.0.1

@@ -4,13 +4,13 @@
 # against raw TCP with qperf on 127.0.0.1 when qperf is installed. perf.sh
 # runs it inside a private network namespace (unshare -n) when it can.
 # PERF_ROUNDS times (default 2); the report keeps the best figure of each.
-# Usage: host.sh BIN_DIR
+# Usage: host.sh BIN_DIR [SHIM] (default BIN_DIR/librdspreload.so)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 # shellcheck source=scripts/perf/lib.sh
 . "$here/lib.sh"
 BIN=$1
-SHIM=$BIN/librdspreload.so
+SHIM=${2:-$BIN/librdspreload.so}
 ON_A=()
 ON_B=()
 ADDR_A=127.0.0.1
