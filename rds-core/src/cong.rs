@@ -217,11 +217,11 @@ impl Node {
     /// shim queued 1,802 updates in 5 s for 7,089 messages (the kernel's
     /// RDS 79 for 11,208), 8 KiB each, to every connection of the
     /// address; with this rule 360 for 8,189 (380 spared), and the
-    /// stream ran at 134 MB/s against 118. What a peer may send in the meantime is what the kernel's
-    /// peer sends while an update travels: one message more per
-    /// congestion, which the receiver queues as it queues any (a map
-    /// never drops a message). Local senders test the map itself and see
-    /// every change at once.
+    /// stream ran at 134 MB/s against 118. What a peer may send in the
+    /// meantime is what the kernel's peer sends while an update travels:
+    /// one message more per congestion, which the receiver queues as it
+    /// queues any (a map never drops a message). Local senders test the
+    /// map itself and see every change at once.
     pub(crate) fn recheck_congestion(&mut self, s: SockId, arrival: bool) {
         let Some(sock) = self.sock_mut(s) else { return };
         let Some(bound) = sock.bound else { return };
