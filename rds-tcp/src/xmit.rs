@@ -239,7 +239,7 @@ impl Inner {
                     let n = tx.queued_len();
                     // A map's 8 KiB would class a stream of larger (or
                     // smaller) messages as mid-size until the next sample.
-                    let timed = !tx.queued_has_map() && conn.write_cost.sample_due(n);
+                    let timed = conn.write_cost.sample_due(n, || tx.queued_has_map());
                     let res = tx.write(&conn.stream);
                     if timed && matches!(res, Ok(WriteRes::Flushed)) {
                         // The coalescing window's measure: from the send's
