@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use rds_sock::{Engine, EngineConfig};
 
-use crate::common::{BIG, Ctx, barrier, errno_name, info, result};
+use crate::common::{BIG, Ctx, barrier, engine_counter, errno_name, info, result};
 use crate::flows::{flow_id, payload};
 
 /// Our sending socket's port and the kernel's receiving one.
@@ -33,7 +33,7 @@ pub fn sc_batches(ctx: &Ctx) {
     let s = engine.socket().expect("socket");
     s.set_send_buffer_size_force(BIG).expect("SO_SNDBUF");
     s.bind(SocketAddr::new(ctx.me, OUR_PORT)).expect("bind");
-    let count = |name: &str| engine.counters().into_iter().find(|(k, _)| k == name).map_or(0, |(_, v)| v);
+    let count = |name: &str| engine_counter(&engine, name);
     let batches = || count("tcp_tx_batch_full");
     let flow = flow_id(OUR_PORT, KERNEL_PORT);
     // The messages first, so the stream's pace is the sends'.

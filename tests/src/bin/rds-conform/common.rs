@@ -94,8 +94,12 @@ pub fn flush_all(socks: &[Arc<RdsSocket>], secs: u64) -> bool {
     socks.iter().all(|s| s.flush(Duration::from_secs(secs)))
 }
 
+/// A counter of the process's default engine (0 when it has none).
 pub fn counter(name: &str) -> u64 {
-    RdsSocket::new()
-        .map(|s| s.engine().counters().into_iter().find(|(k, _)| k == name).map_or(0, |(_, v)| v))
-        .unwrap_or(0)
+    RdsSocket::new().map(|s| engine_counter(s.engine(), name)).unwrap_or(0)
+}
+
+/// A counter of `engine` by its `rds-info -c` name (0 when it has none).
+pub fn engine_counter(engine: &rds_sock::Engine, name: &str) -> u64 {
+    engine.counters().into_iter().find(|(k, _)| k == name).map_or(0, |(_, v)| v)
 }

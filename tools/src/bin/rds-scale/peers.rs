@@ -140,11 +140,16 @@ pub fn run(args: &rds_tools::Args) -> bool {
     // so far: a flush ends when its TCP acked them, while its receiving
     // threads may still be reading a burst's backlog (its sockets hold
     // 16 MiB), which the next transfer measured as its own slowness.
+    // The same wait ends the run (the serving node's final count), within
+    // 20 s either way; returns the last answer.
     let settled = |sent: u64| {
         let deadline = Instant::now() + Duration::from_secs(20);
-        while stat_u64(&get("drain"), "msgs") < sent && Instant::now() < deadline {
+        let mut last = get("drain");
+        while stat_u64(&last, "msgs") < sent && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(10));
+            last = get("drain");
         }
+        last
     };
     for active in [1, n] {
         settled(sent);
@@ -190,12 +195,7 @@ pub fn run(args: &rds_tools::Args) -> bool {
     println!("R scale_burst {burst}");
     println!("R scale_total {total}");
     // Every message arrived once, in order: the serving node's count.
-    let deadline = Instant::now() + Duration::from_secs(20);
-    let mut last = get("after");
-    while stat_u64(&last, "msgs") < sent && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(100));
-        last = get("after");
-    }
+    let last = settled(sent);
     let (got, dups, gaps) = (stat_u64(&last, "msgs"), stat_u64(&last, "dups"), stat_u64(&last, "gaps"));
     println!("R scale_msgs_sent {sent}");
     println!("R scale_msgs_received {got}");
