@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The benchmark, side by side with the kernel's RDS-TCP (issue 14): one
-# command, one run, about 5 minutes (under 10), every load bounded by a size
+# command, one run, about 9 minutes (under 15), every load bounded by a size
 # or a time. It
 #   1. runs scripts/setup.sh and builds rds-gen, rds-sink, rds-stress,
 #      rds-scale and perf-chart in release, librdspreload.so with the dist
@@ -116,7 +116,7 @@ else
     for v in PERF_ROUNDS PERF_QPERF_T PERF_STRESS_T PERF_VM_TOTAL_1K PERF_VM_TOTAL_8K PERF_VM_TOTAL_64K; do
         if [ -n "${!v:-}" ]; then vm_env+=(-e "$v=${!v}"); fi
     done
-    "$vmrig_dir/vmrig" run -t 540 "${vm_env[@]}" -- bash "$here/scripts/perf/guest.sh" "$bin" "$shim" \
+    "$vmrig_dir/vmrig" run -t 720 "${vm_env[@]}" -- bash "$here/scripts/perf/guest.sh" "$bin" "$shim" \
         | tee "$work/vm.txt" || rc=$?
     if [ $rc != 0 ] || ! grep -q '^R vm_done' "$work/vm.txt"; then
         vm_status="failed (vmrig run status $rc; figures missing from the VM part)"
@@ -148,6 +148,8 @@ touch "$work/vm.txt"
     echo "cmd B: LD_PRELOAD=librdspreload.so qperf &"
     echo "cmd A: LD_PRELOAD=librdspreload.so qperf -v -t $qt -m 64 B rds_lat"
     echo "cmd A: LD_PRELOAD=librdspreload.so qperf -v -t $qt -m SIZE B rds_bw      # SIZE = 64, 1024, 8192, 65536"
+    echo "cmd # in the VM, what bounds a 64 KiB stream: the kernel's and ours (under the shim), in turns with and without -sb 1m:"
+    echo "cmd A: qperf -v -t $qt [-sb 1m] -m 65536 B rds_bw"
     echo "cmd # 64 B with 16 in flight, each answered: the kernel (KIND=kern), ours (the same under LD_PRELOAD=librdspreload.so):"
     echo "cmd B: rds-window serve B 5000 30 &"
     echo "cmd A: rds-window run A 5001 B 5000 16 $qt"

@@ -8,7 +8,9 @@
 #      then our tools rds-stress and rds-gen/rds-sink, on
 #      RDS-TCP port 16386 (RDS_TCP_PORT) beside the kernel's listener on
 #      16385 in every namespace,
-#   3. the kernel's RDS-TCP with qperf (rds_lat, rds_bw) and rds-window.
+#   3. the kernel's RDS-TCP with qperf (rds_lat, rds_bw) and rds-window;
+# then one more run of each for where the time goes (why_*), and 64 KiB
+# streams with the default and with larger socket buffers (sb_suite).
 # Each round measures the three within a minute or two of each other, so a
 # change in the shared machine's load moves them together (the kernel's
 # rounds used to come after all of ours, minutes later); the report keeps
@@ -77,5 +79,16 @@ why_bw kern 1024
 why_bw kern 8192
 why_bw kern 65536
 why_window kern
+# What bounds a 64 KiB stream: how many messages the send buffer lets await
+# their acks, ours and the kernel's.
+echo "perf: [vm] what bounds a 64 KiB stream (socket buffers)" >&2
+if [ -f "$SHIM" ]; then
+    ON_A=(ip netns exec ns1 env LD_PRELOAD="$SHIM")
+    ON_B=(ip netns exec ns2 env LD_PRELOAD="$SHIM")
+    sb_suite shim
+    ON_A=(ip netns exec ns1)
+    ON_B=(ip netns exec ns2)
+fi
+sb_suite kern
 netpair down
 echo "R vm_done 1"

@@ -44,11 +44,12 @@ qperf_server_stop() {
 # which often runs first on a machine of two CPUs (under the shim, a few
 # tests in twenty in the VM rig and on the host). Up to three attempts, 2 s
 # apart, the server restarted before the third. Prints what qperf -v
-# reports.
+# reports. QPERF_EXTRA (an array, empty by default) adds options.
+QPERF_EXTRA=()
 qperf_run() {
     local test=$1 size=$2 key=$3 out try
     for try in 1 2 3; do
-        if out=$(timeout $((QPERF_T + 30)) "${ON_A[@]}" qperf -v -t "$QPERF_T" -m "$size" "$ADDR_B" "$test" 2>&1); then
+        if out=$(timeout $((QPERF_T + 30)) "${ON_A[@]}" qperf -v -t "$QPERF_T" "${QPERF_EXTRA[@]}" -m "$size" "$ADDR_B" "$test" 2>&1); then
             break
         fi
         echo "perf: qperf $test -m $size failed (attempt $try: $(echo "$out" | tr '\n' ' '))" >&2
@@ -204,6 +205,32 @@ ours_suite() {
     ours_bw 1024 "$TOTAL_1K" 4201
     ours_bw 8192 "$TOTAL_8K" 4202
     ours_bw 65536 "$TOTAL_64K" 4203
+}
+
+# sb_suite KIND: what bounds a stream of 64 KiB messages. qperf rds_bw
+# -m 65536 from A to B (ON_A / ON_B), in turns with the send buffer an RDS
+# socket gets by default (net.core.wmem_default; half of it may be bytes
+# of messages awaiting their TCP ack: 106,496 with Linux's default of
+# 212,992, one 64 KiB message and part of the next) and with qperf -sb 1m
+# (SO_SNDBUF and SO_RCVBUF of 1,000,000, which the kernel's RDS and ours cap
+# at net.core.wmem_max and double: with the default maximum of 212,992,
+# that many bytes in flight), PERF_ROUNDS times. Keys
+# ${PREFIX}sb_KIND_{def,1m}_{bw,rate}, ${PREFIX}sb_wmem_{default,max}.
+sb_suite() {
+    local kind=$1
+    echo "R ${PREFIX}sb_wmem_default $(cat /proc/sys/net/core/wmem_default) bytes"
+    echo "R ${PREFIX}sb_wmem_max $(cat /proc/sys/net/core/wmem_max) bytes"
+    qperf_server_start
+    timeout 30 "${ON_A[@]}" qperf -t 1 -m 64 "$ADDR_B" rds_lat >/dev/null 2>&1 || true
+    for _ in $(seq "$ROUNDS"); do
+        QPERF_EXTRA=()
+        qperf_run rds_bw 65536 "sb_${kind}_def"
+        QPERF_EXTRA=(-sb 1m)
+        qperf_run rds_bw 65536 "sb_${kind}_1m"
+        QPERF_EXTRA=()
+    done
+    qperf_server_stop
+    cleanup_pids
 }
 
 # why_snap CLIENT SERVER: "idle total cpu switches user engine wakes

@@ -346,6 +346,7 @@ def why_section(w, vm):
       "the kernel's RDS works inside those two calls and in softirq.")
     w("")
     bw_why_section(w, vm)
+    sb_section(w, vm)
     window_why_section(w, vm)
 
 
@@ -408,6 +409,18 @@ def gap_cause(vm, row, base, raw, kern):
         if size >= 8192:
             s += ("; ours copies each payload twice more than the kernel's RDS (a pooled buffer "
                   "on each side) and reads the stream in the reactor's thread")
+        sb = sb_figures(vm) if size == 65536 else None
+        if sb is not None:
+            f, wdef, wmax = sb
+            gk, go = f[("kern", "1m")] / f[("kern", "def")], f[("shim", "1m")] / f[("shim", "def")]
+            s += (f"; and the default send buffer lets {wdef // 2:,} bytes of a socket's messages "
+                  "await their TCP ack, one 64 KiB message and part of the next: with qperf "
+                  f"`-sb 1m` ({min(1_000_000, wmax):,} bytes) ours ran at {f[('shim', '1m')]:.0f} MB/s "
+                  f"against the kernel's {f[('kern', '1m')]:.0f} "
+                  f"({f[('shim', '1m')] / f[('kern', '1m')]:.2f}x; at the default "
+                  f"{f[('shim', 'def')]:.0f} against {f[('kern', 'def')]:.0f})"
+                  + (": ours waits longer for each ack" if go > gk * 1.03 else "")
+                  + " (\"What bounds a 64 KiB stream\")")
         else:
             s += ("; what is left per message is the user-space code of the shim and the "
                   "engine and the sender's system calls (the user-space instructions counted on the host, above)")
@@ -488,6 +501,64 @@ def bw_why_section(w, vm):
       "and the engine's reactor thread, which reads a stream in its own thread, ahead of "
       "the receiver (a receiver that read more than one message in a wait leaves the "
       "next waits to it). On two vCPUs under emulation that CPU time is the bandwidth.")
+    w("")
+
+
+def sb_figures(vm):
+    """guest.sh's sb_suite: the best 64 KiB qperf rds_bw of each (ours
+    under the shim, the kernel's) with the default send buffer and with
+    qperf -sb 1m, and the buffer sysctls; None when not measured."""
+    f = {(k, b): num(vm, f"vm_sb_{k}_{b}_bw", "bw") for k in ("shim", "kern") for b in ("def", "1m")}
+    if any(v is None for v in f.values()):
+        return None
+    try:
+        wdef = int(first(vm, "vm_sb_wmem_default"))
+        wmax = int(first(vm, "vm_sb_wmem_max"))
+    except ValueError:
+        return None
+    return f, wdef, wmax
+
+
+def sb_section(w, vm):
+    """What bounds a 64 KiB stream (guest.sh's sb_suite): the send buffer's
+    bytes in flight, ours and the kernel's."""
+    got = sb_figures(vm)
+    if got is None:
+        return
+    f, wdef, wmax = got
+    inflight_def, inflight_1m = wdef // 2, min(1_000_000, wmax)
+    w("### What bounds a 64 KiB stream (VM rig)")
+    w("")
+    w("qperf `rds_bw -m 65536`, ours under the shim and the kernel's RDS-TCP, in turns: with "
+      "the send buffer an RDS socket gets by default (`net.core.wmem_default`, "
+      f"{wdef:,} bytes here; half of it may be bytes of messages awaiting their TCP ack: "
+      f"{inflight_def:,}, one 64 KiB message and part of the next) and with qperf's `-sb 1m` "
+      "(SO_SNDBUF and SO_RCVBUF of 1,000,000 bytes, which both cap at `net.core.wmem_max`, "
+      f"{wmax:,} here, and double: {inflight_1m:,} bytes in flight). The best of "
+      f"{len(vm.get('vm_sb_shim_def_bw', []))} rounds each.")
+    w("")
+    w("| | kernel RDS-TCP | ours (qperf, shim) | ours / kernel |")
+    w("|---|---|---|---|")
+    for b, label in (("def", f"default send buffer ({inflight_def:,} bytes in flight)"),
+                     ("1m", f"`qperf -sb 1m` ({inflight_1m:,} bytes in flight)")):
+        k, o = f[("kern", b)], f[("shim", b)]
+        w(f"| {label} | {k:.0f} MB/s | {o:.0f} MB/s | {o / k:.2f} |")
+    gk, go = f[("kern", "1m")] / f[("kern", "def")], f[("shim", "1m")] / f[("shim", "def")]
+    w(f"| the larger buffer's gain | {gk:.2f}x | {go:.2f}x | |")
+    w("")
+    w("A message leaves the sending socket's buffer when TCP has acknowledged its last byte, "
+      "in both (the kernel's RDS-TCP learns of the ack in TCP's write-space callback, ours polls "
+      "`SIOCOUTQ`: `rds_tcp`'s docs, \"Acks\"), so at the default size the sender holds one "
+      "64 KiB message and part of the next and then waits for an ack before it may queue more.")
+    if go > gk * 1.03:
+        w(f"The larger buffer gains ours more than the kernel's ({go:.2f}x against {gk:.2f}x): "
+          "ours waits longer for each ack. Polling for it every 5 to 10 us instead of from "
+          "50 us (`rds_sock`'s `ACK_NAP_MIN`) measured the same (5 alternating rounds, "
+          "2026-11-29), so the time is in the ack's coming back (the receiving side's TCP and "
+          "its threads on two vCPUs), not in seeing it.")
+    else:
+        w(f"In this run the larger buffer gained ours no more than the kernel's ({go:.2f}x "
+          f"against {gk:.2f}x): the wait for acks is not what held ours back here.")
     w("")
 
 
