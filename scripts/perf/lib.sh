@@ -71,14 +71,19 @@ qperf_run() {
         t ~ /_bw$/ && $1 == "msg_rate" { print "R " k "_rate " $3 " " $4 }'
 }
 
+# qperf_server_warm TEST: qperf_server_start, then a short run of TEST
+# (64 B, 1 s) from A, not reported: the first test after the server starts
+# is several times slower (caches, and under TCG code translation).
+qperf_server_warm() {
+    qperf_server_start
+    timeout 30 "${ON_A[@]}" qperf -t 1 -m 64 "$ADDR_B" "$1" >/dev/null 2>&1 || true
+}
+
 # qperf_suite KIND TCP|RDS: raw TCP (tcp_*) or kernel RDS (rds_*) with qperf.
 qperf_suite() {
     local kind=$1 proto=$2 s
     rm -f /tmp/perf-qperf-server.$$
-    qperf_server_start
-    # A short warm-up, not reported: the first test after the server starts
-    # is several times slower (caches, and under TCG code translation).
-    timeout 30 "${ON_A[@]}" qperf -t 1 -m 64 "$ADDR_B" "${proto}_lat" >/dev/null 2>&1 || true
+    qperf_server_warm "${proto}_lat"
     qperf_run "${proto}_lat" 64 "${kind}_64"
     qperf_run "${proto}_bw" 64 "${kind}_64"
     for s in 1024 8192 65536; do
@@ -220,10 +225,8 @@ sb_suite() {
     local kind=$1
     echo "R ${PREFIX}sb_wmem_default $(cat /proc/sys/net/core/wmem_default) bytes"
     echo "R ${PREFIX}sb_wmem_max $(cat /proc/sys/net/core/wmem_max) bytes"
-    qperf_server_start
-    timeout 30 "${ON_A[@]}" qperf -t 1 -m 64 "$ADDR_B" rds_lat >/dev/null 2>&1 || true
+    qperf_server_warm rds_lat
     for _ in $(seq "$ROUNDS"); do
-        QPERF_EXTRA=()
         qperf_run rds_bw 65536 "sb_${kind}_def"
         QPERF_EXTRA=(-sb 1m)
         qperf_run rds_bw 65536 "sb_${kind}_1m"
@@ -333,8 +336,7 @@ why_window() {
 why_once() {
     local kind=$1 test=$2 size=$3 key=$4 client a b t0 t1 out per hz
     hz=100 # USER_HZ: /proc reports CPU time in 1/100 s on Linux
-    qperf_server_start
-    timeout 30 "${ON_A[@]}" qperf -t 1 -m 64 "$ADDR_B" "$test" >/dev/null 2>&1 || true
+    qperf_server_warm "$test"
     "${ON_A[@]}" qperf -v -t 6 -m "$size" "$ADDR_B" "$test" >/tmp/perf-why.$$ 2>&1 &
     client=$!
     PIDS+=("$client")

@@ -411,15 +411,14 @@ def gap_cause(vm, row, base, raw, kern):
                   "on each side) and reads the stream in the reactor's thread")
         sb = sb_figures(vm) if size == 65536 else None
         if sb is not None:
-            f, wdef, wmax = sb
-            gk, go = f[("kern", "1m")] / f[("kern", "def")], f[("shim", "1m")] / f[("shim", "def")]
-            s += (f"; and the default send buffer lets {wdef // 2:,} bytes of a socket's messages "
+            f = sb["bw"]
+            s += (f"; and the default send buffer lets {sb['def']:,} bytes of a socket's messages "
                   "await their TCP ack, one 64 KiB message and part of the next: with qperf "
-                  f"`-sb 1m` ({min(1_000_000, wmax):,} bytes) ours ran at {f[('shim', '1m')]:.0f} MB/s "
+                  f"`-sb 1m` ({sb['1m']:,} bytes) ours ran at {f[('shim', '1m')]:.0f} MB/s "
                   f"against the kernel's {f[('kern', '1m')]:.0f} "
                   f"({f[('shim', '1m')] / f[('kern', '1m')]:.2f}x; at the default "
                   f"{f[('shim', 'def')]:.0f} against {f[('kern', 'def')]:.0f})"
-                  + (": ours waits longer for each ack" if go > gk * 1.03 else "")
+                  + (": ours waits longer for each ack" if sb["ours_waits"] else "")
                   + " (\"What bounds a 64 KiB stream\")")
         else:
             s += ("; what is left per message is the user-space code of the shim and the "
@@ -505,28 +504,34 @@ def bw_why_section(w, vm):
 
 
 def sb_figures(vm):
-    """guest.sh's sb_suite: the best 64 KiB qperf rds_bw of each (ours
-    under the shim, the kernel's) with the default send buffer and with
-    qperf -sb 1m, and the buffer sysctls; None when not measured."""
-    f = {(k, b): num(vm, f"vm_sb_{k}_{b}_bw", "bw") for k in ("shim", "kern") for b in ("def", "1m")}
-    if any(v is None for v in f.values()):
+    """guest.sh's sb_suite, None when not measured: `bw`, the best 64 KiB
+    qperf rds_bw of each (ours under the shim, the kernel's) with the
+    default send buffer and with qperf -sb 1m; the buffer sysctls
+    (`wdef`, `wmax`); the bytes of a socket's messages that may await
+    their acks with each (`def`, `1m`: qperf sets 1,000,000, both cap it
+    at wmem_max); each side's gain from the larger buffer (`gain_kern`,
+    `gain_shim`) and whether ours gained more (`ours_waits`)."""
+    bw = {(k, b): num(vm, f"vm_sb_{k}_{b}_bw", "bw") for k in ("shim", "kern") for b in ("def", "1m")}
+    if any(v is None for v in bw.values()):
         return None
     try:
         wdef = int(first(vm, "vm_sb_wmem_default"))
         wmax = int(first(vm, "vm_sb_wmem_max"))
     except ValueError:
         return None
-    return f, wdef, wmax
+    gk, go = bw[("kern", "1m")] / bw[("kern", "def")], bw[("shim", "1m")] / bw[("shim", "def")]
+    return {"bw": bw, "wdef": wdef, "wmax": wmax, "def": wdef // 2, "1m": min(1_000_000, wmax),
+            "gain_kern": gk, "gain_shim": go, "ours_waits": go > gk * 1.03}
 
 
 def sb_section(w, vm):
     """What bounds a 64 KiB stream (guest.sh's sb_suite): the send buffer's
     bytes in flight, ours and the kernel's."""
-    got = sb_figures(vm)
-    if got is None:
+    sb = sb_figures(vm)
+    if sb is None:
         return
-    f, wdef, wmax = got
-    inflight_def, inflight_1m = wdef // 2, min(1_000_000, wmax)
+    f, wdef, wmax = sb["bw"], sb["wdef"], sb["wmax"]
+    inflight_def, inflight_1m = sb["def"], sb["1m"]
     w("### What bounds a 64 KiB stream (VM rig)")
     w("")
     w("qperf `rds_bw -m 65536`, ours under the shim and the kernel's RDS-TCP, in turns: with "
@@ -543,14 +548,14 @@ def sb_section(w, vm):
                      ("1m", f"`qperf -sb 1m` ({inflight_1m:,} bytes in flight)")):
         k, o = f[("kern", b)], f[("shim", b)]
         w(f"| {label} | {k:.0f} MB/s | {o:.0f} MB/s | {o / k:.2f} |")
-    gk, go = f[("kern", "1m")] / f[("kern", "def")], f[("shim", "1m")] / f[("shim", "def")]
+    gk, go = sb["gain_kern"], sb["gain_shim"]
     w(f"| the larger buffer's gain | {gk:.2f}x | {go:.2f}x | |")
     w("")
     w("A message leaves the sending socket's buffer when TCP has acknowledged its last byte, "
       "in both (the kernel's RDS-TCP learns of the ack in TCP's write-space callback, ours polls "
       "`SIOCOUTQ`: `rds_tcp`'s docs, \"Acks\"), so at the default size the sender holds one "
       "64 KiB message and part of the next and then waits for an ack before it may queue more.")
-    if go > gk * 1.03:
+    if sb["ours_waits"]:
         w(f"The larger buffer gains ours more than the kernel's ({go:.2f}x against {gk:.2f}x): "
           "ours waits longer for each ack. Polling for it every 5 to 10 us instead of from "
           "50 us (`rds_sock`'s `ACK_NAP_MIN`) measured the same (5 alternating rounds, "
