@@ -40,6 +40,20 @@ pub(crate) struct Congestion {
     /// generation, last version sent), for peers' (their generation, last
     /// version applied). See `Node::map_header`.
     pub versions: FastMap<IpAddr, (u32, u64)>,
+    /// Our addresses where a socket became congested since a map of the
+    /// address was last taken for transmit: only a socket of one of these
+    /// can be congested without its congestion announced
+    /// (`Node::map_taken`, which walks the sockets for these alone: a map
+    /// goes to every connection of its address, and each one's pull walked
+    /// every socket of the node before).
+    pub unannounced: Vec<IpAddr>,
+    /// The sockets a map update concerns (`Node::cong_map_updated`): those
+    /// whose send found a port congested (`Sock::seen_congestion`, set
+    /// once), the only ones a monitor's notification can be for (its
+    /// port-group mask is what its non-blocking sends found congested);
+    /// `Node::close` takes a closed one off. An update walked every socket
+    /// of the node before.
+    pub watchers: Vec<SockId>,
 }
 
 impl Congestion {
@@ -229,6 +243,9 @@ impl Node {
         match sock.congestion_change() {
             Some(true) => {
                 sock.cong_announced = false;
+                if !self.ep.cong.unannounced.contains(&addr) {
+                    self.ep.cong.unannounced.push(addr);
+                }
                 self.ep.cong.maps.entry(addr).or_default().set(port);
                 self.cong_map_updated(0);
             }
@@ -264,6 +281,10 @@ impl Node {
     /// socket bound there that it carries is announced, and its end must
     /// follow (`recheck_congestion`).
     pub(crate) fn map_taken(&mut self, laddr: IpAddr) {
+        // No socket of `laddr` became congested since its last map was
+        // taken: every congested one is announced already.
+        let Some(i) = self.ep.cong.unannounced.iter().position(|a| *a == laddr) else { return };
+        self.ep.cong.unannounced.swap_remove(i);
         for slot in self.ep.socks.iter_mut() {
             if let Some(sock) = slot.sock.as_mut()
                 && sock.congested
@@ -280,20 +301,25 @@ impl Node {
         self.ep.counters.cong_update_received += 1;
         self.wake_writers();
         let mut woken = Vec::new();
-        for (idx, slot) in self.ep.socks.iter_mut().enumerate() {
-            let Some(sock) = slot.sock.as_mut() else { continue };
+        let mut watchers = std::mem::take(&mut self.ep.cong.watchers);
+        watchers.retain(|&s| {
+            let Some(sock) = self.sock_mut(s) else { return false };
             if sock.cong_monitor {
                 let n = sock.cong_mask & uncongested;
                 if n != 0 {
                     sock.cong_notify |= n;
                     sock.cong_mask &= !n;
-                    woken.push(SockId { idx: idx as u32, generation: slot.generation });
+                    woken.push(s);
                 }
-            } else if sock.seen_congestion {
+            } else {
                 sock.cong_poll_pending = true;
-                woken.push(SockId { idx: idx as u32, generation: slot.generation });
+                woken.push(s);
             }
-        }
+            true
+        });
+        self.ep.cong.watchers = watchers;
+        // In the sockets' order, as a walk of them woke them.
+        woken.sort_unstable_by_key(|s| s.idx);
         for s in woken {
             self.wake(s, false);
         }

@@ -98,8 +98,10 @@ impl Node {
         // rds_cong_wait
         let congested = self.ep.cong.congested(&dst.ip(), dst.port());
         if congested {
+            if !std::mem::replace(&mut self.sock_mut(s).unwrap().seen_congestion, true) {
+                self.ep.cong.watchers.push(s);
+            }
             let sock = self.sock_mut(s).unwrap();
-            sock.seen_congestion = true;
             if opts.blocking {
                 self.ep.counters.cong_send_blocked += 1;
                 self.want_write(s);

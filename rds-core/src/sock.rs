@@ -64,7 +64,8 @@ pub(crate) struct Sock {
     /// Port groups uncongested since, not yet reported (`rs_cong_notify`).
     pub cong_notify: u64,
     /// A send hit congestion; a map update then makes the socket readable
-    /// (the kernel's "historical" POLLIN) until the next recvmsg.
+    /// (the kernel's "historical" POLLIN) until the next recvmsg. Never
+    /// cleared: from then on the socket is one of `Congestion::watchers`.
     pub seen_congestion: bool,
     pub cong_poll_pending: bool,
     pub recverr: bool,
@@ -396,6 +397,9 @@ impl Node {
             self.ep.bound.remove(&b);
         }
         self.ep.write_waiters.retain(|w| *w != s);
+        if self.sock(s).unwrap().seen_congestion {
+            self.ep.cong.watchers.retain(|w| *w != s);
+        }
         // Its lanes are free for the sockets that fix theirs later.
         let lanes = std::mem::take(&mut self.sock_mut(s).unwrap().lanes);
         for (conn, lane) in lanes {

@@ -36,3 +36,35 @@ fn data_after_a_consumed_congestion_update_wakes_the_receiver() {
     assert!(net.wakes.contains(&(0, a)), "no Wake for the arriving datagram: {:?}", net.wakes);
     assert_eq!(&data(net.nodes[0].recv(a, false).unwrap()).payload[..], b"data");
 }
+
+/// The sockets a map update makes readable are those whose sends met
+/// congestion (the node keeps a list of them, not a walk of every socket):
+/// one closed after it met congestion is off that list, and a socket
+/// opened after it, in its slot, is not made readable by the update; one
+/// that met congestion too is, once, however often it met it.
+#[test]
+fn a_map_update_wakes_only_the_live_sockets_that_met_congestion() {
+    let mut net = Net::new(2);
+    let gone = net.bound(0, 4000);
+    let kept = net.bound(0, 4002);
+    let b = net.bound(1, 4000);
+    net.nodes[1].setsockopt(b, SockOpt::RcvBuf(2000)).unwrap();
+    for _ in 0..3 {
+        net.send(0, kept, sa(2, 4000), &[1; 1500]).unwrap();
+        net.run();
+    }
+    for s in [gone, kept, kept] {
+        assert_eq!(net.send(0, s, sa(2, 4000), &[1; 10]), Err(Errno::ENOBUFS));
+    }
+    assert_eq!(net.nodes[0].close(gone), 0);
+    let fresh = net.bound(0, 4001);
+    assert_eq!(fresh.number() as u32, gone.number() as u32, "the closed socket's slot is reused");
+    net.wakes.clear();
+    net.drain(1, b);
+    net.run();
+    assert!(net.nodes[0].readiness(kept).readable, "the update is readable where a send met congestion");
+    assert!(!net.nodes[0].readiness(fresh).readable, "not for a socket that never sent");
+    assert_eq!(net.wakes.iter().filter(|w| **w == (0, kept)).count(), 1, "{:?}", net.wakes);
+    assert!(!net.wakes.contains(&(0, fresh)), "{:?}", net.wakes);
+    assert_eq!(net.nodes[0].recv(fresh, false).unwrap_err(), Errno::EAGAIN);
+}
