@@ -10,12 +10,16 @@
 # TOTAL_64K (bytes rds-gen sends per size), STRESS_T (seconds per
 # rds-stress run), PREFIX (key prefix: vm_ or host_).
 
+# cleanup_pids: stops the programs a suite started in the background and
+# removes the qperf server's log (qperf_suite shows it first when the
+# server said something; the other suites' servers say nothing it needs).
 PIDS=()
 cleanup_pids() {
     local p
     for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
     for p in "${PIDS[@]}"; do wait "$p" 2>/dev/null || true; done
     PIDS=()
+    rm -f /tmp/perf-qperf-server.$$
 }
 
 now_ns() { date +%s%N; }
