@@ -50,9 +50,10 @@ pub(crate) struct Congestion {
     /// The sockets a map update concerns (`Node::cong_map_updated`): those
     /// whose send found a port congested (`Sock::seen_congestion`, set
     /// once), the only ones a monitor's notification can be for (its
-    /// port-group mask is what its non-blocking sends found congested);
-    /// `Node::close` takes a closed one off. An update walked every socket
-    /// of the node before.
+    /// port-group mask is what its non-blocking sends found congested). A
+    /// closed one stays until an update or a compaction drops it
+    /// (`Node::cong_watch`). An update walked every socket of the node
+    /// before.
     pub watchers: Vec<SockId>,
 }
 
@@ -325,6 +326,21 @@ impl Node {
         }
     }
 
+    /// Lists socket `s`, whose send met congestion for the first time,
+    /// among `Congestion::watchers`. A closing socket is not looked for
+    /// there (a close stays O(1)); instead the list drops the closed ones
+    /// when it holds twice as many entries as there are socket slots, so it
+    /// never holds more, and after a compaction it takes at least as many
+    /// pushes as there are slots before the next one.
+    pub(crate) fn cong_watch(&mut self, s: SockId) {
+        if self.ep.cong.watchers.len() >= 2 * self.ep.socks.len() {
+            let mut watchers = std::mem::take(&mut self.ep.cong.watchers);
+            watchers.retain(|&w| self.ep.sock(w).is_some());
+            self.ep.cong.watchers = watchers;
+        }
+        self.ep.cong.watchers.push(s);
+    }
+
     /// Owes the peer our congestion map on this connection and kicks the
     /// path that carries maps.
     pub(crate) fn queue_map(&mut self, conn: ConnId) {
@@ -475,6 +491,30 @@ mod tests {
         assert_eq!(m.congested_ports().collect::<Vec<_>>(), vec![0, 9, 32768, 65535]);
         m.clear(9);
         assert!(!m.test(9));
+    }
+
+    /// `Node::cong_watch`: closed sockets are not looked for at close; the
+    /// list drops them once it holds twice the socket slots, and keeps the
+    /// live ones.
+    #[test]
+    fn the_watchers_stay_within_twice_the_socket_slots() {
+        let mut node = Node::new(crate::node::NodeConfig::default());
+        let kept: Vec<SockId> = (0..3).map(|_| node.socket()).collect();
+        for &s in &kept {
+            node.cong_watch(s);
+        }
+        let mut most = 0;
+        for _ in 0..1000 {
+            let s = node.socket();
+            node.cong_watch(s);
+            node.close(s);
+            most = most.max(node.ep.cong.watchers.len());
+        }
+        assert_eq!(node.ep.socks.len(), 4, "a closed socket's slot is reused");
+        assert!(most <= 2 * node.ep.socks.len() + 1, "{most} entries for {} slots", node.ep.socks.len());
+        for s in kept {
+            assert!(node.ep.cong.watchers.contains(&s), "a live socket stays listed");
+        }
     }
 
     #[test]

@@ -99,7 +99,7 @@ impl Node {
         let congested = self.ep.cong.congested(&dst.ip(), dst.port());
         if congested {
             if !std::mem::replace(&mut self.sock_mut(s).unwrap().seen_congestion, true) {
-                self.ep.cong.watchers.push(s);
+                self.cong_watch(s);
             }
             let sock = self.sock_mut(s).unwrap();
             if opts.blocking {

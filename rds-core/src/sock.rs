@@ -397,9 +397,6 @@ impl Node {
             self.ep.bound.remove(&b);
         }
         self.ep.write_waiters.retain(|w| *w != s);
-        if self.sock(s).unwrap().seen_congestion {
-            self.ep.cong.watchers.retain(|w| *w != s);
-        }
         // Its lanes are free for the sockets that fix theirs later.
         let lanes = std::mem::take(&mut self.sock_mut(s).unwrap().lanes);
         for (conn, lane) in lanes {
