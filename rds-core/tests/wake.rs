@@ -39,9 +39,10 @@ fn data_after_a_consumed_congestion_update_wakes_the_receiver() {
 
 /// The sockets a map update makes readable are those whose sends met
 /// congestion (the node keeps a list of them, not a walk of every socket):
-/// one closed after it met congestion is off that list, and a socket
-/// opened after it, in its slot, is not made readable by the update; one
-/// that met congestion too is, once, however often it met it.
+/// a socket opened in the slot of one closed after it met congestion is
+/// not made readable by the update (the list still names the closed one,
+/// by its generation); one that met congestion too is, once, however often
+/// it met it.
 #[test]
 fn a_map_update_wakes_only_the_live_sockets_that_met_congestion() {
     let mut net = Net::new(2);

@@ -60,17 +60,16 @@ done
 # switches per round trip of raw TCP, ours under the shim, then the kernel.
 echo "perf: [vm] where a round trip's time goes (raw TCP, ours under the shim)" >&2
 why_lat raw tcp_lat
-if [ -f "$SHIM" ]; then
-    ON_A=(ip netns exec ns1 env LD_PRELOAD="$SHIM")
-    ON_B=(ip netns exec ns2 env LD_PRELOAD="$SHIM")
+why_shim() {
     why_lat shim rds_lat
     why_bw shim 64
     why_bw shim 1024
     why_bw shim 8192
     why_bw shim 65536
     why_window shim
-    ON_A=(ip netns exec ns1)
-    ON_B=(ip netns exec ns2)
+}
+if [ -f "$SHIM" ]; then
+    under_shim why_shim
 fi
 echo "perf: [vm] where a round trip's and a message's time goes (kernel RDS-TCP)" >&2
 why_lat kern rds_lat
@@ -83,11 +82,7 @@ why_window kern
 # their acks, ours and the kernel's.
 echo "perf: [vm] what bounds a 64 KiB stream (socket buffers)" >&2
 if [ -f "$SHIM" ]; then
-    ON_A=(ip netns exec ns1 env LD_PRELOAD="$SHIM")
-    ON_B=(ip netns exec ns2 env LD_PRELOAD="$SHIM")
-    sb_suite shim
-    ON_A=(ip netns exec ns1)
-    ON_B=(ip netns exec ns2)
+    under_shim sb_suite shim
 fi
 sb_suite kern
 netpair down

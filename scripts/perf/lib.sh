@@ -98,8 +98,18 @@ qperf_suite() {
         echo "perf: the qperf server said:" >&2
         cat /tmp/perf-qperf-server.$$ >&2
     fi
-    rm -f /tmp/perf-qperf-server.$$
     cleanup_pids
+}
+
+# under_shim CMD [ARGS...]: runs CMD with both sides' programs under
+# LD_PRELOAD=$SHIM (appended to ON_A / ON_B, which are restored after).
+under_shim() {
+    local save_a=("${ON_A[@]}") save_b=("${ON_B[@]}")
+    ON_A=("${save_a[@]}" env LD_PRELOAD="$SHIM")
+    ON_B=("${save_b[@]}" env LD_PRELOAD="$SHIM")
+    "$@"
+    ON_A=("${save_a[@]}")
+    ON_B=("${save_b[@]}")
 }
 
 # shim_suite: ours through the same qperf as the kernel's (rds_lat, rds_bw),
@@ -110,12 +120,7 @@ shim_suite() {
         echo "perf: no librdspreload.so: ours through qperf not measured" >&2
         return 0
     fi
-    local save_a=("${ON_A[@]}") save_b=("${ON_B[@]}")
-    ON_A=("${save_a[@]}" env LD_PRELOAD="$SHIM")
-    ON_B=("${save_b[@]}" env LD_PRELOAD="$SHIM")
-    qperf_suite shim rds
-    ON_A=("${save_a[@]}")
-    ON_B=("${save_b[@]}")
+    under_shim qperf_suite shim rds
 }
 
 # window_run KIND: the 64 B message rate with 16 in flight, each answered
@@ -151,12 +156,7 @@ window_run() {
 # shim_64_w16_*; skipped like shim_suite without the shim.
 shim_window() {
     [ -n "${SHIM:-}" ] && [ -f "$SHIM" ] || return 0
-    local save_a=("${ON_A[@]}") save_b=("${ON_B[@]}")
-    ON_A=("${save_a[@]}" env LD_PRELOAD="$SHIM")
-    ON_B=("${save_b[@]}" env LD_PRELOAD="$SHIM")
-    window_run shim
-    ON_A=("${save_a[@]}")
-    ON_B=("${save_b[@]}")
+    under_shim window_run shim
 }
 
 # ours_bw SIZE TOTAL PORT: rds-gen on A -> rds-sink on B, the whole transfer
