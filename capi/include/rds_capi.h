@@ -22,6 +22,7 @@
 #define RDS_CAPI_H
 
 #include <sys/types.h>
+#include <poll.h>
 #include <sys/socket.h>
 
 #ifdef __cplusplus
@@ -58,6 +59,9 @@ int rds_ioctl(int fd, unsigned long request, void *arg);
 /* F_GETFL / F_SETFL (O_NONBLOCK), F_GETFD / F_SETFD, F_DUPFD(_CLOEXEC). */
 int rds_fcntl(int fd, int cmd, long arg);
 int rds_close(int fd);
+/* poll(2); when exactly one entry is an RDS descriptor asking for POLLIN,
+ * the wait also reads that socket's TCP connections in this thread. */
+int rds_poll(struct pollfd *fds, nfds_t nfds, int timeout);
 int rds_dup(int fd);
 int rds_dup2(int oldfd, int newfd);
 int rds_dup3(int oldfd, int newfd, int flags);

@@ -24,7 +24,8 @@
 //!
 //! Modules: [`table`] (descriptor numbers, the engine, fork), `addr`
 //! (sockaddr in and out), `msg` (sendmsg / recvmsg, cmsgs, blocking),
-//! `opts` (setsockopt / getsockopt / ioctl / fcntl).
+//! `opts` (setsockopt / getsockopt / ioctl / fcntl), `poll` (`rds_poll`:
+//! `poll` that reads an RDS socket's connections while it waits).
 //!
 //! A blocking receive waits on the descriptor itself; a blocking send
 //! until the event that lets it go on (room in the send buffer, the
@@ -66,6 +67,7 @@ use libc::{c_int, c_long, c_ulong, c_void, msghdr, size_t, sockaddr, socklen_t, 
 mod addr;
 mod msg;
 mod opts;
+mod poll;
 pub mod table;
 
 /// AF_RDS / PF_RDS.

@@ -38,5 +38,6 @@ unsafe extern "C" {
     pub(crate) fn rds_dup2(old: c_int, new: c_int) -> c_int;
     pub(crate) fn rds_dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
     pub(crate) fn rds_is_rds_fd(fd: c_int) -> c_int;
+    pub(crate) fn rds_poll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: c_int) -> c_int;
     pub(crate) fn rds_fork_child();
 }

@@ -21,6 +21,8 @@
 //! * `io`: sendto, sendmsg, send, write, writev, sendmmsg, recvfrom,
 //!   recvmsg, recv, read, readv, recvmmsg and glibc's fortified `__*_chk`
 //!   forms, with the kernel's rules for read / write on a socket;
+//! * `poll`: poll and glibc's fortified `__poll_chk` (rds-capi's
+//!   `rds_poll` when the set holds one RDS descriptor asking for POLLIN);
 //! * `threads`: pthread_create (marks the RDS stack's own threads) and the
 //!   fork handler (`rds_fork_child` in the child);
 //! * `guard`: which calls come from the RDS stack itself and must reach
@@ -38,6 +40,7 @@ use rds as _;
 mod capi;
 mod guard;
 mod io;
+mod poll;
 mod real;
 mod sockets;
 mod threads;

@@ -80,6 +80,8 @@ real_fns! {
     dup(fd: c_int) -> c_int;
     dup2(old: c_int, new: c_int) -> c_int;
     dup3(old: c_int, new: c_int, flags: c_int) -> c_int;
+    poll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: c_int) -> c_int;
+    __poll_chk(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: c_int, fdslen: size_t) -> c_int;
     pthread_create(t: *mut libc::pthread_t, attr: *const libc::pthread_attr_t, start: crate::threads::StartFn, arg: *mut c_void) -> c_int;
 }
 

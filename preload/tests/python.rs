@@ -81,3 +81,39 @@ fn python_socket_module_under_the_shim() {
     assert!(out.lines().any(|l| l == "DONE"), "the script did not finish");
     assert_eq!(code, Some(0), "python3 exit status (None: killed after 90 s)");
 }
+
+/// The checks py/poll_assist.py prints, in its order.
+const POLL_CHECKS: &[&str] = &[
+    "counter_listed",
+    "echo_in_order",
+    "nothing_left",
+    "poll_read_the_connection",
+    "pipe_in_the_set",
+    "timeout",
+    "poll_zero",
+    "child_exit",
+];
+
+/// A program that waits in `poll` and then receives without blocking
+/// (py/poll_assist.py): 300 answers from a forked echo child, each once, in
+/// order and intact; the polls read the connection themselves (the
+/// parent's `tcp_rx_assist_reads`, from RDS_INFO_COUNTERS, counts at least
+/// one read per two answers: without the shim's `poll` it stays 0); a pipe
+/// in the same set, the timeout and a zero timeout behave as `poll`'s.
+#[test]
+fn python_poll_reads_the_connection_under_the_shim() {
+    let Some(py) = program("python3", "python_poll_reads_the_connection_under_the_shim") else { return };
+    private_net();
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/poll_assist.py");
+    let mut cmd = preloaded(&py);
+    cmd.arg(&script);
+    let (code, out, err) = Proc::spawn("python3", &mut cmd).finish(Duration::from_secs(90));
+    println!("{out}");
+    eprintln!("{err}");
+    let oks: Vec<&str> = out.lines().filter_map(|l| l.strip_prefix("OK ")).collect();
+    let fails: Vec<&str> = out.lines().filter(|l| l.starts_with("FAIL")).collect();
+    assert!(fails.is_empty(), "failed checks: {fails:#?}");
+    assert_eq!(oks, POLL_CHECKS, "checks passed, in order");
+    assert!(out.lines().any(|l| l == "DONE"), "the script did not finish");
+    assert_eq!(code, Some(0), "python3 exit status (None: killed after 90 s)");
+}

@@ -171,6 +171,11 @@ impl SockShared {
         self.fd_active.load(Ordering::Acquire) && !self.deferred.load(Ordering::SeqCst) && !self.fd.readable()
     }
 
+    /// The descriptor is kept in sync and shows the socket readable.
+    pub(crate) fn fd_shows_readable(&self) -> bool {
+        self.fd_active.load(Ordering::Acquire) && self.fd.readable()
+    }
+
     /// Current event count; a later [`SockShared::wait`] returns once it moved.
     pub fn snapshot(&self) -> u64 {
         *self.events.lock()

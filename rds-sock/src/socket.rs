@@ -11,6 +11,7 @@ use rds_core::{Errno, Payload, Readiness, Received, SendOptions, SockId, SockOpt
 
 use crate::engine::{Engine, SockShared};
 
+mod poll;
 mod rdma;
 
 /// Blocking waits that leave the reading to the reactor after one of
@@ -687,45 +688,11 @@ impl RdsSocket {
     /// readable, or this thread read and delivered messages itself (see
     /// [`RdsSocket::recv_msg_wait`]).
     fn wait_readable(&self, deadline: Option<Instant>) -> io::Result<()> {
-        use std::sync::atomic::Ordering::Relaxed;
         crate::batch::release();
-        let fd = self.as_raw_fd();
-        let skip = &self.shared.assist_skip;
-        let mut assist = if skip.load(Relaxed) > 0 {
-            skip.fetch_sub(1, Relaxed);
-            None
-        } else {
-            let hint = *self.shared.rx_hint.lock();
-            let lane = self.shared.rx_lane.load(Relaxed);
-            let wide = self.shared.rx_wide.swap(false, Relaxed);
-            let quiet = self.shared.sent_since_wait.swap(false, Relaxed);
-            hint.and_then(|(l, f)| self.engine.inner.rx_assist(l, f, lane, wide, quiet))
-        };
-        // The poll set: the socket's descriptor, then the assisted
-        // connections (`idx`: their index in the assist), on the stack up
-        // to POLL_STACK (a lane, or every path of a pair of up to 15), else
-        // in vectors: no allocation per wait.
-        const POLL_STACK: usize = 16;
-        let none = libc::pollfd { fd: -1, events: 0, revents: 0 };
-        let (mut stack_fds, mut stack_idx) = ([none; POLL_STACK], [0usize; POLL_STACK]);
-        let (mut heap_fds, mut heap_idx) = (Vec::new(), Vec::new());
+        let mut fds = [libc::pollfd { fd: self.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        let mut assist = self.assist_begin();
+        let mut set = poll::PollSet::new();
         loop {
-            let n = 1 + assist.as_ref().map_or(0, |a| a.fds().count());
-            let (fds, idx): (&mut [libc::pollfd], &mut [usize]) = if n <= POLL_STACK {
-                (&mut stack_fds[..n], &mut stack_idx[..n])
-            } else {
-                heap_fds.resize(n, none);
-                heap_idx.resize(n, 0);
-                (&mut heap_fds[..], &mut heap_idx[..])
-            };
-            fds[0] = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-            self.shared.settle_fd();
-            if let Some(a) = &assist {
-                for (k, (i, afd)) in a.fds().enumerate().take(n - 1) {
-                    fds[k + 1] = libc::pollfd { fd: afd, events: libc::POLLIN, revents: 0 };
-                    idx[k + 1] = i;
-                }
-            }
             let ms = match deadline {
                 None => -1,
                 Some(d) => {
@@ -733,51 +700,16 @@ impl RdsSocket {
                     if left.is_zero() {
                         return Err(err(Errno::ETIMEDOUT));
                     }
-                    // Rounded up: never a busy loop of zero timeouts.
-                    left.as_micros().div_ceil(1000).min(i32::MAX as u128) as libc::c_int
+                    poll::millis(left)
                 }
             };
-            // SAFETY: `fds` is a valid array of `fds.len()` pollfds.
-            let r = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, ms) };
-            if r < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            if fds[0].revents != 0 {
-                if assist.as_ref().is_some_and(|a| a.lane() == 0) {
-                    // What woke us came through the reactor, perhaps on
-                    // another lane: the next wait polls every path and
-                    // learns it. The lane stays (its readable events stay
-                    // off the reactor while we wait): an answer the reactor
-                    // took because it came before this wait began would
-                    // otherwise leave every later one to the reactor too.
-                    self.shared.rx_wide.store(true, Relaxed);
-                }
+            // The message it reads comes to this thread's receive, which
+            // brings the descriptor up to date (`defer`).
+            let round = self.poll_round(&mut fds, 0, &mut assist, &mut set, ms, true)?;
+            if round.ready > 0 || round.read {
                 return Ok(());
             }
-            let mut read = false;
-            if let Some(a) = &mut assist {
-                let by = &self.shared.assist_by;
-                by.store(crate::engine::thread_token(), std::sync::atomic::Ordering::SeqCst);
-                for (p, &i) in fds[1..].iter().zip(&idx[1..]) {
-                    if p.revents != 0 {
-                        read |= a.read(i);
-                    }
-                }
-                by.store(0, std::sync::atomic::Ordering::SeqCst);
-                if a.lane() != 0 {
-                    self.shared.rx_lane.store(a.lane(), Relaxed);
-                }
-                if a.read_a_stream() && !a.asked_quiet() {
-                    // A one-way stream: leave the next waits to the
-                    // reactor. A socket that sends between its receives
-                    // keeps reading its lane (`rds_tcp::ASSIST_LINGER`).
-                    skip.store(STREAM_SKIP, Relaxed);
-                }
-            }
-            if read {
-                return Ok(());
-            }
-            if r == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
+            if round.polled == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
                 return Err(err(Errno::ETIMEDOUT));
             }
             self.live()?;

@@ -4,11 +4,13 @@
 # PERF_ROUNDS times (default 2), one after the other in each round:
 #   1. raw TCP with qperf (tcp_lat, tcp_bw),
 #   2. ours: the same qperf (rds_lat, rds_bw) with both sides under the
-#      LD_PRELOAD shim, and rds-window (64 B, 16 in flight) the same way,
+#      LD_PRELOAD shim, and rds-window (64 B, 16 in flight; and with -p,
+#      one in flight, waiting in poll) the same way,
 #      then our tools rds-stress and rds-gen/rds-sink, on
 #      RDS-TCP port 16386 (RDS_TCP_PORT) beside the kernel's listener on
 #      16385 in every namespace,
-#   3. the kernel's RDS-TCP with qperf (rds_lat, rds_bw) and rds-window;
+#   3. the kernel's RDS-TCP with qperf (rds_lat, rds_bw) and rds-window
+#      (both ways);
 # then one more run of each for where the time goes (why_*), and 64 KiB
 # streams with the default and with larger socket buffers (sb_suite).
 # Each round measures the three within a minute or two of each other, so a
@@ -47,14 +49,15 @@ for round in $(seq "$ROUNDS"); do
     qperf_suite raw tcp
     echo "perf: [vm] round $round: ours (qperf under the shim)" >&2
     shim_suite
-    echo "perf: [vm] round $round: ours (rds-window under the shim, 16 in flight)" >&2
+    echo "perf: [vm] round $round: ours (rds-window under the shim, 16 in flight; -p, 1 in flight)" >&2
     shim_window
     echo "perf: [vm] round $round: ours (rds-stress, rds-gen/rds-sink)" >&2
     ours_suite
     echo "perf: [vm] round $round: kernel RDS-TCP (qperf)" >&2
     qperf_suite kern rds
-    echo "perf: [vm] round $round: kernel RDS-TCP (rds-window, 16 in flight)" >&2
+    echo "perf: [vm] round $round: kernel RDS-TCP (rds-window, 16 in flight; -p, 1 in flight)" >&2
     window_run kern
+    window_poll_run kern
 done
 # Why the latencies differ: guest idle share, CPU time and context
 # switches per round trip of raw TCP, ours under the shim, then the kernel.

@@ -37,7 +37,7 @@ for round in $(seq "$ROUNDS"); do
         echo "perf: [host] round $round: ours (qperf under the shim, 127.0.0.1 -> 127.0.0.2)" >&2
         shim_suite
     fi
-    echo "perf: [host] round $round: ours (rds-window under the shim, 16 in flight)" >&2
+    echo "perf: [host] round $round: ours (rds-window under the shim, 16 in flight; -p, 1 in flight)" >&2
     shim_window
     echo "perf: [host] round $round: ours (rds-stress, rds-gen/rds-sink)" >&2
     ours_suite

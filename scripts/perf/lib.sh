@@ -130,33 +130,42 @@ shim_suite() {
 # QPERF_T seconds after a warm-up. Keys ${PREFIX}KIND_64_w16_{rate,rtt}.
 # Skipped, with a line on stderr, without the binary.
 window_run() {
-    local kind=$1 out srv
+    local kind=$1 window=${2:-16} flag=${3:-} key=${4:-w16} out srv
     if [ ! -x "$BIN/rds-window" ]; then
-        echo "perf: no rds-window: the message rate with 16 in flight not measured" >&2
+        echo "perf: no rds-window: the message rate with $window in flight not measured" >&2
         return 0
     fi
-    "${ON_B[@]}" "$BIN/rds-window" serve "$ADDR_B" 5000 $((QPERF_T + 20)) &
+    "${ON_B[@]}" "$BIN/rds-window" $flag serve "$ADDR_B" 5000 $((QPERF_T + 20)) &
     srv=$!
     PIDS+=("$srv")
     sleep 1
-    if out=$(timeout $((QPERF_T + 20)) "${ON_A[@]}" "$BIN/rds-window" run "$ADDR_A" 5001 "$ADDR_B" 5000 16 "$QPERF_T" 2>&1); then
-        echo "$out" | awk -v k="${PREFIX}${kind}_64_w16" '$1 == "window" {
+    if out=$(timeout $((QPERF_T + 20)) "${ON_A[@]}" "$BIN/rds-window" $flag run "$ADDR_A" 5001 "$ADDR_B" 5000 "$window" "$QPERF_T" 2>&1); then
+        echo "$out" | awk -v k="${PREFIX}${kind}_64_${key}" '$1 == "window" {
             for (i = 1; i <= NF; i++) { if ($i == "msg/s,") r = $(i - 1); if ($i == "trip") t = $(i + 1) }
             print "R " k "_rate " r " msg/s"; print "R " k "_rtt " t " us" }'
     else
-        echo "perf: rds-window ($kind) failed: $(echo "$out" | tr '\n' ' ')" >&2
-        echo "R ${PREFIX}${kind}_64_w16 FAILED"
+        echo "perf: rds-window $flag ($kind) failed: $(echo "$out" | tr '\n' ' ')" >&2
+        echo "R ${PREFIX}${kind}_64_${key} FAILED"
     fi
     kill "$srv" 2>/dev/null
     wait "$srv" 2>/dev/null
     cleanup_pids
 }
 
-# shim_window: window_run with both sides under LD_PRELOAD=$SHIM, key
-# shim_64_w16_*; skipped like shim_suite without the shim.
+# window_poll_run KIND: rds-window -p with one message in flight, both
+# sides waiting in poll(POLLIN) and receiving with MSG_DONTWAIT (as
+# rds-tools' rds-stress and event loops do); keys KIND_64_w1p_{rate,rtt}.
+window_poll_run() {
+    window_run "$1" 1 -p w1p
+}
+
+# shim_window: window_run and window_poll_run with both sides under
+# LD_PRELOAD=$SHIM, keys shim_64_w16_* and shim_64_w1p_*; skipped like
+# shim_suite without the shim.
 shim_window() {
     [ -n "${SHIM:-}" ] && [ -f "$SHIM" ] || return 0
     under_shim window_run shim
+    under_shim window_poll_run shim
 }
 
 # ours_bw SIZE TOTAL PORT: rds-gen on A -> rds-sink on B, the whole transfer
@@ -254,8 +263,11 @@ why_snap() {
     for p in "$1" "$2" $(why_children "$2"); do
         for t in /proc/"$p"/task/*; do
             [ -r "$t/stat" ] || continue
-            read -r st < <(sed 's/.*) //' "$t/stat" | awk '{ print $12, $13 }')
-            read -r comm <"$t/comm"
+            # A thread that ended since the glob (an exiting server child's
+            # engine threads) has no figures left: skipped.
+            st=$(sed 's/.*) //' "$t/stat" 2>/dev/null | awk '{ print $12, $13 }')
+            read -r comm 2>/dev/null <"$t/comm" || continue
+            case $st in *[0-9]" "[0-9]*) ;; *) continue ;; esac
             cpu=$((cpu + ${st% *} + ${st#* }))
             user=$((user + ${st% *}))
             [ "$p" != "$1" ] && srv=$((srv + ${st% *} + ${st#* }))

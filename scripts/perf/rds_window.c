@@ -15,8 +15,12 @@
  *       the answers over SECS seconds and prints
  *       "window W: N answers in T s: R msg/s, round trip U us"
  *
+ * With -p first (both forms), every receive waits in poll(POLLIN) and then
+ * takes the message with MSG_DONTWAIT, as rds-tools' rds-stress and other
+ * event-loop programs do, instead of blocking in recvfrom.
+ *
  * Exits 1 with a message on any error, and when nothing arrives for 5 s
- * (SO_RCVTIMEO): every run is bounded in time.
+ * (SO_RCVTIMEO, or poll's timeout with -p): every run is bounded in time.
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
@@ -32,6 +36,9 @@
 
 #define AF_RDS_ 21
 #define MSG 64
+
+/* -p: wait in poll, then receive without blocking. */
+static int use_poll;
 
 static double now(void)
 {
@@ -85,11 +92,38 @@ static void send_one(int s, const struct sockaddr_in *to, const char *buf)
 	}
 }
 
+/* One message into `buf`: >= 0, or -1 with errno (EAGAIN: nothing for
+ * 5 s). With -p, poll(POLLIN) first, then MSG_DONTWAIT; a readable
+ * descriptor with nothing to take (another thread's, a spurious wake-up)
+ * waits again. */
+static int recv_wait(int s, char *buf, struct sockaddr_in *from)
+{
+	socklen_t fl = sizeof *from;
+	if (!use_poll)
+		return recvfrom(s, buf, MSG, 0, (struct sockaddr *)from, &fl);
+	double give_up = now() + 5;
+	for (;;) {
+		struct pollfd p = { .fd = s, .events = POLLIN };
+		int r = poll(&p, 1, 5000);
+		if (r < 0)
+			return -1;
+		if (r > 0) {
+			fl = sizeof *from;
+			int n = recvfrom(s, buf, MSG, MSG_DONTWAIT, (struct sockaddr *)from, &fl);
+			if (n >= 0 || errno != EAGAIN)
+				return n;
+		}
+		if (now() > give_up) {
+			errno = EAGAIN;
+			return -1;
+		}
+	}
+}
+
 static void recv_one(int s, char *buf, struct sockaddr_in *from)
 {
 	for (;;) {
-		socklen_t fl = sizeof *from;
-		if (recvfrom(s, buf, MSG, 0, (struct sockaddr *)from, &fl) >= 0)
+		if (recv_wait(s, buf, from) >= 0)
 			return;
 		if (errno != EINTR)
 			die(errno == EAGAIN ? "recvfrom (nothing for 5 s)" : "recvfrom");
@@ -100,12 +134,16 @@ int main(int argc, char **argv)
 {
 	char buf[MSG] = { 0 };
 	struct sockaddr_in from;
+	if (argc > 1 && strcmp(argv[1], "-p") == 0) {
+		use_poll = 1;
+		argv++;
+		argc--;
+	}
 	if (argc == 5 && strcmp(argv[1], "serve") == 0) {
 		int s = bound_socket(argv[2], argv[3]);
 		double end = now() + atof(argv[4]);
 		while (now() < end) {
-			socklen_t fl = sizeof from;
-			if (recvfrom(s, buf, MSG, 0, (struct sockaddr *)&from, &fl) < 0) {
+			if (recv_wait(s, buf, &from) < 0) {
 				if (errno == EINTR || errno == EAGAIN)
 					continue;
 				die("recvfrom");
@@ -115,8 +153,8 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	if (argc != 8 || strcmp(argv[1], "run") != 0) {
-		fprintf(stderr, "usage: rds-window serve ADDR PORT SECS\n"
-				"       rds-window run ADDR PORT PEER_ADDR PEER_PORT WINDOW SECS\n");
+		fprintf(stderr, "usage: rds-window [-p] serve ADDR PORT SECS\n"
+				"       rds-window [-p] run ADDR PORT PEER_ADDR PEER_PORT WINDOW SECS\n");
 		return 2;
 	}
 	int s = bound_socket(argv[2], argv[3]);

@@ -119,6 +119,12 @@ def main():
         # the kernel's AF_RDS and on ours under the shim; no raw TCP run).
         row("message rate 64 B, 16 in flight", "rate", None, num(vals, f"{p}kern_64_w16_rate", "rate"),
             num(vals, f"{p}shim_64_w16_rate", "rate"), num(vals, f"{p}ours_64_d16_rate", "rate"))
+        # A program that waits in poll and receives with MSG_DONTWAIT
+        # (rds-window -p, one in flight; the kernel's AF_RDS and ours under
+        # the shim): round trip / 2.
+        kw, sw = num(vals, f"{p}kern_64_w1p_rtt", "lat"), num(vals, f"{p}shim_64_w1p_rtt", "lat")
+        row("one-way latency 64 B, waiting in poll", "lat", None, None if kw is None else kw / 2,
+            None if sw is None else sw / 2, None)
         # qperf's stream: no limit in flight, nothing answered.
         row("message rate 64 B, stream", "rate", num(vals, f"{p}raw_64_rate", "rate"),
             num(vals, f"{p}kern_64_rate", "rate"), num(vals, f"{p}shim_64_rate", "rate"), None)
@@ -170,7 +176,11 @@ def main():
       "(`scripts/perf/rds_window.c`, a C program on plain AF_RDS sockets, as qperf; "
       "qperf cannot limit what is in flight) sends 64 B messages from A and keeps 16 "
       "in flight, B answers each with 64 B; the same binary on the kernel's RDS-TCP and "
-      "on ours under the shim; messages answered per second. The stream row is qperf's "
+      "on ours under the shim; messages answered per second. The latency waiting in poll: "
+      "`rds-window -p` with one message in flight, both sides waiting in `poll(POLLIN)` and "
+      "receiving with `MSG_DONTWAIT` (as rds-tools' rds-stress and event loops do), round trip / 2, "
+      "the kernel's and ours under the shim (whose `poll` reads the socket's connection "
+      "itself while it waits, as its blocking receive does). The stream row is qperf's "
       "`rds_bw -m 64` msg_rate (no limit in flight, nothing answered). Each round runs "
       "raw TCP, ours and the kernel one after the other, so that the shared machine's "
       "load moves them together. Ours with our tools, for comparison: bandwidth = `rds-gen --no-digest` -> `rds-sink`, the whole "

@@ -19,7 +19,9 @@ and both sides start -t tasks, each an RDS socket bound to (own address,
 port+1+i). Every task keeps -d requests in flight to every task of the other
 side, and answers every request with an ack. Tasks are threads of one
 process (the original forks a process per task); each task polls its
-socket's readiness descriptor, as the original polls its non-blocking socket.
+socket's readiness descriptor, as the original polls its non-blocking socket
+(with the socket's own poll, which reads the connection the answers come on
+while it waits, as a blocking receive does).
 
 Every second one line, then a dashed line and the average of the run:
   tsks          tasks running

@@ -250,16 +250,17 @@ impl Task {
         let mut events = libc::POLLIN | libc::POLLOUT;
         let mut cancelled = false;
         while !self.run.exit.load(Relaxed) {
-            let mut pfd = libc::pollfd { fd: self.fd, events, revents: 0 };
-            // SAFETY: one valid pollfd.
-            let r = unsafe { libc::poll(&mut pfd, 1, 100) };
-            if r < 0 {
-                let e = std::io::Error::last_os_error();
-                if e.raw_os_error() == Some(libc::EINTR) {
-                    continue;
-                }
-                die_errno("poll failed", &e);
-            }
+            let mut pfd = [libc::pollfd { fd: self.fd, events, revents: 0 }];
+            // The socket's poll: while it waits for POLLIN it reads the
+            // connection the answers come on itself, as a blocking receive
+            // does, instead of waiting for the reactor to read and raise
+            // the descriptor.
+            let r = match self.sock.poll_with(&mut pfd, 0, Some(Duration::from_millis(100))) {
+                Ok(r) => r,
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => die_errno("poll failed", &e),
+            };
+            let pfd = pfd[0];
             if r == 0 {
                 // Nothing for a while: retry congested destinations in case
                 // their update went by.
