@@ -111,14 +111,14 @@ impl RdsSocket {
                 // What it read raised this socket's descriptor: reported
                 // without polling the set again (as if the others' events
                 // came just after).
-                fds[me].revents = libc::POLLIN;
+                fds[me].revents = fds[me].events & libc::POLLIN;
                 return Ok(1);
             }
             // A read that delivered to other sockets goes around once
-            // more; a poll that found nothing ends at the deadline. A connection whose read
-            // took nothing was handed back to the reactor: the next round
-            // polls one fewer.
-            if !round.read && round.polled == 0 && deadline.is_none_or(|d| Instant::now() >= d) && timeout.is_some() {
+            // more; a poll that found nothing ends at the deadline (never
+            // without one). A connection whose read took nothing was
+            // handed back to the reactor: the next round polls one fewer.
+            if !round.read && round.polled == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
                 return Ok(0);
             }
         }
