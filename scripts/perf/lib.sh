@@ -353,6 +353,14 @@ why_once() {
     local kind=$1 test=$2 size=$3 key=$4 client a b t0 t1 out per hz
     hz=100 # USER_HZ: /proc reports CPU time in 1/100 s on Linux
     qperf_server_warm "$test"
+    # The warm-up's server child must be gone before the snapshots (up to
+    # 5 s): under the shim it takes a while to end (its engine's threads),
+    # and a child counted in one snapshot and not the other made the
+    # figures negative.
+    for _ in $(seq 50); do
+        [ -z "$(why_children "$QPERF_PID")" ] && break
+        sleep 0.1
+    done
     "${ON_A[@]}" qperf -v -t 6 -m "$size" "$ADDR_B" "$test" >/tmp/perf-why.$$ 2>&1 &
     client=$!
     PIDS+=("$client")
