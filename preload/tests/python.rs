@@ -6,6 +6,8 @@
 //! RDS-TCP; then, through os, fcntl and ctypes, the calls Python's socket
 //! methods do not make (readv, writev, sendmmsg, recvmmsg, __read_chk,
 //! F_DUPFD, dup2 onto an RDS socket, shutdown / accept / socketpair).
+//! And a program that waits in `poll` and receives without blocking
+//! (py/poll_assist.py). Both print their checks through py/checks.py.
 //! Skips (SKIP line) only when python3 is missing.
 
 mod common;
@@ -66,9 +68,16 @@ const CHECKS: &[&str] = &[
 
 #[test]
 fn python_socket_module_under_the_shim() {
-    let Some(py) = program("python3", "python_socket_module_under_the_shim") else { return };
+    run_script("python_socket_module_under_the_shim", "readiness.py", CHECKS);
+}
+
+/// Runs tests/py/SCRIPT under the shim in a private network namespace and
+/// wants every one of `checks` OK, in that order, no FAIL line, DONE and
+/// exit status 0 (a SKIP line when python3 is missing).
+fn run_script(test: &str, script: &str, checks: &[&str]) {
+    let Some(py) = program("python3", test) else { return };
     private_net();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/readiness.py");
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py").join(script);
     let mut cmd = preloaded(&py);
     cmd.arg(&script);
     let (code, out, err) = Proc::spawn("python3", &mut cmd).finish(Duration::from_secs(90));
@@ -77,7 +86,7 @@ fn python_socket_module_under_the_shim() {
     let oks: Vec<&str> = out.lines().filter_map(|l| l.strip_prefix("OK ")).collect();
     let fails: Vec<&str> = out.lines().filter(|l| l.starts_with("FAIL")).collect();
     assert!(fails.is_empty(), "failed checks: {fails:#?}");
-    assert_eq!(oks, CHECKS, "checks passed, in order");
+    assert_eq!(oks, checks, "checks passed, in order");
     assert!(out.lines().any(|l| l == "DONE"), "the script did not finish");
     assert_eq!(code, Some(0), "python3 exit status (None: killed after 90 s)");
 }
@@ -102,18 +111,5 @@ const POLL_CHECKS: &[&str] = &[
 /// in the same set, the timeout and a zero timeout behave as `poll`'s.
 #[test]
 fn python_poll_reads_the_connection_under_the_shim() {
-    let Some(py) = program("python3", "python_poll_reads_the_connection_under_the_shim") else { return };
-    private_net();
-    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/py/poll_assist.py");
-    let mut cmd = preloaded(&py);
-    cmd.arg(&script);
-    let (code, out, err) = Proc::spawn("python3", &mut cmd).finish(Duration::from_secs(90));
-    println!("{out}");
-    eprintln!("{err}");
-    let oks: Vec<&str> = out.lines().filter_map(|l| l.strip_prefix("OK ")).collect();
-    let fails: Vec<&str> = out.lines().filter(|l| l.starts_with("FAIL")).collect();
-    assert!(fails.is_empty(), "failed checks: {fails:#?}");
-    assert_eq!(oks, POLL_CHECKS, "checks passed, in order");
-    assert!(out.lines().any(|l| l == "DONE"), "the script did not finish");
-    assert_eq!(code, Some(0), "python3 exit status (None: killed after 90 s)");
+    run_script("python_poll_reads_the_connection_under_the_shim", "poll_assist.py", POLL_CHECKS);
 }

@@ -12,27 +12,14 @@ import socket
 import struct
 import time
 
+from checks import check, fail, ok
+
 AF_RDS = 21
 SOL_RDS = 276
 RDS_INFO_COUNTERS = 10000
 P = ("127.0.0.1", 4100)
 Q = ("127.0.0.2", 4101)
 N = 300
-
-
-def ok(name):
-    print(f"OK {name}", flush=True)
-
-
-def fail(name, why):
-    print(f"FAIL {name}: {why}", flush=True)
-
-
-def check(name, cond, why=""):
-    if cond:
-        ok(name)
-    else:
-        fail(name, why)
 
 
 def rds(addr):

@@ -16,26 +16,13 @@ import sys
 import threading
 import time
 
+from checks import check, fail, ok
+
 AF_RDS = 21
 A = ("127.0.0.1", 4000)
 B = ("127.0.0.1", 4001)
 C = ("127.0.0.1", 4002)
 CHILD = ("127.0.0.2", 5000)
-
-
-def ok(name):
-    print(f"OK {name}", flush=True)
-
-
-def fail(name, why):
-    print(f"FAIL {name}: {why}", flush=True)
-
-
-def check(name, cond, why=""):
-    if cond:
-        ok(name)
-    else:
-        fail(name, why)
 
 
 def errno_of(f):
