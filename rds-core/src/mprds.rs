@@ -36,9 +36,11 @@
 //! the lane it offers is the sender's port's (`sport % npaths`: right for
 //! ours; for a kernel, whose lane is a hash of its port, a guess). A
 //! socket that sent before the count was known keeps its port's lane
-//! (`PORT_LANE`). One lane per socket and connection, as the kernel's: a
-//! socket's messages to a node stay in order. A kernel peer is
-//! unaffected: it accepts any lane, and its answers follow its hash.
+//! (`PORT_LANE`), held as the others' are from the moment the count is
+//! known (`Node::count_port_lanes`). One lane per socket and connection,
+//! as the kernel's: a socket's messages to a node stay in order. A kernel
+//! peer is unaffected: it accepts any lane, and its answers follow its
+//! hash.
 
 use crate::connection::Connection;
 use crate::message::{MsgFlags, QueuedMsg, RxMessage};
@@ -153,6 +155,27 @@ impl Node {
         c.lane_socks[lane] += 1;
         self.sock_mut(s).expect("looked up above").lanes.insert(conn, lane as u8);
         lane
+    }
+
+    /// The path count of `conn` just became known: each socket that sent
+    /// to its peer before ([`PORT_LANE`]) now holds its port's lane, and
+    /// counts in `Connection::lane_socks` like a lane fixed afterwards, so
+    /// that sockets fixing theirs later spread around it (uncounted, one
+    /// that first heard on that lane took it too: two sockets' messages on
+    /// one path and another path idle). Walks the sockets once per
+    /// negotiation (the count becomes unknown again only when every path
+    /// went down), not per probe.
+    fn count_port_lanes(&mut self, conn: ConnId) {
+        let Some(c) = self.conns.get_mut(conn) else { return };
+        if c.paths.len() == 1 || c.npaths == 0 {
+            return;
+        }
+        for sock in self.ep.socks.iter_mut().filter_map(|slot| slot.sock.as_mut()) {
+            let Some(lane) = sock.lanes.get_mut(&conn).filter(|l| **l == PORT_LANE) else { continue };
+            let by_port = c.lane_of(sock.bound.map_or(0, |b| b.port()));
+            *lane = by_port as u8;
+            c.lane_socks[by_port] += 1;
+        }
     }
 
     /// Sends the multipath probe ping on path 0 if the path count is unknown
@@ -315,8 +338,12 @@ impl Node {
             // A dead instance's probe or pong, late.
             return;
         }
+        let unknown = self.conn(conn).npaths == 0;
         if self.conn_mut(conn).apply_handshake(npaths, sport_idx) {
             self.rehome_paths(conn);
+        }
+        if unknown {
+            self.count_port_lanes(conn);
         }
         // The count is known: holds of acked messages ask the peer's proof
         // now (or end, with one path).

@@ -86,7 +86,8 @@ pub(crate) struct Sock {
     /// Per connection: this socket's lane, fixed by its first message
     /// either way once the path count is known (`crate::mprds`, "Lanes";
     /// counted in `Connection::lane_socks`), or [`PORT_LANE`] when it sent
-    /// before that.
+    /// before that (its port's lane, counted when the count becomes known:
+    /// `Node::count_port_lanes`).
     pub lanes: crate::types::FastMap<ConnId, u8>,
 }
 

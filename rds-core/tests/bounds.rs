@@ -55,9 +55,12 @@ fn a_ping_flood_against_a_closed_window_queues_one_pong_per_port() {
     let a = net.bound(0, 5000);
     let p1 = net.bound(1, 4000);
     let p2 = net.bound(1, 4008);
+    // Both send before the path count is known: both keep their ports'
+    // lane, 0 (`rds_core::mprds`, "Lanes"), so their pings share path 0.
     net.send(1, p1, sa(1, 5000), b"hello").unwrap();
+    net.send(1, p2, sa(1, 5000), b"hello2").unwrap();
     net.run();
-    assert_eq!(net.drain_payloads(0, a), [b"hello".to_vec()]);
+    assert_eq!(net.drain_payloads(0, a), [b"hello".to_vec(), b"hello2".to_vec()]);
     // Node 0 cannot transmit on path 0 (its peer's window is closed).
     net.frozen.insert((0, 0));
     let pings = net.nodes[0].counters().recv_ping;

@@ -83,6 +83,13 @@ fn handshaken() -> (Node, Vec<PathInfo>, Vec<PathInfo>) {
 }
 
 fn handshaken_with(settle: Duration) -> (Node, Vec<PathInfo>, Vec<PathInfo>) {
+    let (n, _, paths, c) = handshaken_socket(settle);
+    (n, paths, c)
+}
+
+/// `handshaken_with`, and the socket (bound to port 5000, lane 0) that sent
+/// "x" before the handshake.
+fn handshaken_socket(settle: Duration) -> (Node, SockId, Vec<PathInfo>, Vec<PathInfo>) {
     let mut n = node_with(ip(1), settle);
     let s = n.socket();
     n.bind(s, SocketAddr::new(ip(1), 5000)).unwrap();
@@ -94,7 +101,7 @@ fn handshaken_with(settle: Duration) -> (Node, Vec<PathInfo>, Vec<PathInfo>) {
     outputs(&mut n);
     assert_eq!(n.received(p0.id, p0.inst, pong(1)), RecvOutcome::ProbePong);
     let (c, _) = outputs(&mut n);
-    (n, vec![p0], c)
+    (n, s, vec![p0], c)
 }
 
 #[test]
@@ -491,10 +498,10 @@ fn kernel_maps_on_two_paths_close_together_keep_only_what_both_congest() {
 /// socket was on it, so nothing is lost.
 #[test]
 fn a_path_the_kernel_never_confirms_is_dropped_and_connects_again() {
-    let (mut n, paths, c) = handshaken();
+    // The socket that sent "x" before the handshake keeps lane 0 (a new
+    // one would take a free lane: `rds_core::mprds`, "Lanes").
+    let (mut n, s, paths, c) = handshaken_socket(Duration::ZERO);
     let p0 = paths[0];
-    let s = n.socket();
-    n.bind(s, SocketAddr::new(ip(1), 5008)).unwrap();
     let dst = SocketAddr::new(ip(2), 4000);
     for m in [&b"r1"[..], b"r2", b"r3"] {
         n.send(s, Some(dst), &Payload::copy_from(m), &SendOptions::default()).unwrap();

@@ -284,6 +284,41 @@ fn a_socket_answers_on_the_lane_it_first_heard_on_when_no_other_holds_it() {
     assert_eq!(net.drain_payloads(0, d), vec![b"i1".to_vec()]);
 }
 
+/// A socket that sent before the path count was known holds its port's
+/// lane from the moment the count is known, counted like a lane fixed
+/// later: another socket whose first message arrives on that lane (here a
+/// request on path 0 from a port whose lane is 0) takes its own port's
+/// lane instead of sharing it (the kernel conformance's mprds scenario,
+/// "us larger", once carried two sockets' messages on path 0 and nothing
+/// on path 1 that way).
+#[test]
+fn a_socket_that_sent_before_the_count_keeps_its_lane_to_itself() {
+    let mut net = Net::new(2);
+    let s0 = net.bound(1, 8000); // its port's lane: 0
+    let s1 = net.bound(1, 8001); // 1
+    let t = net.bound(0, 7008); // 0
+    net.send(1, s0, sa(1, 7008), b"before").unwrap();
+    net.run();
+    assert_eq!(net.drain_payloads(0, t), vec![b"before".to_vec()]);
+    net.wire.clear();
+    net.send(0, t, sa(2, 8001), b"req").unwrap();
+    net.run();
+    net.send(1, s1, sa(1, 7008), b"answer").unwrap();
+    net.send(1, s0, sa(1, 7008), b"after").unwrap();
+    net.run();
+    let lane = |what: &[u8]| {
+        let m: Vec<u8> = net.data_sent_by(1).iter().filter(|m| &m.payload[..] == what).map(|m| m.path.index).collect();
+        assert_eq!(m.len(), 1, "{what:?} sent once");
+        m[0]
+    };
+    let req = net.data_sent_by(0);
+    assert_eq!((req.len(), req[0].path.index), (1, 0), "t's request on path 0");
+    assert_eq!(lane(b"after"), 0, "s0 sent before the count was known: its port's lane");
+    assert_eq!(lane(b"answer"), 1, "s1 heard t on path 0, whose lane s0 holds: its own port's");
+    assert_eq!(net.drain_payloads(1, s1), vec![b"req".to_vec()]);
+    assert_eq!(net.drain_payloads(0, t), vec![b"answer".to_vec(), b"after".to_vec()]);
+}
+
 /// Eight sockets a side, each answering one of the peer's eight (as the
 /// kernel conformance's mprds scenario pairs them), fix eight distinct
 /// lanes whatever the order in which they first send or first hear, even
