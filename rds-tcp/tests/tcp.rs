@@ -282,7 +282,9 @@ fn acks_free_the_send_buffer() {
     // Let the paths come up first: each one that does makes us send our
     // congestion map (on path 0), which would come after the burst (the
     // paths connect one after another, once the peer took the previous).
-    let warm = a.plain_socket(5008);
+    // Its port's lane is 1 (it sent before the path count was known): the
+    // burst's socket takes its own port's, 0 (rds-core's mprds, "Lanes").
+    let warm = a.plain_socket(5001);
     a.send(warm, to, &Payload::new(pattern(999, 16)), d);
     assert_eq!(index_of(&b.recv(sb, d).payload), 999);
     a.wait_for(d, "8 paths up", |n| n.info_connections().iter().any(|c| c.faddr == b.addr && c.paths_up() == 8));
@@ -336,6 +338,7 @@ fn listener_and_address_checks() {
             "tcp_rx_assist_left",
             "tcp_rx_frame_stalled",
             "tcp_rx_paused",
+            "tcp_accept_deferred",
             "tcp_deferred_expired",
             "tcp_deferred_replaced",
             "tcp_accept_no_resources",
