@@ -27,7 +27,9 @@
 //!   [`DownReason::DirectionRule`], so that the peer connects to us.
 //! * Accepted connections are offered to [`TransportSink::accept`]; a
 //!   rejected one is reset. One the core defers (its slot still holds a
-//!   connection going away) is kept unread and offered again (at once when
+//!   connection going away, or its slot shows only after the multipath
+//!   handshake; every offer deferred counts in `tcp_accept_deferred`) is
+//!   kept unread and offered again (at once when
 //!   a path of its peer goes down, else after 5 ms doubling to 100 ms), at
 //!   most [`TcpConfig::defer_per_peer`] per peer (a further one replaces
 //!   the oldest: `tcp_deferred_replaced`), for at most

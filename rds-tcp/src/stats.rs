@@ -48,6 +48,9 @@ pub(crate) struct Stats {
     /// Reads skipped because the core paused the path (receive flow
     /// control, [`RdsTransport::rx_flow`](rds_core::RdsTransport::rx_flow)).
     pub rx_paused: AtomicU64,
+    /// Offers of an accepted connection the core deferred
+    /// ([`rds_core::Accept::Defer`]): the first and every later one.
+    pub accept_deferred: AtomicU64,
     /// Deferred connections reset because they waited `defer_max`.
     pub deferred_expired: AtomicU64,
     /// Deferred connections reset to make room for a newer one of the
@@ -105,6 +108,7 @@ impl Stats {
             ("tcp_rx_assist_left", self.rx_assist_left.load(Relaxed)),
             ("tcp_rx_frame_stalled", self.rx_frame_stalled.load(Relaxed)),
             ("tcp_rx_paused", self.rx_paused.load(Relaxed)),
+            ("tcp_accept_deferred", self.accept_deferred.load(Relaxed)),
             ("tcp_deferred_expired", self.deferred_expired.load(Relaxed)),
             ("tcp_deferred_replaced", self.deferred_replaced.load(Relaxed)),
             ("tcp_accept_no_resources", self.accept_no_resources.load(Relaxed)),

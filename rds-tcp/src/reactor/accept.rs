@@ -133,6 +133,7 @@ impl Reactor {
                 reset(&stream);
             }
             Accept::Defer => {
+                inc(&self.inner.stats.accept_deferred);
                 let now = Instant::now();
                 self.defer(Deferred { since: now, next: now + DEFER_RETRY, pause: DEFER_RETRY, stream, peer });
             }
