@@ -249,17 +249,18 @@ sb_suite() {
     cleanup_pids
 }
 
-# why_snap CLIENT SERVER: "idle total cpu switches user engine wakes
-# server" now: the guest's idle and total CPU ticks (/proc/stat); and of
-# every thread of the two PIDs and of their child processes (qperf's
-# server forks one per test): their CPU ticks (utime + stime), context
-# switches (voluntary + involuntary), user-space CPU ticks, the CPU ticks
-# and voluntary context switches (wake-ups) of the threads not named qperf
-# (ours: the engine's reactor and timer threads), and the CPU ticks of
-# SERVER's process and its children alone.
+# why_snap CLIENT SERVER FILE: the guest's idle and total CPU ticks now
+# (/proc/stat) on stdout, "idle total"; and in FILE one line per thread of
+# the two PIDs and of their child processes (qperf's server forks one per
+# test), "tid cpu switches user engine wakes server": its CPU ticks
+# (utime + stime), context switches (voluntary + involuntary), user-space
+# CPU ticks, the CPU ticks and voluntary context switches (wake-ups) of a
+# thread not named qperf (ours: the engine's reactor and timer threads),
+# and the CPU ticks of one of SERVER's process or its children.
 why_snap() {
-    local idle total cpu=0 sw=0 user=0 eng=0 wakes=0 srv=0 p t st comm vol invol
+    local idle total p t st comm vol invol c e w sv
     read -r idle total < <(awk '/^cpu / { s = 0; for (i = 2; i <= NF; i++) s += $i; print $5 + $6, s }' /proc/stat)
+    : >"$3"
     for p in "$1" "$2" $(why_children "$2"); do
         for t in /proc/"$p"/task/*; do
             [ -r "$t/stat" ] || continue
@@ -268,18 +269,35 @@ why_snap() {
             st=$(sed 's/.*) //' "$t/stat" 2>/dev/null | awk '{ print $12, $13 }')
             read -r comm 2>/dev/null <"$t/comm" || continue
             case $st in *[0-9]" "[0-9]*) ;; *) continue ;; esac
-            cpu=$((cpu + ${st% *} + ${st#* }))
-            user=$((user + ${st% *}))
-            [ "$p" != "$1" ] && srv=$((srv + ${st% *} + ${st#* }))
+            c=$((${st% *} + ${st#* }))
             read -r vol invol < <(awk '/^voluntary_ctxt_switches/ { v = $2 } /^nonvoluntary_ctxt_switches/ { n = $2 } END { print v + 0, n + 0 }' "$t/status")
-            sw=$((sw + vol + invol))
+            e=0 w=0 sv=0
             if [ "$comm" != "${APP_COMM:-qperf}" ]; then
-                eng=$((eng + ${st% *} + ${st#* }))
-                wakes=$((wakes + vol))
+                e=$c w=$vol
             fi
+            [ "$p" != "$1" ] && sv=$c
+            echo "${t##*/} $c $((vol + invol)) ${st% *} $e $w $sv" >>"$3"
         done
     done
-    echo "$idle $total $cpu $sw $user $eng $wakes $srv"
+    echo "$idle $total"
+}
+
+# why_pair CLIENT SERVER: two why_snap snapshots 2 s apart, printed as
+# why_emit's "A B T0 T1" (A and B: idle total cpu switches user engine
+# wakes server). The threads' figures are differences summed over the
+# threads present in both snapshots: one that started or ended between
+# them (an engine's thread, a server's child) would count its whole life
+# or subtract it.
+why_pair() {
+    local fa=/tmp/perf-why-a.$$ fb=/tmp/perf-why-b.$$ a b t0 t1 d
+    a=$(why_snap "$1" "$2" "$fa"); t0=$(now_ns)
+    sleep 2
+    b=$(why_snap "$1" "$2" "$fb"); t1=$(now_ns)
+    d=$(awk 'NR == FNR { for (i = 2; i <= 7; i++) v[$1, i] = $i; seen[$1] = 1; next }
+        $1 in seen { for (i = 2; i <= 7; i++) s[i] += $i - v[$1, i] }
+        END { printf "%d %d %d %d %d %d", s[2], s[3], s[4], s[5], s[6], s[7] }' "$fa" "$fb")
+    rm -f "$fa" "$fb"
+    echo "$a 0 0 0 0 0 0 $b $d $t0 $t1"
 }
 
 # why_children PID...: the PIDs of their child processes (from /proc, as
@@ -324,7 +342,7 @@ why_run() {
 # flight (window_run), per answered message; the client runs 6 s, the
 # snapshots 2 s apart in its middle. Keys ${PREFIX}why_w16_KIND_*.
 why_window() {
-    local kind=$1 key="why_w16_$1" srv client a b t0 t1 out per hz=100
+    local kind=$1 key="why_w16_$1" srv client snaps out per hz=100
     [ -x "$BIN/rds-window" ] || return 0
     "${ON_B[@]}" "$BIN/rds-window" serve "$ADDR_B" 5000 30 &
     srv=$!
@@ -334,9 +352,7 @@ why_window() {
     client=$!
     PIDS+=("$client")
     sleep 2.5
-    a=$(APP_COMM=rds-window why_snap "$client" "$srv"); t0=$(now_ns)
-    sleep 2
-    b=$(APP_COMM=rds-window why_snap "$client" "$srv"); t1=$(now_ns)
+    snaps=$(APP_COMM=rds-window why_pair "$client" "$srv")
     wait "$client" || true
     cleanup_pids
     out=$(cat /tmp/perf-why.$$); rm -f /tmp/perf-why.$$
@@ -346,11 +362,11 @@ why_window() {
         echo "perf: why $key: rds-window failed: $(echo "$out" | tr '\n' ' ')" >&2
         return 0
     fi
-    why_emit "$key" "$a $b $t0 $t1 $per $hz"
+    why_emit "$key" "$snaps $per $hz"
 }
 
 why_once() {
-    local kind=$1 test=$2 size=$3 key=$4 client a b t0 t1 out per hz
+    local kind=$1 test=$2 size=$3 key=$4 client snaps out per hz
     hz=100 # USER_HZ: /proc reports CPU time in 1/100 s on Linux
     qperf_server_warm "$test"
     # The warm-up's server child must be gone before the snapshots (up to
@@ -365,9 +381,7 @@ why_once() {
     client=$!
     PIDS+=("$client")
     sleep 2
-    a=$(why_snap "$client" "$QPERF_PID"); t0=$(now_ns)
-    sleep 2
-    b=$(why_snap "$client" "$QPERF_PID"); t1=$(now_ns)
+    snaps=$(why_pair "$client" "$QPERF_PID")
     wait "$client" || true
     qperf_server_stop
     cleanup_pids
@@ -383,10 +397,10 @@ why_once() {
         echo "perf: why $key: qperf $test failed: $(echo "$out" | tr '\n' ' ')" >&2
         return 1
     fi
-    # a, b: idle total cpu switches user engine wakes server ($1-$8,
-    # $9-$16); then t0 t1 ($17 $18); per: us per unit, what, value, unit
-    # ($19-$22); hz ($23).
-    why_emit "$key" "$a $b $t0 $t1 $per $hz"
+    # snaps: idle total cpu switches user engine wakes server before
+    # ($1-$8) and after ($9-$16; why_pair), t0 t1 ($17 $18); per: us per
+    # unit, what, value, unit ($19-$22); hz ($23).
+    why_emit "$key" "$snaps $per $hz"
 }
 
 # why_emit KEY "A B T0 T1 PER HZ": the R lines of a why run from its two
