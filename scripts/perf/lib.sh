@@ -283,11 +283,12 @@ why_snap() {
 }
 
 # why_pair CLIENT SERVER: two why_snap snapshots 2 s apart, printed as
-# why_emit's "A B T0 T1" (A and B: idle total cpu switches user engine
-# wakes server). The threads' figures are differences summed over the
-# threads present in both snapshots: one that started or ended between
-# them (an engine's thread, a server's child) would count its whole life
-# or subtract it.
+# why_emit's "SNAPS": the guest's idle and total CPU ticks at each, then
+# the threads' cpu switches user engine wakes server over the interval,
+# then the two times (ns). The threads' figures are differences summed
+# over the threads present in both snapshots: one that started or ended
+# between them (an engine's thread, a server's child) would count its
+# whole life or subtract it.
 why_pair() {
     local fa=/tmp/perf-why-a.$$ fb=/tmp/perf-why-b.$$ a b t0 t1 d
     a=$(why_snap "$1" "$2" "$fa"); t0=$(now_ns)
@@ -297,7 +298,7 @@ why_pair() {
         $1 in seen { for (i = 2; i <= 7; i++) s[i] += $i - v[$1, i] }
         END { printf "%d %d %d %d %d %d", s[2], s[3], s[4], s[5], s[6], s[7] }' "$fa" "$fb")
     rm -f "$fa" "$fb"
-    echo "$a 0 0 0 0 0 0 $b $d $t0 $t1"
+    echo "$a $b $d $t0 $t1"
 }
 
 # why_children PID...: the PIDs of their child processes (from /proc, as
@@ -371,8 +372,7 @@ why_once() {
     qperf_server_warm "$test"
     # The warm-up's server child must be gone before the snapshots (up to
     # 5 s): under the shim it takes a while to end (its engine's threads),
-    # and a child counted in one snapshot and not the other made the
-    # figures negative.
+    # and the CPU it spends ending is not the measured run's.
     for _ in $(seq 50); do
         [ -z "$(why_children "$QPERF_PID")" ] && break
         sleep 0.1
@@ -397,26 +397,26 @@ why_once() {
         echo "perf: why $key: qperf $test failed: $(echo "$out" | tr '\n' ' ')" >&2
         return 1
     fi
-    # snaps: idle total cpu switches user engine wakes server before
-    # ($1-$8) and after ($9-$16; why_pair), t0 t1 ($17 $18); per: us per
-    # unit, what, value, unit ($19-$22); hz ($23).
+    # snaps (why_pair): idle total before and after ($1-$4), cpu
+    # switches user engine wakes server over the interval ($5-$10), t0 t1
+    # ($11 $12); per: us per unit, what, value, unit ($13-$16); hz ($17).
     why_emit "$key" "$snaps $per $hz"
 }
 
-# why_emit KEY "A B T0 T1 PER HZ": the R lines of a why run from its two
-# snapshots (why_snap), their times, the time per unit and USER_HZ.
+# why_emit KEY "SNAPS PER HZ": the R lines of a why run from its
+# snapshots (why_pair), the time per unit and USER_HZ.
 why_emit() {
     echo "$2" | awk -v k="${PREFIX}$1" '{
-        n = ($18 - $17) / 1000 / $19
-        tick = 1e6 / $23 / n
-        printf "R %s_%s %s %s\n", k, $20, $21, $22
-        printf "R %s_idle %.0f %%\n", k, 100 * ($9 - $1) / ($10 - $2)
-        printf "R %s_cpu %.0f us\n", k, ($11 - $3) * tick
-        printf "R %s_user %.0f us\n", k, ($13 - $5) * tick
-        printf "R %s_server %.0f us\n", k, ($16 - $8) * tick
-        printf "R %s_engine %.0f us\n", k, ($14 - $6) * tick
-        printf "R %s_wakes %.2f /unit\n", k, ($15 - $7) / n
-        printf "R %s_switches %.2f /unit\n", k, ($12 - $4) / n
+        n = ($12 - $11) / 1000 / $13
+        tick = 1e6 / $17 / n
+        printf "R %s_%s %s %s\n", k, $14, $15, $16
+        printf "R %s_idle %.0f %%\n", k, 100 * ($3 - $1) / ($4 - $2)
+        printf "R %s_cpu %.0f us\n", k, $5 * tick
+        printf "R %s_user %.0f us\n", k, $7 * tick
+        printf "R %s_server %.0f us\n", k, $10 * tick
+        printf "R %s_engine %.0f us\n", k, $8 * tick
+        printf "R %s_wakes %.2f /unit\n", k, $9 / n
+        printf "R %s_switches %.2f /unit\n", k, $6 / n
     }'
 }
 
