@@ -207,6 +207,13 @@ fn lanes_are_chosen_by_bound_port_and_number_per_path() {
     assert_eq!(net.drain_payloads(1, b).len(), 17);
 }
 
+/// The path node `node` sent the message `what` on (sent once).
+fn lane(net: &Net, node: usize, what: &[u8]) -> u8 {
+    let m: Vec<u8> = net.data_sent_by(node).iter().filter(|m| &m.payload[..] == what).map(|m| m.path.index).collect();
+    assert_eq!(m.len(), 1, "{what:?} sent once");
+    m[0]
+}
+
 /// A socket's lane to a peer is fixed by its first message either way
 /// once the path count is known, among the lanes the fewest of the node's
 /// sockets hold (`rds_core` mprds docs, "Lanes"): one that first receives,
@@ -248,12 +255,6 @@ fn a_socket_answers_on_the_lane_it_first_heard_on_when_no_other_holds_it() {
     step(0, f, 4009, b"f1"); // f's port lane is d's
     step(1, g, 5010, b"g1"); // g heard f (port 5010) on path 0
     step(1, h, 5010, b"h1"); // h's port lane is e's
-    let lane = |net: &Net, node: usize, what: &[u8]| {
-        let m: Vec<u8> =
-            net.data_sent_by(node).iter().filter(|m| &m.payload[..] == what).map(|m| m.path.index).collect();
-        assert_eq!(m.len(), 1, "{what:?} sent once");
-        m[0]
-    };
     assert_eq!(lane(&net, 1, b"c1"), 4, "c sent first: its port's lane");
     assert_eq!(lane(&net, 0, b"d1"), 2, "d sent first");
     assert_eq!(lane(&net, 1, b"e1"), 2, "e heard d on lane 2 first, which no socket of node 1 held");
@@ -306,15 +307,10 @@ fn a_socket_that_sent_before_the_count_keeps_its_lane_to_itself() {
     net.send(1, s1, sa(1, 7008), b"answer").unwrap();
     net.send(1, s0, sa(1, 7008), b"after").unwrap();
     net.run();
-    let lane = |what: &[u8]| {
-        let m: Vec<u8> = net.data_sent_by(1).iter().filter(|m| &m.payload[..] == what).map(|m| m.path.index).collect();
-        assert_eq!(m.len(), 1, "{what:?} sent once");
-        m[0]
-    };
     let req = net.data_sent_by(0);
     assert_eq!((req.len(), req[0].path.index), (1, 0), "t's request on path 0");
-    assert_eq!(lane(b"after"), 0, "s0 sent before the count was known: its port's lane");
-    assert_eq!(lane(b"answer"), 1, "s1 heard t on path 0, whose lane s0 holds: its own port's");
+    assert_eq!(lane(&net, 1, b"after"), 0, "s0 sent before the count was known: its port's lane");
+    assert_eq!(lane(&net, 1, b"answer"), 1, "s1 heard t on path 0, whose lane s0 holds: its own port's");
     assert_eq!(net.drain_payloads(1, s1), vec![b"req".to_vec()]);
     assert_eq!(net.drain_payloads(0, t), vec![b"answer".to_vec(), b"after".to_vec()]);
 }
