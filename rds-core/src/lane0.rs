@@ -29,9 +29,19 @@
 //! sequence number). A kernel answers every ping; we answer every probe
 //! ping too, up to `mprds::PROBE_PONGS_QUEUED` pongs waiting (beyond that
 //! one pong answers several, and the k-th pong answers a later ping than
-//! the k-th: taking it for the k-th is still safe). A retransmitted ping
-//! the peer had before gets no answer (the duplicate rule drops it). So
-//! that no hold waits for an answer that will not come, a pong that
+//! the k-th: taking it for the k-th is still safe). The count runs
+//! across path 0's connections: a ping is answered once (a retransmitted
+//! one the peer had before is dropped by the duplicate rule, its first
+//! copy was answered), and an answer the peer queued and could not
+//! deliver before its connection ended is resent on the next one, first
+//! (every message of a path is). So a ping's number waits for its pong
+//! from its first transmission until a pong takes it, whatever connection
+//! either comes on; clearing them at a reset once took an old ping's pong,
+//! resent on the new connection, for the answer to the new connection's
+//! ping, and ended a hold while the held messages resent there were still
+//! unread. (A peer that restarts leaves numbers no pong will take: its
+//! new instance's pongs take them first, which only delays, as above.)
+//! So that no hold waits for an answer that will not come, a pong that
 //! leaves a hold unproven asks again (a fresh ping), and so does a check
 //! of path 0 after [`PROOF_CHECK_AFTER`], doubling, while holds remain;
 //! after [`PROOF_CHECKS_MAX`] checks without any pong the peer is taken
@@ -56,8 +66,8 @@ use crate::path::{Path, PathState};
 use crate::types::{ConnId, PathId, SockId};
 use crate::wire::PROBE_PORT;
 
-/// Probe pings in flight on one connection instance from which a read
-/// proof is still asked for more (`Node::ask_read_proof`).
+/// Probe pings in flight on path 0 from which a read proof is still asked
+/// for more (`Node::ask_read_proof`).
 pub const PROOF_PINGS_MAX: usize = 16;
 
 /// After a hold of acked messages appears, when path 0 checks that the
@@ -163,7 +173,7 @@ impl Node {
     pub(crate) fn read_proof(&mut self, pid: PathId) {
         let Some(path) = self.path_mut(pid) else { return };
         path.pong_since_check = true;
-        let Some((seq, _)) = path.proof_pings.pop_front() else { return };
+        let Some(seq) = path.proof_pings.pop_front() else { return };
         path.read_through = path.read_through.max(seq);
         if pid.index != 0 {
             return;
@@ -195,12 +205,10 @@ impl Node {
         if p0.state != PathState::Up || p0.proof_pings.len() >= PROOF_PINGS_MAX {
             return;
         }
-        let queued = p0.send_queue.iter().any(|m| m.is_probe() && !m.flags.retransmitted);
+        let queued = p0.send_queue.iter().any(|m| m.is_probe() && m.hdr.sequence > last);
         // After a pong a ping in flight does not count: its pong may be
         // the one that just came (module docs).
-        // Nor does a retransmitted one: the peer drops it unanswered if it
-        // had it before.
-        let in_flight = !after_pong && p0.proof_pings.iter().any(|&(q, fresh)| fresh && q > last);
+        let in_flight = !after_pong && p0.proof_pings.iter().any(|&q| q > last);
         if queued || in_flight {
             return;
         }
@@ -239,12 +247,14 @@ impl Path {
     }
 
     /// A message goes on the wire: a probe ping's number waits for its
-    /// pong.
+    /// pong, from its first transmission (a retransmitted one is answered
+    /// once too: by the peer's answer to the first, if it had it, resent
+    /// if need be; else when it reads this one).
     /// Past [`PROOF_PINGS_MAX`] times four the newest are not recorded (a
     /// pong then takes an older number: safe, see the module docs).
     pub(crate) fn note_transmit(&mut self, m: &QueuedMsg) {
-        if m.is_probe() && self.proof_pings.len() < 4 * PROOF_PINGS_MAX {
-            self.proof_pings.push_back((m.hdr.sequence, !m.flags.retransmitted));
+        if m.is_probe() && !m.flags.retransmitted && self.proof_pings.len() < 4 * PROOF_PINGS_MAX {
+            self.proof_pings.push_back(m.hdr.sequence);
         }
     }
 }

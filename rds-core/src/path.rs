@@ -162,12 +162,12 @@ pub(crate) struct Path {
     /// sequence, socket, messages). The hold lasts until the peer shows it
     /// read them (`read_through` passes them, see [`crate::lane0`]).
     pub lane0_wire: Vec<(u64, SockId, u32)>,
-    /// Sequence numbers of the probe pings transmitted on this connection
-    /// instance and not answered yet, oldest first, and whether each went
-    /// out for the first time (the peer drops a retransmitted one it had
-    /// before, unanswered). At most [`crate::lane0::PROOF_PINGS_MAX`] of
-    /// them are ours to ask.
-    pub proof_pings: VecDeque<(u64, bool)>,
+    /// Sequence numbers of the probe pings transmitted on this path and
+    /// not answered yet, oldest first, whatever connection instance they
+    /// first went out on (a ping is answered once, and the peer resends an
+    /// answer its connection could not deliver: [`crate::lane0`]). At most
+    /// [`crate::lane0::PROOF_PINGS_MAX`] of them are ours to ask.
+    pub proof_pings: VecDeque<u64>,
     /// The peer read every message numbered below this: a pong answered a
     /// probe ping with this number (pongs come in the order of pings).
     pub read_through: u64,

@@ -553,8 +553,8 @@ impl Path {
         self.unacked_packets = max_packets;
         self.unacked_bytes = max_bytes;
         self.kick_queued = false;
-        // Their pongs would come on the connection that is gone.
-        self.proof_pings.clear();
+        // (`proof_pings` stay: the peer resends on the next connection
+        // the pongs it could not deliver on this one, `crate::lane0`.)
         while let Some(mut m) = self.retrans.pop_back() {
             m.flags.ack_required = true;
             m.flags.retransmitted = true;

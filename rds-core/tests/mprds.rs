@@ -3,7 +3,7 @@
 //! pre-handshake path-0 rule with its order guarantee, and renegotiation.
 
 use rds_core::driver;
-use rds_core::wire::{Ext, Header, Kind};
+use rds_core::wire::{self, Ext, Header, Kind, PROBE_PORT};
 use rds_core::*;
 use rds_testkit::net::{Net, config, ip, make_node, sa};
 
@@ -555,4 +555,83 @@ fn the_larger_side_pokes_through_path_0_when_only_a_lane_holds_messages() {
     }
     let after: Vec<_> = net.connects.iter().filter(|c| c.0 == 1).skip(before).map(|c| c.1.id.index).collect();
     assert_eq!(after.first(), Some(&0), "the larger side connected path 0: {after:?}");
+}
+
+/// A probe's pong that comes on the next connection of path 0 answers a
+/// ping of the connection before: it proves the peer read what came
+/// before *that* ping, not before the pings sent since. The peer resends
+/// an answer it could not deliver on the old connection (every message it
+/// queued is retransmitted), so a pong on the new connection may be the
+/// answer to an old ping. Taken for the answer to the newest ping, it
+/// ended a lane-0 hold while the held message, resent on the new
+/// connection and acked by the peer's TCP, was still unread there: the
+/// lane's next message could be read first (faults.rs's
+/// `all_to_all_100k_read_by_the_receivers_with_paths_cut`, once: ten
+/// messages per flow out of order).
+#[test]
+fn a_pong_to_a_ping_of_the_connection_before_proves_nothing_sent_after_that_ping() {
+    let (mut n, p0, a) = accepted_from_fake_peer(config(1));
+    let s = n.socket();
+    n.bind(s, sa(2, 5001)).unwrap(); // lane 1 of 8
+    let dst = Some(sa(1, 4000));
+    let send = |n: &mut Node, what: &[u8]| n.send(s, dst, &Payload::copy_from(what), &SendOptions::default()).unwrap();
+    // Before the count is known: our probe, then m1 on path 0.
+    send(&mut n, b"m1");
+    let out = pull_all(&mut n, p0, a);
+    let probe = out.iter().find(|m| m.header.kind() == Kind::ProbePing).unwrap().header.sequence;
+    let m1 = out.iter().find(|m| &m.payload[..] == b"m1").unwrap().header.sequence;
+    assert!(probe < m1);
+    // The peer's own probe tells us the count (8); its answer to ours
+    // (seq 2) never reaches us on this connection.
+    let mut ping = Header::data(PROBE_PORT, 0, 0);
+    ping.sequence = 1;
+    let _ = ping.push_extension(Ext::Npaths(8));
+    assert_eq!(n.received(p0, a, rx(ping)), RecvOutcome::Ping);
+    assert_eq!(n.path_info(p0).unwrap().npaths, 8);
+    // The peer opens path 1; m2 belongs to lane 1 and waits for m1.
+    let p1 = match n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) {
+        Accept::Path(info) => info,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(p1.id.index, 1);
+    n.path_up(p1.id, p1.inst, std::time::Instant::now());
+    send(&mut n, b"m2");
+    let lane = |n: &mut Node| -> Vec<Vec<u8>> {
+        pull_all(n, p1.id, p1.inst).iter().filter(|m| m.header.dport == 4000).map(|m| m.payload.to_vec()).collect()
+    };
+    assert!(lane(&mut n).is_empty());
+    // Path 0's connection dies with m1 unacked (the probe was acked: the
+    // peer had it). The next connection resends m1, and the peer's TCP
+    // acks it: the hold now waits for the proof, a fresh ping after m1.
+    n.acked(p0, a, probe);
+    n.path_down(p0, a, DownReason::Closed, std::time::Instant::now());
+    let b = match n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) {
+        Accept::Path(info) => info,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(b.id, p0);
+    n.path_up(p0, b.inst, std::time::Instant::now());
+    let resent = pull_all(&mut n, p0, b.inst);
+    assert!(resent.iter().any(|m| &m.payload[..] == b"m1" && m.header.sequence == m1), "m1 resent");
+    n.acked(p0, b.inst, m1);
+    let proof: Vec<u64> = pull_all(&mut n, p0, b.inst)
+        .iter()
+        .filter(|m| m.header.kind() == Kind::ProbePing)
+        .map(|m| m.header.sequence)
+        .collect();
+    assert!(proof.iter().any(|&q| q > m1), "a ping after m1 asks for the proof: {proof:?}");
+    assert!(lane(&mut n).is_empty());
+    // The peer's answer to our first probe, resent on the new connection:
+    // it read up to that probe, not m1. m2 still waits.
+    let mut old_pong = Header::data(0, PROBE_PORT, 0);
+    old_pong.sequence = 2;
+    old_pong.flags |= wire::flags::RETRANSMITTED;
+    let _ = old_pong.push_extension(Ext::Npaths(8));
+    assert_eq!(n.received(p0, b.inst, rx(old_pong)), RecvOutcome::ProbePong);
+    assert!(lane(&mut n).is_empty(), "m2 went on its lane on the old ping's answer");
+    // The answer to the proof's ping: m1 was read, m2 goes.
+    let mut pong = Header::data(0, PROBE_PORT, 0);
+    pong.sequence = 3;
+    assert_eq!(n.received(p0, b.inst, rx(pong)), RecvOutcome::ProbePong);
+    assert_eq!(lane(&mut n), [b"m2".to_vec()]);
 }

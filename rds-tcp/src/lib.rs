@@ -178,9 +178,10 @@
 //! events to it (`tcp_rx_assist_left`; its passes: `tcp_rx_assist_reads`;
 //! the ack polls it left to the reactor's ack timer, fewer than
 //! [`ASSIST_ACK_LAZY_BYTES`] awaiting acks: `tcp_rx_assist_acks_left`);
-//! one reader at a time per connection, path 0 before a lane, and the end
-//! of the stream is the reactor's (the `assist` module says how nothing is
-//! lost or reordered).
+//! one reader at a time per connection, the paths of a pair in any order
+//! (a socket's move from path 0 to its lane waits for the peer's read
+//! proof, `rds_core::lane0`), and the end of the stream is the reactor's
+//! (the `assist` module says how nothing is lost or reordered).
 //!
 //! Memory per connection is bounded by what arrived: a partial payload's
 //! buffer grows with the bytes received (never to a hostile `h_len` up
