@@ -470,6 +470,17 @@ impl Connection {
     /// new instance as a retransmission, which it must take for its
     /// predecessor's and drop); they connect again, to the new one. None:
     /// no restart.
+    ///
+    /// The receive sequence is forgotten at once on `on` and on the paths
+    /// whose connection came up after `on`'s and heard no other generation
+    /// (they reach the new instance too, and have delivered nothing of it:
+    /// its first frame on a connection, its map, carries its generation);
+    /// on the others when they next connect (until then they may still
+    /// deliver what the old instance sent, which the old receive state
+    /// deduplicates). Deferred on a connection of the new instance too, the
+    /// reset came at its next connection and forgot what it had delivered
+    /// meanwhile: a message acked there too late and resent on the next
+    /// connection was delivered twice (rds-sim seed 72441).
     pub(crate) fn peer_gen_update(&mut self, gen_num: u32, on: u8) -> Option<Vec<u8>> {
         if gen_num == 0 {
             return None;
@@ -479,9 +490,13 @@ impl Connection {
         if !restarted {
             return None;
         }
+        let fresh = self.paths[usize::from(on)].up_seq;
         for (i, path) in self.paths.iter_mut().enumerate() {
-            if i == usize::from(on) {
+            let reaches_new =
+                path.state == PathState::Up && path.up_seq > fresh && (path.inst_gen == 0 || path.inst_gen == gen_num);
+            if i == usize::from(on) || reaches_new {
                 path.next_rx_seq = 0;
+                path.rx_reset = false;
             } else {
                 path.rx_reset = true;
             }
@@ -492,7 +507,6 @@ impl Connection {
                 m.flags.flush = true;
             }
         }
-        let fresh = self.paths[usize::from(on)].up_seq;
         Some(
             (0..self.paths.len())
                 .filter(|&i| {

@@ -438,3 +438,61 @@ fn the_rest_of_a_crossed_connection_is_ignored() {
     let m = RxMessage { header: h, payload: Payload::copy_from(b"m1"), rx_time_ns: None };
     assert_eq!(n.received(p1.id, p1.inst, m), RecvOutcome::Delivered);
 }
+
+/// rds-sim seed 72441: the peer restarted, and both our paths' connections
+/// were replaced, path 1's first. Its map announced the new generation;
+/// path 0's connection, up after path 1's, reached the new instance too,
+/// but its receive sequence was left to be forgotten at its *next*
+/// connection. That came after path 0 had delivered the new instance's m1
+/// (whose ack the peer missed): the reset forgot m1, and m1, resent on the
+/// next connection, was delivered twice. A connection up after the one
+/// that announced the generation (and having heard no other) forgets the
+/// old sequence at once.
+#[test]
+fn a_connection_of_the_restarted_peer_keeps_what_it_delivered() {
+    let mut n = make_node(full(1), ip(2), TransportKind::Tcp);
+    let s = n.socket();
+    n.bind(s, sa(2, 5000)).unwrap();
+    let data = |seq: u64, resent: bool| {
+        let mut h = Header::data(4000, 5000, 2);
+        h.sequence = seq;
+        if resent {
+            h.flags |= wire::flags::RETRANSMITTED;
+        }
+        RxMessage { header: h, payload: Payload::copy_from(b"m1"), rx_time_ns: None }
+    };
+    let now = Instant::now();
+    // Instance 77: two paths; path 0 delivers up to sequence 5.
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    n.received(p0.id, p0.inst, full_map(77, 0, 1, &[]));
+    n.received(p0.id, p0.inst, probe(1, 2));
+    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    n.received(p1.id, p1.inst, full_map(77, 1, 2, &[]));
+    for seq in 2..6 {
+        assert_eq!(n.received(p0.id, p0.inst, data(seq, false)), RecvOutcome::Delivered);
+    }
+    while n.recv(s, false).is_ok() {}
+    driver::outputs(&mut n);
+    // The peer restarts as 88: path 1's connection is replaced, then path
+    // 0's; path 1's map is the first word of 88.
+    n.path_down(p1.id, p1.inst, DownReason::Closed, now);
+    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40002) else { panic!() };
+    assert_eq!(p1.id.index, 1);
+    n.path_down(p0.id, p0.inst, DownReason::Closed, now);
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40003) else { panic!() };
+    assert_eq!(p0.id.index, 0);
+    n.received(p1.id, p1.inst, full_map(88, 1, 1, &[]));
+    assert_eq!(n.counters().peer_restart, 1);
+    assert_eq!(n.path_state(p0.id), Some(PathState::Up), "path 0's connection reaches 88: kept");
+    // 88's map and m1 on path 0; its ack does not reach the peer, whose
+    // connection dies: m1 comes again, resent, on the next one.
+    n.received(p0.id, p0.inst, full_map(88, 0, 2, &[]));
+    assert_eq!(n.received(p0.id, p0.inst, data(1, false)), RecvOutcome::Delivered);
+    assert!(n.recv(s, false).is_ok());
+    n.path_down(p0.id, p0.inst, DownReason::Closed, now);
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40004) else { panic!() };
+    assert_eq!(p0.id.index, 0);
+    n.received(p0.id, p0.inst, full_map(88, 0, 3, &[]));
+    assert_eq!(n.received(p0.id, p0.inst, data(1, true)), RecvOutcome::DupDropped);
+    assert!(n.recv(s, false).is_err(), "m1 delivered twice");
+}
