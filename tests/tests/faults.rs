@@ -85,6 +85,73 @@ fn all_to_all_100k_read_by_the_receivers_with_paths_cut() {
     run(addr_block(48), false, true);
 }
 
+/// What a receiver saw of a broken flow after its first datagram out of
+/// place: the indexes of the next [`Diag::MSGS`] datagrams from that sender
+/// (or what came within [`Diag::TIME`]). A late one shows a reorder, a
+/// missing one a loss.
+struct Diag {
+    src: usize,
+    first: String,
+    seen: Vec<Option<u64>>,
+    others: usize,
+    since: Instant,
+}
+
+impl Diag {
+    const MSGS: usize = 200;
+    const TIME: Duration = Duration::from_secs(3);
+
+    fn new(src: usize, first: String) -> Diag {
+        Diag { src, first, seen: Vec::new(), others: 0, since: Instant::now() }
+    }
+
+    /// A datagram from `src` (the index it carries when it has one).
+    fn saw(&mut self, src: usize, p: &[u8]) {
+        if src != self.src {
+            self.others += 1;
+            return;
+        }
+        self.seen.push((p.len() >= 16).then(|| u64::from_le_bytes(p[4..12].try_into().unwrap())));
+    }
+
+    fn done(&self) -> bool {
+        self.seen.len() >= Diag::MSGS || self.since.elapsed() > Diag::TIME
+    }
+
+    /// The first failure, then the indexes that followed as runs ("75-80
+    /// 65-74"; "?" for a datagram too short to carry one).
+    fn report(&self) -> String {
+        let mut runs: Vec<String> = Vec::new();
+        let mut run: Option<(u64, u64)> = None;
+        let flush = |run: &mut Option<(u64, u64)>, runs: &mut Vec<String>| {
+            if let Some((a, b)) = run.take() {
+                runs.push(if a == b { a.to_string() } else { format!("{a}-{b}") });
+            }
+        };
+        for i in &self.seen {
+            match (*i, run) {
+                (Some(i), Some((a, b))) if i == b + 1 => run = Some((a, i)),
+                (Some(i), _) => {
+                    flush(&mut run, &mut runs);
+                    run = Some((i, i));
+                }
+                (None, _) => {
+                    flush(&mut run, &mut runs);
+                    runs.push("?".into());
+                }
+            }
+        }
+        flush(&mut run, &mut runs);
+        format!(
+            "{}; then from that sender, in {:.1} s (and {} from others): {}",
+            self.first,
+            self.since.elapsed().as_secs_f64(),
+            self.others,
+            runs.join(" ")
+        )
+    }
+}
+
 fn run(ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + 'static, whole_cuts: bool, assisted: bool) {
     let t0 = Instant::now();
     let engines: Vec<Engine> = (0..NODES)
@@ -140,24 +207,44 @@ fn run(ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + 'static, whole_cuts: 
             let total: u64 = want.iter().sum();
             let mut buf = if assisted { vec![0u8; MAX] } else { Vec::new() };
             let mut got = 0;
-            while got < total {
+            // After the first datagram out of place: which of its flow's
+            // followed (`Diag`), so that the failure says lost or late.
+            let mut diag: Option<Diag> = None;
+            while got < total && diag.as_ref().is_none_or(|d| !d.done()) {
+                let failed = |e: std::io::Error, diag: &Option<Diag>| match diag {
+                    Some(d) => format!("{} (then {e})", d.report()),
+                    None => format!("sock {dst} after {got}: {e}"),
+                };
                 let (p, from) = if assisted {
+                    let until = diag.as_ref().map(|d| d.since + Diag::TIME);
                     let m = s
-                        .recv_msg_wait(&mut buf, rds_sock::RecvFlags::default(), None)
-                        .map_err(|e| format!("sock {dst} after {got}: {e}"))?;
+                        .recv_msg_wait(&mut buf, rds_sock::RecvFlags::default(), until)
+                        .map_err(|e| failed(e, &diag))?;
                     let Some(from) = m.from else { continue };
                     (rds_core::Payload::copy_from(&buf[..m.len]), from)
                 } else {
-                    s.recv_payload().map_err(|e| format!("sock {dst} after {got}: {e}"))?
+                    s.recv_payload().map_err(|e| failed(e, &diag))?
                 };
                 got += 1;
                 let src = *index_of.get(&from).ok_or_else(|| format!("unknown sender {from}"))?;
+                if let Some(d) = &mut diag {
+                    d.saw(src, &p);
+                    continue;
+                }
                 let f = &mut flows[src];
                 if f.n >= want[src] {
                     return Err(format!("flow {src}->{dst}: more than the {} datagrams sent", want[src]));
                 }
-                check_payload((src * SOCKS + dst) as u32, f.n, &p)?;
+                if let Err(e) = check_payload((src * SOCKS + dst) as u32, f.n, &p) {
+                    let mut d = Diag::new(src, e);
+                    d.saw(src, &p);
+                    diag = Some(d);
+                    continue;
+                }
                 f.add(&p);
+            }
+            if let Some(d) = diag {
+                return Err(d.report());
             }
             Ok(flows.into_iter().map(Flow::finish).collect())
         }));
@@ -275,4 +362,18 @@ fn run(ip: impl Fn(u8) -> std::net::IpAddr + Copy + Send + 'static, whole_cuts: 
         let r = e.shutdown(Duration::from_secs(1));
         assert_eq!(r.messages(), 0, "{r:?}");
     }
+}
+
+/// The failure report of a broken flow names what followed as runs.
+#[test]
+fn a_broken_flow_is_reported_with_what_followed() {
+    let mut d = Diag::new(8, "flow 72: expected index 65".into());
+    for i in [75u64, 76, 77, 65, 66, 80] {
+        d.saw(8, &payload(72, i, 100));
+    }
+    d.saw(8, &[0; 10]);
+    d.saw(3, &payload(27, 1, 100));
+    let r = d.report();
+    assert!(r.starts_with("flow 72: expected index 65; then from that sender"), "{r}");
+    assert!(r.ends_with("(and 1 from others): 75-77 65-66 80 ?"), "{r}");
 }
