@@ -41,6 +41,14 @@
 //! ping, and ended a hold while the held messages resent there were still
 //! unread. (A peer that restarts leaves numbers no pong will take: its
 //! new instance's pongs take them first, which only delays, as above.)
+//! The reverse would not be safe: pongs the peer queued for a previous
+//! instance of ours and never sent reach this one, which would count them
+//! for its own pings. Ours drop such pongs when the restart shows
+//! (`Connection::peer_gen_update`). A 6.1 kernel keeps them (at a
+//! restart it flushes only its retransmit queue), so right after a
+//! restart of ours a kernel peer may end a hold early: a gap, not seen in
+//! a test (the kernel reads as its TCP receives, so the bytes it acked
+//! and has not read are few).
 //! So that no hold waits for an answer that will not come, a pong that
 //! leaves a hold unproven asks again (a fresh ping), and so does a check
 //! of path 0 after [`PROOF_CHECK_AFTER`], doubling, while holds remain;

@@ -81,6 +81,11 @@ impl QueuedMsg {
     pub(crate) fn is_probe(&self) -> bool {
         self.sock.is_none() && self.hdr.sport == crate::wire::PROBE_PORT && self.hdr.dport == 0
     }
+
+    /// A pong of ours (`rds_send_pong`: from port 0 to the ping's port).
+    pub(crate) fn is_pong(&self) -> bool {
+        self.sock.is_none() && self.hdr.sport == 0 && self.hdr.dport != 0 && self.payload.is_empty()
+    }
 }
 
 /// What a transport transmits: a complete header (sequence, flags including

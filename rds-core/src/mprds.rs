@@ -506,6 +506,11 @@ impl Connection {
             for m in path.send_queue.iter_mut().filter(|m| m.flags.retransmitted) {
                 m.flags.flush = true;
             }
+            // Pongs never sent answer the dead instance's pings: the new
+            // one would count them as answers to its own, and take its
+            // messages for read (a lane-0 hold ended early: `crate::lane0`,
+            // rds-sim seed 146582).
+            path.send_queue.retain(|m| !m.is_pong());
         }
         Some(
             (0..self.paths.len())

@@ -136,9 +136,14 @@ impl Node {
                 return RecvOutcome::Ignored;
             }
             self.ep.counters.recv_ping += 1;
-            self.send_probe(pid, 0, hdr.sport);
+            // A probe's generation first: a restart it reveals drops the
+            // pongs still queued for the dead instance
+            // (`Connection::peer_gen_update`), not the answer to this one.
             if kind == Kind::ProbePing {
                 self.hs_exthdrs(conn, pid.index, &msg);
+            }
+            self.send_probe(pid, 0, hdr.sport);
+            if kind == Kind::ProbePing {
                 self.start_mprds(conn);
             }
             return RecvOutcome::Ping;

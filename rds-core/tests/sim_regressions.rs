@@ -496,3 +496,66 @@ fn a_connection_of_the_restarted_peer_keeps_what_it_delivered() {
     assert_eq!(n.received(p0.id, p0.inst, data(1, true)), RecvOutcome::DupDropped);
     assert!(n.recv(s, false).is_err(), "m1 delivered twice");
 }
+
+/// rds-sim seed 146582: the peer restarted with a pong of ours to its old
+/// instance's probe still queued (never sent: the connection died). It
+/// went to the new instance on the next connection, which took it for the
+/// answer to its own probe ping and, with the next pong, for the answer to
+/// its read-proof ping: a lane-0 hold ended before we had read the held
+/// message (`rds_core::lane0`), and the lane's next message was read first.
+/// Pongs never sent are dropped when the peer's restart shows; the new
+/// instance's probe still gets its answer.
+#[test]
+fn pongs_for_a_restarted_peers_old_instance_are_dropped() {
+    let mut n = make_node(full(1), ip(2), TransportKind::Tcp);
+    let now = Instant::now();
+    let probe_of = |gen_num: u32| {
+        let mut m = probe(1, 8);
+        m.header.push_extension(Ext::GenNum(gen_num)).unwrap();
+        m
+    };
+    let pongs = |out: &[TxMessage]| out.iter().filter(|m| m.header.kind() == Kind::ProbePong).count();
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    n.received(p0.id, p0.inst, full_map(77, 0, 1, &[]));
+    assert_eq!(n.received(p0.id, p0.inst, probe_of(77)), RecvOutcome::Ping);
+    driver::outputs(&mut n);
+    // Our pong to 77's probe is still queued when the connection dies.
+    n.path_down(p0.id, p0.inst, DownReason::Closed, now);
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    assert_eq!(p0.id.index, 0);
+    n.received(p0.id, p0.inst, full_map(88, 0, 1, &[]));
+    assert_eq!(n.counters().peer_restart, 1);
+    let mut out = Vec::new();
+    while n.pull(p0.id, p0.inst, 1 << 20, &mut out) {}
+    assert_eq!(pongs(&out), 0, "77's pong went to 88: {out:?}");
+    // 88's probe is answered, once.
+    assert_eq!(n.received(p0.id, p0.inst, probe_of(88)), RecvOutcome::Ping);
+    out.clear();
+    while n.pull(p0.id, p0.inst, 1 << 20, &mut out) {}
+    assert_eq!(pongs(&out), 1);
+}
+
+/// A probe ping that reveals the peer's restart is answered: the pongs
+/// dropped for the old instance are those queued before it.
+#[test]
+fn the_probe_that_reveals_a_restart_is_answered() {
+    let mut n = make_node(config(1), ip(2), TransportKind::Tcp);
+    let now = Instant::now();
+    let probe_of = |seq: u64, gen_num: u32| {
+        let mut m = probe(seq, 8);
+        m.header.push_extension(Ext::GenNum(gen_num)).unwrap();
+        m
+    };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    n.received(p0.id, p0.inst, probe_of(1, 77));
+    driver::outputs(&mut n);
+    n.path_down(p0.id, p0.inst, DownReason::Closed, now);
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    assert_eq!(n.received(p0.id, p0.inst, probe_of(1, 88)), RecvOutcome::Ping);
+    assert_eq!(n.counters().peer_restart, 1);
+    let mut out = Vec::new();
+    while n.pull(p0.id, p0.inst, 1 << 20, &mut out) {}
+    let pongs: Vec<_> = out.iter().filter(|m| m.header.kind() == Kind::ProbePong).collect();
+    assert_eq!(pongs.len(), 1, "{out:?}");
+    assert!(pongs[0].header.extensions().any(|e| e == Ext::Npaths(8)));
+}
