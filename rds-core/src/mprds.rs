@@ -64,8 +64,10 @@ impl Node {
             self.maybe_probe(conn);
         }
         let backlog = self.sock(s).map_or(0, |k| k.lane0_count(conn));
+        // The lane it had before the count became unknown again, if any.
+        let before = self.sock(s).and_then(|k| k.lanes.get(&conn).copied()).filter(|&l| l != PORT_LANE);
         let lane = self.take_lane(s, conn, port);
-        self.conn(conn).select_path(s, lane, backlog)
+        self.conn(conn).select_path(s, lane, backlog, before.map(usize::from))
     }
 
     /// `RDS_MPATH_HASH`: the path of a socket bound to `port` that has no
@@ -366,9 +368,16 @@ pub(crate) enum GenHeard {
 impl Connection {
     /// The path for a message of socket `s` bound to `port` (see
     /// `Node::select_path`), given the socket's messages held on path 0
-    /// (`lane0_backlog`): (index, sent before the handshake, held behind
-    /// the path-0 backlog).
-    pub(crate) fn select_path(&self, s: SockId, lane: usize, lane0_backlog: u32) -> (usize, bool, bool) {
+    /// (`lane0_backlog`) and the lane it had fixed before, if any
+    /// (`before`): (index, sent before the handshake, held behind the
+    /// path-0 backlog).
+    pub(crate) fn select_path(
+        &self,
+        s: SockId,
+        lane: usize,
+        lane0_backlog: u32,
+        before: Option<usize>,
+    ) -> (usize, bool, bool) {
         if self.paths.len() == 1 {
             return (0, false, false);
         }
@@ -376,13 +385,19 @@ impl Connection {
             // Not negotiated yet: path 0. Negotiated again after every path
             // went down: a socket whose earlier messages still wait on
             // another path keeps that path, or the next ones would overtake
-            // them on path 0.
+            // them on path 0. So does one that had a lane above 0: its
+            // messages there may be acked by the peer's TCP and not read
+            // yet (the old connection's last bytes), and the peer reads its
+            // paths in any order (rds-sim seed 652995). They wait for the
+            // count and the lane's next connection, which the peer reads
+            // after the old one, and, as any message on a lane, for the
+            // socket's messages held on path 0 (seed 642074).
             let waiting = (1..self.paths.len()).find(|&k| {
                 let p = &self.paths[k];
                 p.send_queue.iter().chain(p.retrans.iter()).any(|m| m.sock == Some(s))
             });
-            if let Some(k) = waiting {
-                return (k, false, false);
+            if let Some(k) = waiting.or(before.filter(|&k| k > 0 && k < self.paths.len())) {
+                return (k, false, lane0_backlog > 0);
             }
             return (0, true, false);
         }

@@ -36,6 +36,74 @@ fn messages_keep_their_lane_while_the_path_count_is_renegotiated() {
     assert_eq!(lanes, [0, 1, 1], "hello before the handshake on path 0, then m1 and m2 on path 1");
 }
 
+/// rds-sim seed 652995: as above, but m1 was acked before every path went
+/// down: nothing of the socket waited on path 1 any more, so m2 went on
+/// path 0 during the renegotiation. An ack says only that the peer's TCP
+/// had m1; the peer, which reads its paths in any order, read m2 on the
+/// new path 0 before the old path 1's last bytes. A socket that had a lane
+/// keeps it through the renegotiation.
+#[test]
+fn a_socket_keeps_its_lane_through_a_renegotiation_after_its_messages_were_acked() {
+    let mut net = Net::new(2);
+    let a = net.bound(0, 5001); // lane 1 of 8
+    let b = net.bound(1, 4000);
+    net.send(0, a, sa(2, 4000), b"hello").unwrap();
+    net.run();
+    net.send(0, a, sa(2, 4000), b"m1").unwrap();
+    net.run();
+    assert_eq!(net.drain_payloads(1, b), [b"hello".to_vec(), b"m1".to_vec()]);
+    // Every connection breaks with nothing of the socket unacked.
+    net.cut_all(0);
+    net.send(0, a, sa(2, 4000), b"m2").unwrap();
+    net.advance(0);
+    net.run();
+    assert_eq!(net.drain_payloads(1, b), [b"m2".to_vec()]);
+    let lanes: Vec<u8> = net.data_sent_by(0).iter().filter(|m| m.header.sport == 5001).map(|m| m.path.index).collect();
+    assert_eq!(lanes, [0, 1, 1], "m2 went on path 0 while the count was unknown");
+}
+
+/// rds-sim seed 642074: the lane kept through a renegotiation (above) is
+/// still held behind the socket's messages on path 0 (`rds_core::lane0`):
+/// m1 went on path 0 before the count was known and was still unsent when
+/// every path went down again; m2, on the lane, waits for it (held: in
+/// `Net` path 1 cannot come up before path 0 sends, so the order alone
+/// would not show it).
+#[test]
+fn a_lane_kept_through_a_renegotiation_still_waits_for_path_0() {
+    let mut net = Net::new(2);
+    let a = net.bound(0, 5001); // lane 1 of 8
+    let b = net.bound(1, 4000);
+    // Node 0's path 0 sends nothing: m1 waits there; the peer's probe
+    // tells node 0 the count, which fixes the socket's lane (1).
+    net.frozen.insert((0, 0));
+    net.send(0, a, sa(2, 4000), b"m1").unwrap();
+    net.run();
+    assert_eq!(net.nodes[0].path_info(net.path(0, 1, 0)).unwrap().npaths, 8);
+    // Every connection breaks (path 1's connect, which the peer deferred
+    // until it heard our probe, is given up: the transport reports it
+    // down, which `Net` does only for links); m2 goes on the lane, held
+    // behind m1.
+    net.cut_all(0);
+    let p1 = net.path(0, 1, 1);
+    let inst = net.nodes[0].path_info(p1).unwrap().inst;
+    net.deferred.clear();
+    net.nodes[0].path_down(p1, inst, DownReason::ShutdownDone, net.now);
+    let held = net.nodes[0].counters().mprds_lane_hold;
+    net.send(0, a, sa(2, 4000), b"m2").unwrap();
+    assert_eq!(net.nodes[0].counters().mprds_lane_hold, held + 1, "m2 is not held behind m1");
+    net.advance(0);
+    net.run();
+    assert!(net.drain_payloads(1, b).is_empty());
+    net.thaw(0, 0);
+    for _ in 0..10 {
+        net.advance(100);
+        net.run();
+    }
+    assert_eq!(net.drain_payloads(1, b), [b"m1".to_vec(), b"m2".to_vec()]);
+    let lanes: Vec<u8> = net.data_sent_by(0).iter().filter(|m| m.header.sport == 5001).map(|m| m.path.index).collect();
+    assert_eq!(lanes, [0, 1]);
+}
+
 /// rds-sim seed 15: when a new generation number arrived on a live path,
 /// its numbering restarted at 1 while messages sent to the new instance
 /// were still unacked: the retransmit queue held 5, 6 then 1, and the
