@@ -577,14 +577,7 @@ impl Path {
     pub(crate) fn pongs_queued(&self, dport: u16, n: usize) -> bool {
         self.send_queue
             .iter()
-            .filter(|m| {
-                m.sock.is_none()
-                    && m.hdr.sport == 0
-                    && m.hdr.dport == dport
-                    && m.payload.is_empty()
-                    && !m.flags.retransmitted
-                    && !m.flags.flush
-            })
+            .filter(|m| m.is_pong() && m.hdr.dport == dport && !m.flags.retransmitted && !m.flags.flush)
             .nth(n.saturating_sub(1))
             .is_some()
     }
