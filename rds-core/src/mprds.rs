@@ -64,8 +64,11 @@ impl Node {
             self.maybe_probe(conn);
         }
         let backlog = self.sock(s).map_or(0, |k| k.lane0_count(conn));
-        // The lane it had before the count became unknown again, if any.
-        let before = self.sock(s).and_then(|k| k.lanes.get(&conn).copied()).filter(|&l| l != PORT_LANE);
+        // The lane it had before the count became unknown again, if any
+        // (looked up only while the count is unknown).
+        let unknown = self.conn(conn).npaths == 0;
+        let before =
+            self.sock(s).filter(|_| unknown).and_then(|k| k.lanes.get(&conn).copied()).filter(|&l| l != PORT_LANE);
         let lane = self.take_lane(s, conn, port);
         self.conn(conn).select_path(s, lane, backlog, before.map(usize::from))
     }
