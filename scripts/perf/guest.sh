@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs inside one VM rig guest (scripts/perf.sh starts it with vmrig run):
 # two network namespaces joined by veth (netpair), modprobe rds_tcp, then
-# PERF_ROUNDS times (default 2), one after the other in each round:
-#   1. raw TCP with qperf (tcp_lat, tcp_bw),
+# PERF_ROUNDS times (default 3), one after the other in each round:
+#   1. raw TCP with qperf (tcp_lat, tcp_bw) (last in even rounds),
 #   2. ours: the same qperf (rds_lat, rds_bw) with both sides under the
 #      LD_PRELOAD shim, and rds-window (64 B, 16 in flight; and with -p,
 #      one in flight, waiting in poll) the same way,
@@ -10,13 +10,15 @@
 #      RDS-TCP port 16386 (RDS_TCP_PORT) beside the kernel's listener on
 #      16385 in every namespace,
 #   3. the kernel's RDS-TCP with qperf (rds_lat, rds_bw) and rds-window
-#      (both ways);
-# then one more run of each for where the time goes (why_*), and 64 KiB
-# streams with the default and with larger socket buffers (sb_suite).
+#      (both ways) (first in even rounds);
+# then one more run of each for where the time goes (why_*), 64 KiB
+# streams with the default and with larger socket buffers (sb_suite), and
+# ours with cheaper user-space copies (copy_suite).
 # Each round measures the three within a minute or two of each other, so a
 # change in the shared machine's load moves them together (the kernel's
-# rounds used to come after all of ours, minutes later); the report keeps
-# the best figure of each.
+# rounds used to come after all of ours, minutes later); the report shows
+# the best figure of each, and its targets take the median of the rounds'
+# ratios (ours over the baseline of the same round).
 # Usage: guest.sh BIN_DIR [SHIM] (default BIN_DIR/librdspreload.so)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -34,7 +36,7 @@ TOTAL_1K=${PERF_VM_TOTAL_1K:-8388608}
 TOTAL_8K=${PERF_VM_TOTAL_8K:-25165824}
 TOTAL_64K=${PERF_VM_TOTAL_64K:-50331648}
 PREFIX=vm_
-ROUNDS=${PERF_ROUNDS:-2}
+ROUNDS=${PERF_ROUNDS:-3}
 trap cleanup_pids EXIT
 
 netpair up || { echo "perf: netpair failed" >&2; exit 1; }
@@ -44,20 +46,29 @@ modprobe rds_tcp || { echo "perf: modprobe rds_tcp failed" >&2; exit 1; }
 # Ours beside the kernel's RDS-TCP (which listens on 16385 in every
 # namespace once loaded); the kernel's qperf does not read this.
 export RDS_TCP_PORT=16386
-for round in $(seq "$ROUNDS"); do
+raw_part() {
     echo "perf: [vm] round $round: raw TCP (qperf)" >&2
     qperf_suite raw tcp
+}
+kern_part() {
+    echo "perf: [vm] round $round: kernel RDS-TCP (qperf)" >&2
+    qperf_suite kern rds
+    echo "perf: [vm] round $round: kernel RDS-TCP (rds-window, 16 in flight; -p, 1 in flight)" >&2
+    window_run kern
+    window_poll_run kern
+}
+for round in $(seq "$ROUNDS"); do
+    # Ours in the middle; raw TCP first and the kernel last in odd rounds,
+    # the other way round in even ones, so that neither baseline always
+    # runs before ours (the targets take each round's ratio).
+    if [ $((round % 2)) = 1 ]; then raw_part; else kern_part; fi
     echo "perf: [vm] round $round: ours (qperf under the shim)" >&2
     shim_suite
     echo "perf: [vm] round $round: ours (rds-window under the shim, 16 in flight; -p, 1 in flight)" >&2
     shim_window
     echo "perf: [vm] round $round: ours (rds-stress, rds-gen/rds-sink)" >&2
     ours_suite
-    echo "perf: [vm] round $round: kernel RDS-TCP (qperf)" >&2
-    qperf_suite kern rds
-    echo "perf: [vm] round $round: kernel RDS-TCP (rds-window, 16 in flight; -p, 1 in flight)" >&2
-    window_run kern
-    window_poll_run kern
+    if [ $((round % 2)) = 1 ]; then kern_part; else raw_part; fi
 done
 # Why the latencies differ: guest idle share, CPU time and context
 # switches per round trip of raw TCP, ours under the shim, then the kernel.
@@ -88,5 +99,11 @@ if [ -f "$SHIM" ]; then
     under_shim sb_suite shim
 fi
 sb_suite kern
+# What our user-space copies cost: ours with glibc's memcpy kept off
+# `rep movsb` (copy_suite).
+if [ -f "$SHIM" ]; then
+    echo "perf: [vm] what our user-space copies cost (glibc's rep_movsb_threshold)" >&2
+    under_shim copy_suite
+fi
 netpair down
 echo "R vm_done 1"

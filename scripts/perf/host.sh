@@ -3,7 +3,7 @@
 # qperf under the LD_PRELOAD shim, then our tools)
 # against raw TCP with qperf on 127.0.0.1 when qperf is installed. perf.sh
 # runs it inside a private network namespace (unshare -n) when it can.
-# PERF_ROUNDS times (default 2); the report keeps the best figure of each.
+# PERF_ROUNDS times (default 3); the report keeps the best figure of each.
 # Usage: host.sh BIN_DIR [SHIM] (default BIN_DIR/librdspreload.so)
 set -uo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -21,7 +21,7 @@ TOTAL_1K=${PERF_HOST_TOTAL_1K:-268435456}
 TOTAL_8K=${PERF_HOST_TOTAL_8K:-536870912}
 TOTAL_64K=${PERF_HOST_TOTAL_64K:-1073741824}
 PREFIX=host_
-ROUNDS=${PERF_ROUNDS:-2}
+ROUNDS=${PERF_ROUNDS:-3}
 trap cleanup_pids EXIT
 
 ip link set lo up 2>/dev/null || true
