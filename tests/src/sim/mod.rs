@@ -15,7 +15,9 @@
 //!
 //! `cargo run --release -p rds-tests --bin rds-sim -- --seeds 10000` runs
 //! seeds 0..10000; a failure prints its seed and the command that replays
-//! it with a trace of every event (`--replay SEED -v`).
+//! it with a trace of every event (`--replay SEED -v`). The test suite
+//! (`tests/tests/sim.rs`) runs those and 5,000 more from a window the
+//! commit's hash chooses, other seeds at every commit.
 //!
 //! ## The model
 //!
