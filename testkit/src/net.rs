@@ -371,12 +371,40 @@ impl Net {
         }
     }
 
-    /// Breaks every link of node `i`.
+    /// Node `i` shut its path down: a link breaks ([`Net::cut`]); a connect
+    /// the acceptor deferred is given up, and the path reported down as a
+    /// transport does when it closes a connection still connecting (the
+    /// path would otherwise wait for the end of a connection it never had).
+    fn give_up(&mut self, i: usize, path: PathInfo) {
+        if self.links.contains_key(&(i, path.id)) {
+            self.cut(i, path.id);
+            return;
+        }
+        let before = self.deferred.len();
+        self.deferred.retain(|(n, d)| !(*n == i && d.id == path.id && d.inst == path.inst));
+        if self.deferred.len() < before {
+            let now = self.now;
+            self.nodes[i].path_down(path.id, path.inst, DownReason::ShutdownDone, now);
+        }
+    }
+
+    /// Breaks every connection of node `i`: its links, and the connects
+    /// from it or to it that an acceptor deferred (each reported down to
+    /// the node that connected, as its transport sees the connection
+    /// close).
     pub fn cut_all(&mut self, i: usize) {
         let mut ps: Vec<PathId> = self.links.keys().filter(|(n, _)| *n == i).map(|(_, p)| *p).collect();
         ps.sort();
         for p in ps {
             self.cut(i, p);
+        }
+        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.deferred)
+            .into_iter()
+            .partition(|&(n, info)| n == i || self.node_of(info.faddr) == i);
+        self.deferred = kept;
+        let now = self.now;
+        for (n, info) in gone {
+            self.nodes[n].path_down(info.id, info.inst, DownReason::Closed, now);
         }
     }
 
@@ -456,7 +484,7 @@ impl Dispatch for At<'_> {
 
     fn shutdown(&mut self, path: PathInfo) -> Result<(), Infallible> {
         self.net.shutdowns.push((self.i, path));
-        self.net.cut(self.i, path.id);
+        self.net.give_up(self.i, path);
         Ok(())
     }
 
