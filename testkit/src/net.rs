@@ -503,3 +503,40 @@ impl Dispatch for At<'_> {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Node 0's path 1 connects while its path 0 sends nothing: node 1
+    /// defers the connect until it hears node 0's probe on path 0.
+    fn deferred_path_1() -> (Net, PathId) {
+        let mut net = Net::new(2);
+        let a = net.bound(0, 5001);
+        net.bound(1, 4000);
+        net.frozen.insert((0, 0));
+        net.send(0, a, sa(2, 4000), b"m1").unwrap();
+        net.run();
+        let p1 = net.path(0, 1, 1);
+        assert!(net.deferred.iter().any(|&(n, info)| n == 0 && info.id == p1), "{:?}", net.deferred);
+        (net, p1)
+    }
+
+    #[test]
+    fn cutting_every_connection_ends_a_deferred_connect() {
+        let (mut net, p1) = deferred_path_1();
+        net.cut_all(0);
+        assert!(net.deferred.is_empty(), "{:?}", net.deferred);
+        assert_ne!(net.nodes[0].path_state(p1), Some(PathState::Disconnecting));
+    }
+
+    #[test]
+    fn shutting_a_deferred_connect_down_reports_it_down() {
+        let (mut net, p1) = deferred_path_1();
+        net.nodes[0].reset_path(p1);
+        net.run();
+        assert_eq!(net.shutdowns.iter().filter(|(n, info)| *n == 0 && info.id == p1).count(), 1);
+        assert!(!net.deferred.iter().any(|&(n, info)| n == 0 && info.id == p1 && info.inst == 1), "{:?}", net.deferred);
+        assert_ne!(net.nodes[0].path_state(p1), Some(PathState::Disconnecting));
+    }
+}
