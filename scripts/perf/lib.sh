@@ -58,7 +58,12 @@ qperf_run() {
         fi
         echo "perf: qperf $test -m $size failed (attempt $try: $(echo "$out" | tr '\n' ' '))" >&2
         if [ "$try" = 3 ]; then
-            echo "R ${PREFIX}${key} FAILED"
+            # Under the keys a success prints, so that the rounds' values
+            # of each key stay one per round (report.py pairs them).
+            case $test in
+                *_lat) echo "R ${PREFIX}${key}_lat FAILED" ;;
+                *) echo "R ${PREFIX}${key}_bw FAILED"; echo "R ${PREFIX}${key}_rate FAILED" ;;
+            esac
             return 0
         fi
         sleep 2
@@ -145,7 +150,8 @@ window_run() {
             print "R " k "_rate " r " msg/s"; print "R " k "_rtt " t " us" }'
     else
         echo "perf: rds-window $flag ($kind) failed: $(echo "$out" | tr '\n' ' ')" >&2
-        echo "R ${PREFIX}${kind}_64_${key} FAILED"
+        echo "R ${PREFIX}${kind}_64_${key}_rate FAILED"
+        echo "R ${PREFIX}${kind}_64_${key}_rtt FAILED"
     fi
     kill "$srv" 2>/dev/null
     wait "$srv" 2>/dev/null

@@ -42,9 +42,10 @@ def num(vals, key, kind):
 
 def paired(vals, a, b, kind):
     """The ratio a / b of each round in which both were measured: the
-    rounds print every key once each, FAILED when a run failed, so the
-    i-th values of two keys come from the same round. [] when the keys do
-    not have a value per round each (a run that printed nothing)."""
+    rounds print every key once each (a run that failed prints FAILED
+    under its keys), so the i-th values of two keys come from the same
+    round. [] when the keys do not have a value per round each (a run
+    whose output held no figure prints nothing)."""
     xa, xb = vals.get(a, []), vals.get(b, [])
     if not xa or len(xa) != len(xb):
         return []
@@ -268,7 +269,7 @@ def main():
             how = (f"the median of the rounds' ratios ({', '.join(f'{x:.2f}' for x in rs)}); "
                    f"best against best {fr(best)}")
         else:
-            r, how = best, "best against best (no round measured both)"
+            r, how = best, "best against best (the rounds' figures could not be paired)"
         if r is None:
             w(f"- [ ] {text}: not measured")
             return
