@@ -41,7 +41,7 @@ fn two_unacked_on_lane_1(cfg0: NodeConfig, cfg1: NodeConfig) -> (Net, SockId, So
     net.send(0, a, sa(2, 4000), b"old-1").unwrap();
     net.send(0, a, sa(2, 4000), b"old-2").unwrap();
     net.run();
-    assert!(net.data_sent_by(0).iter().filter(|m| m.header.sport == 5001).all(|m| m.path.index == 1));
+    assert!(net.lanes_of(0, 5001).iter().all(|&l| l == 1));
     assert_eq!(net.drain_payloads(1, b), [b"old-1".to_vec(), b"old-2".to_vec()]);
     assert_eq!(net.nodes[0].snd_bytes(a), 10);
     net.hold_acks = false;

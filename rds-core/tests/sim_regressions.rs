@@ -32,8 +32,7 @@ fn messages_keep_their_lane_while_the_path_count_is_renegotiated() {
     net.advance(0);
     net.run();
     assert_eq!(net.drain_payloads(1, b), [b"m1".to_vec(), b"m2".to_vec()]);
-    let lanes: Vec<u8> = net.data_sent_by(0).iter().filter(|m| m.header.sport == 5001).map(|m| m.path.index).collect();
-    assert_eq!(lanes, [0, 1, 1], "hello before the handshake on path 0, then m1 and m2 on path 1");
+    assert_eq!(net.lanes_of(0, 5001), [0, 1, 1], "hello before the handshake on path 0, then m1 and m2 on path 1");
 }
 
 /// rds-sim seed 652995: as above, but m1 was acked before every path went
@@ -58,8 +57,7 @@ fn a_socket_keeps_its_lane_through_a_renegotiation_after_its_messages_were_acked
     net.advance(0);
     net.run();
     assert_eq!(net.drain_payloads(1, b), [b"m2".to_vec()]);
-    let lanes: Vec<u8> = net.data_sent_by(0).iter().filter(|m| m.header.sport == 5001).map(|m| m.path.index).collect();
-    assert_eq!(lanes, [0, 1, 1], "m2 went on path 0 while the count was unknown");
+    assert_eq!(net.lanes_of(0, 5001), [0, 1, 1], "m2 went on path 0 while the count was unknown");
 }
 
 /// rds-sim seed 642074: the lane kept through a renegotiation (above) is
@@ -96,8 +94,7 @@ fn a_lane_kept_through_a_renegotiation_still_waits_for_path_0() {
         net.run();
     }
     assert_eq!(net.drain_payloads(1, b), [b"m1".to_vec(), b"m2".to_vec()]);
-    let lanes: Vec<u8> = net.data_sent_by(0).iter().filter(|m| m.header.sport == 5001).map(|m| m.path.index).collect();
-    assert_eq!(lanes, [0, 1]);
+    assert_eq!(net.lanes_of(0, 5001), [0, 1]);
 }
 
 /// rds-sim seed 15: when a new generation number arrived on a live path,

@@ -380,11 +380,18 @@ impl Net {
             self.cut(i, path.id);
             return;
         }
-        let before = self.deferred.len();
-        self.deferred.retain(|(n, d)| !(*n == i && d.id == path.id && d.inst == path.inst));
-        if self.deferred.len() < before {
-            let now = self.now;
-            self.nodes[i].path_down(path.id, path.inst, DownReason::ShutdownDone, now);
+        self.end_deferred(DownReason::ShutdownDone, |n, d| n == i && d.id == path.id && d.inst == path.inst);
+    }
+
+    /// Ends the deferred connects `which` picks: each is reported down
+    /// (`reason`) to the node that connected.
+    fn end_deferred(&mut self, reason: DownReason, which: impl Fn(usize, &PathInfo) -> bool) {
+        let (gone, kept): (Vec<_>, Vec<_>) =
+            std::mem::take(&mut self.deferred).into_iter().partition(|(n, d)| which(*n, d));
+        self.deferred = kept;
+        let now = self.now;
+        for (n, d) in gone {
+            self.nodes[n].path_down(d.id, d.inst, reason, now);
         }
     }
 
@@ -398,14 +405,8 @@ impl Net {
         for p in ps {
             self.cut(i, p);
         }
-        let (gone, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut self.deferred)
-            .into_iter()
-            .partition(|&(n, info)| n == i || self.node_of(info.faddr) == i);
-        self.deferred = kept;
-        let now = self.now;
-        for (n, info) in gone {
-            self.nodes[n].path_down(info.id, info.inst, DownReason::Closed, now);
-        }
+        let addr = self.addrs[i];
+        self.end_deferred(DownReason::Closed, |n, d| n == i || d.faddr == addr);
     }
 
     /// Node `j` restarts as a new instance with `cfg`: its links die (the
@@ -442,6 +443,12 @@ impl Net {
             .filter(|m| m.from == from && m.header.kind() == wire::Kind::Data && m.header.sport != 0)
             .cloned()
             .collect()
+    }
+
+    /// The path (lane) of each data message node `from` sent from port
+    /// `sport`, in order.
+    pub fn lanes_of(&self, from: usize, sport: u16) -> Vec<u8> {
+        self.data_sent_by(from).iter().filter(|m| m.header.sport == sport).map(|m| m.path.index).collect()
     }
 
     pub fn conn(&self, i: usize, peer: usize) -> ConnId {
