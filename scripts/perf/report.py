@@ -40,6 +40,20 @@ def num(vals, key, kind):
     return min(xs) if kind == "lat" else max(xs)
 
 
+def row_keys(p):
+    """The rows issue 14's targets are on, in the tables' order, each with
+    the keys of its figures (prefix `p`): ours (qperf, or rds-window for
+    the message rate, under the shim), the kernel's, raw TCP's (None: no
+    raw TCP run), and their kind."""
+    keys = {f"bandwidth {label}": (f"{p}shim_{size}_bw", f"{p}kern_{size}_bw", f"{p}raw_{size}_bw", "bw")
+            for size, label in ((1024, "1 KiB"), (8192, "8 KiB"), (65536, "64 KiB"))}
+    keys["one-way latency 64 B"] = (f"{p}shim_64_lat", f"{p}kern_64_lat", f"{p}raw_64_lat", "lat")
+    # Issue 14's definition: 16 in flight, each answered (rds-window on
+    # the kernel's AF_RDS and on ours under the shim; no raw TCP run).
+    keys["message rate 64 B, 16 in flight"] = (f"{p}shim_64_w16_rate", f"{p}kern_64_w16_rate", None, "rate")
+    return keys
+
+
 def paired(vals, a, b, kind):
     """The ratio a / b of each round in which both were measured: the
     rounds print every key once each (a run that failed prints FAILED
@@ -125,17 +139,14 @@ def main():
             ours, which = (shim, "qperf") if shim is not None else (tools, "tools")
             rows.append((name, kind, raw, kern if with_kernel else None, ours, tools, which))
 
-        for size, label in ((1024, "1 KiB"), (8192, "8 KiB"), (65536, "64 KiB")):
-            row(f"bandwidth {label}", "bw", num(vals, f"{p}raw_{size}_bw", "bw"),
-                num(vals, f"{p}kern_{size}_bw", "bw"), num(vals, f"{p}shim_{size}_bw", "bw"),
-                num(vals, f"{p}ours_{size}_bw", "bw"))
         rtt = num(vals, f"{p}ours_64_d1_rtt", "lat")
-        row("one-way latency 64 B", "lat", num(vals, f"{p}raw_64_lat", "lat"), num(vals, f"{p}kern_64_lat", "lat"),
-            num(vals, f"{p}shim_64_lat", "lat"), None if rtt is None else rtt / 2)
-        # Issue 14's definition: 16 in flight, each answered (rds-window on
-        # the kernel's AF_RDS and on ours under the shim; no raw TCP run).
-        row("message rate 64 B, 16 in flight", "rate", None, num(vals, f"{p}kern_64_w16_rate", "rate"),
-            num(vals, f"{p}shim_64_w16_rate", "rate"), num(vals, f"{p}ours_64_d16_rate", "rate"))
+        tools = {"bandwidth 1 KiB": num(vals, f"{p}ours_1024_bw", "bw"),
+                 "bandwidth 8 KiB": num(vals, f"{p}ours_8192_bw", "bw"),
+                 "bandwidth 64 KiB": num(vals, f"{p}ours_65536_bw", "bw"),
+                 "one-way latency 64 B": None if rtt is None else rtt / 2,
+                 "message rate 64 B, 16 in flight": num(vals, f"{p}ours_64_d16_rate", "rate")}
+        for name, (ko, kk, kr, kind) in row_keys(p).items():
+            row(name, kind, kr and num(vals, kr, kind), num(vals, kk, kind), num(vals, ko, kind), tools[name])
         # A program that waits in poll and receives with MSG_DONTWAIT
         # (rds-window -p, one in flight; the kernel's AF_RDS and ours under
         # the shim): round trip / 2.
@@ -251,13 +262,7 @@ def main():
     w("")
     by = {r[0]: r for r in vrows}
 
-    # The keys of the rounds' figures behind each target's row: ours
-    # (qperf or rds-window under the shim), the kernel's, raw TCP's.
-    keys = {"bandwidth 1 KiB": ("vm_shim_1024_bw", "vm_kern_1024_bw", "vm_raw_1024_bw", "bw"),
-            "bandwidth 8 KiB": ("vm_shim_8192_bw", "vm_kern_8192_bw", "vm_raw_8192_bw", "bw"),
-            "bandwidth 64 KiB": ("vm_shim_65536_bw", "vm_kern_65536_bw", "vm_raw_65536_bw", "bw"),
-            "one-way latency 64 B": ("vm_shim_64_lat", "vm_kern_64_lat", "vm_raw_64_lat", "lat"),
-            "message rate 64 B, 16 in flight": ("vm_shim_64_w16_rate", "vm_kern_64_w16_rate", None, "rate")}
+    keys = row_keys("vm_")
 
     def target(text, row, base, cmp, bound):
         _n, _k, raw, kern, ours, _tools, which = by[row]
