@@ -5,7 +5,9 @@
 //! from sockets, events from the transports (which run their own reactor
 //! threads), and a timer thread for reconnect backoff. Every call into the
 //! node drains its outputs while holding the lock and dispatches them after
-//! releasing it, so no system call ever runs under the node lock.
+//! releasing it, so no system call ever runs under the node lock. How
+//! often that lock was found held, and how long its takers waited, are
+//! counted ([`Engine::node_lock_stats`]).
 
 use std::convert::Infallible;
 use std::io;
@@ -203,8 +205,30 @@ enum Work {
     Wake(Arc<SockShared>, u64, bool, bool),
 }
 
+/// How the node lock was taken ([`Engine::node_lock_stats`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NodeLockStats {
+    /// Every acquisition.
+    pub taken: u64,
+    /// Acquisitions that found the lock held by another thread and waited.
+    pub waited: u64,
+    /// The time those waited, summed, in microseconds.
+    pub wait_us: u64,
+}
+
+/// [`NodeLockStats`] as they are counted: an uncontended acquisition adds
+/// one relaxed increment and reads no clock (a clock read is a system call
+/// where the clock source has no vDSO read); only one that waits reads it.
+#[derive(Default)]
+struct LockCounts {
+    taken: AtomicU64,
+    waited: AtomicU64,
+    wait_ns: AtomicU64,
+}
+
 pub(crate) struct Inner {
     state: Mutex<State>,
+    lock_counts: LockCounts,
     timer_cond: Condvar,
     socks: RwLock<rds_core::types::FastMap<SockId, Arc<SockShared>>>,
     tcp: Arc<TcpTransport>,
@@ -227,13 +251,37 @@ thread_local! {
 }
 
 impl Inner {
+    /// Takes the node lock, counting the acquisition and, when another
+    /// thread held it, the wait ([`LockCounts`]).
+    fn lock_state(&self) -> parking_lot::MutexGuard<'_, State> {
+        let c = &self.lock_counts;
+        c.taken.fetch_add(1, Ordering::Relaxed);
+        if let Some(g) = self.state.try_lock() {
+            return g;
+        }
+        let t0 = Instant::now();
+        let g = self.state.lock();
+        c.waited.fetch_add(1, Ordering::Relaxed);
+        c.wait_ns.fetch_add(t0.elapsed().as_nanos().try_into().unwrap_or(u64::MAX), Ordering::Relaxed);
+        g
+    }
+
+    fn lock_stats(&self) -> NodeLockStats {
+        let c = &self.lock_counts;
+        NodeLockStats {
+            taken: c.taken.load(Ordering::Relaxed),
+            waited: c.waited.load(Ordering::Relaxed),
+            wait_us: c.wait_ns.load(Ordering::Relaxed) / 1000,
+        }
+    }
+
     /// Runs `f` on the node, then dispatches what it asked for.
     pub(crate) fn run<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R {
         // `try_with`: a thread's held kicks are written by a destructor at
         // its end (`crate::batch`), when this one may be gone.
         let mut work = WORK.try_with(|w| std::mem::take(&mut *w.borrow_mut())).unwrap_or_default();
         let r = {
-            let mut st = self.state.lock();
+            let mut st = self.lock_state();
             let r = f(&mut st.node);
             self.collect(&mut st, &mut work);
             r
@@ -321,7 +369,7 @@ impl Inner {
     fn timer_loop(self: Arc<Self>) {
         loop {
             self.run(|n| n.handle_timeout(Instant::now()));
-            let mut st = self.state.lock();
+            let mut st = self.lock_state();
             if st.stopped {
                 return;
             }
@@ -343,7 +391,7 @@ impl Inner {
     /// ([`SockShared::deferred`]).
     pub(crate) fn refresh_fd(&self, sh: &SockShared, s: SockId) {
         let (seq, r) = {
-            let mut st = self.state.lock();
+            let mut st = self.lock_state();
             st.seq += 1;
             (st.seq, st.node.readiness(s))
         };
@@ -464,6 +512,7 @@ impl Engine {
         }
         let inner = Arc::new(Inner {
             state: Mutex::new(State { node, seq: 0, timer_deadline: None, stopped: false }),
+            lock_counts: LockCounts::default(),
             timer_cond: Condvar::new(),
             socks: RwLock::new(Default::default()),
             tcp,
@@ -611,7 +660,7 @@ impl Engine {
         }
         let unsent = self.inner.run(|n| n.unsent());
         {
-            let mut st = self.inner.state.lock();
+            let mut st = self.inner.lock_state();
             st.stopped = true;
             self.inner.timer_cond.notify_all();
         }
@@ -630,7 +679,16 @@ impl Engine {
     }
 
     pub(crate) fn is_stopped(&self) -> bool {
-        self.inner.state.lock().stopped
+        self.inner.lock_state().stopped
+    }
+
+    /// How the node lock has been taken since the engine started: every
+    /// call into the node (a socket's send or receive, a transport's event,
+    /// the timer) takes it once. The share that waited, and how long, tell
+    /// whether the one lock serialises this node's load (also in
+    /// [`Engine::counters`] as `engine_node_lock_*`).
+    pub fn node_lock_stats(&self) -> NodeLockStats {
+        self.inner.lock_stats()
     }
 }
 

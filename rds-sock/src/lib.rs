@@ -72,7 +72,9 @@ mod readiness;
 mod socket;
 mod wait;
 
-pub use engine::{ENV_IB_PSK_TCP, Engine, EngineConfig, RESERVED_FDS, ShutdownReport, nofile_limit, peers_for_fds};
+pub use engine::{
+    ENV_IB_PSK_TCP, Engine, EngineConfig, NodeLockStats, RESERVED_FDS, ShutdownReport, nofile_limit, peers_for_fds,
+};
 pub use rds_core::{
     Errno, HandshakeExts, NodeConfig, Payload, RdmaBuf, RdmaOp, RdmaSeg, Readiness, SockOpt, TransportKind,
 };

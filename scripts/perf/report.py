@@ -757,6 +757,31 @@ def scale_checks(sc):
     return out
 
 
+def node_lock_note(sc, peers):
+    """What the node-lock counts of the scale runs say."""
+    def share(k):
+        xs = [pct(v) for v, _ in sc.get(k, [])]
+        xs = [x for x in xs if x is not None]
+        return f"{max(xs):.2f}%" if xs else "?"
+    cores = first(sc, "scale_mp8_cores")
+    return (
+        "The node lock. An engine keeps its node (connections, sockets, congestion map, "
+        "timers) behind one lock, which every call into the node takes once: a socket's "
+        "send or receive, a transport's event, the timer (`rds_sock::Engine`; issue 14's "
+        "item 1 asks for per-connection locks instead, and they are not built). Counted "
+        "here (`Engine::node_lock_stats`; `rds-info -c`: `engine_node_lock_*`): at most "
+        f"{share('scale_bw_1_server_lock_waited')} of the serving node's acquisitions in a "
+        f"round with one peer found it held, {share('scale_bw_n_server_lock_waited')} with "
+        f"{peers}; in the 8-path run {share('scale_mp8_client_lock_waited')} of the sending "
+        "node's (8 sending threads and 2 reactors on one lock) and "
+        f"{share('scale_mp8_server_lock_waited')} of the serving node's. The summed wait is "
+        "large where threads outnumber the 2 cores: a thread that sleeps on the lock then "
+        "also waits for a core, and its wait counts both. Yet the two nodes of the 8-path "
+        f"run kept {cores} of the 2 cores busy: waiting on the lock did not leave a core "
+        "idle on this machine. Whether the one lock bounds a node on more cores is not "
+        "measured here.")
+
+
 def scale_section(w, sc, meta):
     w("## Scale (host loopback)")
     w("")
@@ -829,6 +854,10 @@ def scale_section(w, sc, meta):
     w(f"| sends left to a batched write (`tcp_tx_coalesced` of the active peers), per round, "
       f"1 peer / {peers} peers | "
       f"{cpus('scale_bw_1_coalesced')} / {cpus('scale_bw_n_coalesced')} |")
+    w(f"| the serving node's node lock: acquisitions that found it held, per round, 1 peer / {peers} peers | "
+      f"{cpus('scale_bw_1_server_lock_waited')} / {cpus('scale_bw_n_server_lock_waited')} |")
+    w(f"| their summed wait, ms per second of the round, 1 peer / {peers} peers | "
+      f"{cpus('scale_bw_1_server_lock_wait', '')} / {cpus('scale_bw_n_server_lock_wait', '')} |")
     w(f"| rounds (each figure the best; measured throughput of every round, 1 / {peers}) | "
       f"{len(sc.get('scale_bw_1', []))}: "
       f"{', '.join(fmt(one(v, u, 'bw'), 'bw') for v, u in sc.get('scale_bw_1', []))} / "
@@ -864,12 +893,18 @@ def scale_section(w, sc, meta):
                              ("sending node's CPU", "client_cpu", "raw"),
                              ("its 8 sending threads (%)", "client_senders", "raw"),
                              ("its reactor threads", "client_tasks", "raw"),
+                             ("sending node's node lock: acquisitions / share that found it held / "
+                              "summed wait", "client_lock", None),
+                             ("serving node's node lock: the same", "server_lock", None),
                              ("messages sent / received / dups / gaps", "msgs", None)):
         cells = []
         for np in (8, 1):
             k = f"scale_mp{np}_"
             if key is None and label.startswith("paths"):
                 cells.append(f"{first(sc, k + 'npaths')} / {first(sc, k + 'tcp_conns')}")
+            elif key in ("client_lock", "server_lock"):
+                cells.append(" / ".join(" ".join(x for x in sc.get(k + key + sfx, [("?", "")])[0] if x)
+                                        for sfx in ("_taken", "_waited", "_wait")))
             elif key == "msgs":
                 cells.append(" / ".join(first(sc, k + x) for x in
                                         ("msgs_sent", "msgs_received", "dups", "gaps")))
@@ -888,7 +923,7 @@ def scale_section(w, sc, meta):
         w(f"- [{'x' if state == 'met' else ' '}] {text}: {detail} ({state})")
     w("")
     checks = {t.split(":")[0].split(" (")[0]: st for t, st, _ in scale_checks(sc)}
-    notes = []
+    notes = [node_lock_note(sc, peers)]
     if any(st == "not met" and t.startswith("aggregate") for t, st in checks.items()):
         def rounds(k):
             """Every round's figure of `k` that parses, as numbers."""

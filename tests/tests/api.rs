@@ -61,6 +61,61 @@ fn loopback_between_addresses_of_one_node_never_touches_tcp() {
 }
 
 #[test]
+fn the_node_lock_counts_every_call_and_the_waits_behind_another() {
+    let ip = addr_block(43);
+    let e = engine();
+    let a = e.socket().unwrap();
+    a.bind(sa(ip(1), 4003)).unwrap();
+    // Loopback: no transport thread takes the lock beside these calls.
+    let s0 = e.node_lock_stats();
+    for i in 0..50u32 {
+        a.send_to(&i.to_le_bytes(), sa(ip(1), 4003)).unwrap();
+    }
+    let mut buf = [0u8; 8];
+    for i in 0..50u32 {
+        let (n, _) = a.recv_from(&mut buf).unwrap();
+        assert_eq!(&buf[..n], &i.to_le_bytes()[..]);
+    }
+    let s1 = e.node_lock_stats();
+    assert!(s1.taken >= s0.taken + 100, "a send and a receive take it once each at least: {s0:?} -> {s1:?}");
+    // One thread holds the lock until another has asked for it (its
+    // attempt counted), then 200 ms more: the other waited, and says so.
+    // Without the count of waits, or with a clock read only after the
+    // lock was taken, this fails.
+    let er = &e;
+    let held = std::thread::scope(|sc| {
+        let (tx, rx) = std::sync::mpsc::channel();
+        let holder = sc.spawn(move || {
+            er.with_node(move |_| {
+                let mine = er.node_lock_stats().taken;
+                tx.send(()).unwrap();
+                let t0 = std::time::Instant::now();
+                while er.node_lock_stats().taken == mine {
+                    assert!(t0.elapsed() < Duration::from_secs(10), "the other thread never asked");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                std::thread::sleep(Duration::from_millis(200));
+            })
+        });
+        rx.recv().unwrap();
+        let before = e.node_lock_stats();
+        e.with_node(|_| ());
+        holder.join().unwrap();
+        (before, e.node_lock_stats())
+    });
+    let (before, after) = held;
+    // (The engine's timer thread may have waited too.)
+    assert!(after.waited > before.waited, "{before:?} -> {after:?}");
+    assert!(after.wait_us >= before.wait_us + 100_000, "{before:?} -> {after:?}");
+    assert!(after.waited <= after.taken);
+    let c = e.counters();
+    let get = |k: &str| c.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
+    assert!(get("engine_node_lock_taken") >= Some(after.taken), "{c:?}");
+    assert_eq!(get("engine_node_lock_waited"), Some(after.waited));
+    assert!(get("engine_node_lock_wait_us") >= Some(after.wait_us));
+}
+
+#[test]
 fn shutdown_reports_what_was_never_delivered() {
     let ip = addr_block(43);
     let e = engine();

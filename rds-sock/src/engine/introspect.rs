@@ -16,16 +16,30 @@ impl Engine {
     }
 
     /// Counters as `RDS_INFO_COUNTERS` (and `rds-info -c`) list them: the
-    /// kernel's core counters, the TCP transport's, then our own.
+    /// kernel's core counters, the TCP transport's, then our own: the
+    /// core's, the transports', and the engine's node lock
+    /// ([`Engine::node_lock_stats`]).
     pub fn counters(&self) -> Vec<(String, u64)> {
         let core = self.inner.run(|n| n.counters().clone());
+        rds_core::info::counters_in_kernel_order(&core, &self.outer_counters())
+    }
+
+    /// The counters kept outside the node: the transports' and the
+    /// engine's own.
+    fn outer_counters(&self) -> Vec<(&'static str, u64)> {
         #[allow(unused_mut)]
-        let mut transport = self.inner.tcp.counters();
+        let mut c = self.inner.tcp.counters();
         #[cfg(feature = "ib")]
         if let Some(ib) = &self.inner.ib {
-            transport.extend(ib.counters());
+            c.extend(ib.counters());
         }
-        rds_core::info::counters_in_kernel_order(&core, &transport)
+        let l = self.node_lock_stats();
+        c.extend([
+            ("engine_node_lock_taken", l.taken),
+            ("engine_node_lock_waited", l.waited),
+            ("engine_node_lock_wait_us", l.wait_us),
+        ]);
+        c
     }
 
     /// Fault injection (tests, operators): cuts the TCP connection of a
@@ -91,7 +105,7 @@ impl Engine {
         });
         let tcp = self.inner.tcp.conn_info();
         mark_sending(&mut connections, &tcp);
-        let counters = rds_core::info::counters_in_kernel_order(&core, &self.inner.tcp.counters());
+        let counters = rds_core::info::counters_in_kernel_order(&core, &self.outer_counters());
         Snapshot { node, counters, connections, sockets, send, retrans, recv, tcp }
     }
 

@@ -75,6 +75,28 @@ const QUIT: u8 = b'Q';
 /// The serving node's answer to a stat request: `key=value` words.
 pub type Stat = HashMap<String, String>;
 
+/// How a node lock was taken between two looks ([`rds_sock::NodeLockStats`]):
+/// `R {key}_lock_waited` (the share of the acquisitions that found it held,
+/// percent) and `R {key}_lock_wait` (their summed wait per second of
+/// `wall_ms`, in ms: 1000 is a thread's whole time).
+pub fn print_lock(key: &str, before: rds_sock::NodeLockStats, after: rds_sock::NodeLockStats, wall_ms: u64) {
+    let taken = after.taken.saturating_sub(before.taken);
+    let waited = after.waited.saturating_sub(before.waited);
+    let wait_us = after.wait_us.saturating_sub(before.wait_us);
+    println!("R {key}_lock_taken {taken}");
+    println!("R {key}_lock_waited {:.2} %", waited as f64 * 100.0 / taken.max(1) as f64);
+    println!("R {key}_lock_wait {:.1} ms/s", wait_us as f64 / wall_ms.max(1) as f64);
+}
+
+/// The serving node's node-lock figures in a stat answer.
+pub fn stat_lock(s: &Stat) -> rds_sock::NodeLockStats {
+    rds_sock::NodeLockStats {
+        taken: stat_u64(s, "lock_taken"),
+        waited: stat_u64(s, "lock_waited"),
+        wait_us: stat_u64(s, "lock_wait_us"),
+    }
+}
+
 pub fn stat_u64(s: &Stat, k: &str) -> u64 {
     s.get(k).and_then(|v| v.parse().ok()).unwrap_or(0)
 }

@@ -55,6 +55,7 @@ pub fn run(args: &rds_tools::Args) -> bool {
     let msgs_before = stat_u64(&before, "msgs");
     let me_before = proc::parse_tasks(&proc::tasks_word());
     let cpu_before = proc::process_cpu_ms();
+    let lock_before = engine.node_lock_stats();
     let t0 = Instant::now();
     let end = t0 + secs;
     // (messages, CPU ms) of each sending thread.
@@ -88,6 +89,7 @@ pub fn run(args: &rds_tools::Args) -> bool {
         }
     }
     let wall_ms = t0.elapsed().as_millis() as u64;
+    let lock_after = engine.node_lock_stats();
     let me_after = proc::parse_tasks(&proc::tasks_word());
     let me_pct = (proc::process_cpu_ms() - cpu_before) as f64 * 100.0 / wall_ms.max(1) as f64;
     let sent: u64 = counts.iter().map(|c| c.0).sum();
@@ -129,6 +131,10 @@ pub fn run(args: &rds_tools::Args) -> bool {
     println!("R {k}_server_tasks {srv_words}");
     println!("R {k}_client_tasks {me_words}");
     println!("R {k}_client_senders {}", tx_pct.join("/"));
+    // The node locks: this node's (its sending threads and reactors) over
+    // the sends, the serving node's between the two stat answers.
+    crate::print_lock(&format!("{k}_client"), lock_before, lock_after, wall_ms);
+    crate::print_lock(&format!("{k}_server"), crate::stat_lock(&before), crate::stat_lock(&after), wall_ms);
     println!("R {k}_msgs_sent {sent}");
     println!("R {k}_msgs_received {got}");
     println!("R {k}_dups {dups}");

@@ -163,13 +163,15 @@ pub fn run(args: &rds_tools::Args) -> bool {
         for active in order {
             let k = if active == 1 { "1" } else { "n" };
             settled(sent);
-            let srv0 = stat_u64(&get("round"), "cpu_ms");
+            let st0 = get("round");
+            let srv0 = stat_u64(&st0, "cpu_ms");
             let (me0, th0) = (crate::proc::process_cpu_ms(), crate::proc::thread_cpu_ms());
             let coalesced0 = coalesced(&peers[..active], shared.as_ref());
             let round = blast(&mut peers[..active], server, size, total, burst, &mut buf);
             let (me1, th1) = (crate::proc::process_cpu_ms(), crate::proc::thread_cpu_ms());
             let coalesced1 = coalesced(&peers[..active], shared.as_ref());
-            let srv1 = stat_u64(&get("round"), "cpu_ms");
+            let st1 = get("round");
+            let srv1 = stat_u64(&st1, "cpu_ms");
             sent += round.msgs;
             let pct = |a: u64, b: u64| b.saturating_sub(a) as f64 * 100.0 / round.wall_ms.max(1) as f64;
             println!("R scale_bw_{k} {:.1} MB/sec", round.mbps);
@@ -188,6 +190,14 @@ pub fn run(args: &rds_tools::Args) -> bool {
             let per_msg = |x: u64| x as f64 / round.msgs.max(1) as f64;
             println!("R scale_bw_{k}_sender_us_per_msg {:.2} us", per_msg(th1.saturating_sub(th0) * 1000));
             println!("R scale_bw_{k}_coalesced {:.0} %", 100.0 * per_msg(coalesced1.saturating_sub(coalesced0)));
+            // The serving node's one node lock, every peer's messages
+            // through it, between the round's two stat answers.
+            crate::print_lock(
+                &format!("scale_bw_{k}_server"),
+                crate::stat_lock(&st0),
+                crate::stat_lock(&st1),
+                round.wall_ms,
+            );
             eprintln!("rds-scale: round {}: {active} active peer(s): {:.1} MB/s", r + 1, round.mbps);
         }
     }

@@ -125,7 +125,8 @@ fn receive(s: &RdsSocket, engine: &Engine, t: &Totals, stop: &AtomicBool) {
 }
 
 /// The stat answer: totals, memory, threads, CPU per thread, connections,
-/// and the messages received on each path of `peer`'s connection.
+/// the messages received on each path of `peer`'s connection, and how the
+/// node lock was taken ([`Engine::node_lock_stats`]).
 fn stat_line(engine: &Engine, t: &Totals, peer: Option<IpAddr>) -> String {
     let conns = engine.connections();
     let paths_up: usize = conns.iter().map(|c| c.paths_up()).sum();
@@ -134,9 +135,10 @@ fn stat_line(engine: &Engine, t: &Totals, peer: Option<IpAddr>) -> String {
         .map(|c| c.paths.iter().map(|p| p.next_rx_seq.to_string()).collect::<Vec<_>>().join("/"))
         .unwrap_or_else(|| "-".into());
     let npaths = peer.and_then(|ip| conns.iter().find(|c| c.faddr == ip)).map_or(0, |c| c.npaths);
+    let lock = engine.node_lock_stats();
     format!(
         "msgs={} bytes={} dups={} gaps={} flows={} rss_kb={} pss_kb={} threads={} tcp_conns={} conns={} paths_up={} \
-         peer_npaths={} peer_path_rx={} cpu_ms={} tasks={}",
+         peer_npaths={} peer_path_rx={} cpu_ms={} tasks={} lock_taken={} lock_waited={} lock_wait_us={}",
         t.msgs.load(Ordering::SeqCst),
         t.bytes.load(Ordering::SeqCst),
         t.dups.load(Ordering::SeqCst),
@@ -151,6 +153,9 @@ fn stat_line(engine: &Engine, t: &Totals, peer: Option<IpAddr>) -> String {
         npaths,
         peer_paths,
         proc::process_cpu_ms(),
-        proc::tasks_word()
+        proc::tasks_word(),
+        lock.taken,
+        lock.waited,
+        lock.wait_us
     )
 }
