@@ -51,7 +51,7 @@ trap cleanup EXIT
 echo "== setup and release build"
 "$here/scripts/setup.sh"
 export PATH="$HOME/.cargo/bin:$PATH"
-cargo build --release -q -p rds-tools --bin rds-gen --bin rds-sink --bin rds-stress --bin rds-scale
+cargo build --release -q -p rds-tools --bin rds-gen --bin rds-sink --bin rds-stress --bin rds-scale --bin rds-info
 # librdspreload.so: ours through the same qperf as the kernel's, built as
 # it is meant to run (the dist profile: Cargo.toml).
 cargo build --profile dist -q -p rds-preload

@@ -376,7 +376,8 @@ why_run() {
 
 # why_window KIND: the same for rds-window's 64 B exchange with 16 in
 # flight (window_run), per answered message; the client runs 6 s, the
-# snapshots 2 s apart in its middle. Keys ${PREFIX}why_w16_KIND_*.
+# snapshots 2 s apart in its middle. Keys ${PREFIX}why_w16_KIND_*; for
+# ours also _locks and _lockwait (window_locks).
 why_window() {
     local kind=$1 key="why_w16_$1" srv client snaps out per hz=100
     [ -x "$BIN/rds-window" ] || return 0
@@ -399,6 +400,52 @@ why_window() {
         return 0
     fi
     why_emit "$key" "$snaps $per $hz"
+    [ "$kind" = shim ] && window_locks "$key"
+    return 0
+}
+
+# window_locks KEY: one more rds-window run (16 in flight), ours: the node-
+# lock counts of both engines (lock_counts) 2 s apart in its middle, apart
+# from the why run (rds-info's own work and time would disturb its
+# figures). Keys ${PREFIX}KEY_locks: acquisitions of the two engines' node
+# locks per answered message (each is delivered twice: the request, then
+# its answer); ${PREFIX}KEY_lockwait: the share that found the lock held.
+window_locks() {
+    local srv client l0 l1
+    [ -x "$BIN/rds-info" ] || return 0
+    "${ON_B[@]}" "$BIN/rds-window" serve "$ADDR_B" 5000 30 &
+    srv=$!
+    PIDS+=("$srv")
+    sleep 1
+    "${ON_A[@]}" "$BIN/rds-window" run "$ADDR_A" 5001 "$ADDR_B" 5000 16 8 >/dev/null 2>&1 &
+    client=$!
+    PIDS+=("$client")
+    sleep 2.5
+    l0=$(lock_counts "$client" "$srv")
+    sleep 2
+    l1=$(lock_counts "$client" "$srv")
+    wait "$client" || true
+    cleanup_pids
+    if [ -n "${l0:-}" ] && [ -n "${l1:-}" ]; then
+        echo "$l0 $l1" | awk -v k="${PREFIX}$1" '{
+            t = $4 - $1; w = $5 - $2; d = $6 - $3
+            if (d > 0 && t > 0) {
+                printf "R %s_locks %.2f /unit\n", k, t / (d / 2)
+                printf "R %s_lockwait %.2f %%\n", k, 100 * w / t
+            }
+        }'
+    fi
+}
+
+# lock_counts PID...: the node-lock counts of our engines in those
+# processes (rds-info -c), summed: "taken waited delivered" (0 0 0
+# without rds-info or an engine).
+lock_counts() {
+    local p
+    for p in "$@"; do
+        [ -x "$BIN/rds-info" ] && "$BIN/rds-info" -c --pid "$p" 2>/dev/null
+    done | awk '$1 == "engine_node_lock_taken" { t += $2 } $1 == "engine_node_lock_waited" { w += $2 }
+        $1 == "recv_delivered" { d += $2 } END { print t + 0, w + 0, d + 0 }'
 }
 
 why_once() {

@@ -693,6 +693,16 @@ def window_why_section(w, vm):
       "message.")
     w("")
     why_table(w, vm, cols, ("rate", "messages answered per second in this run"), "message", "rds-window")
+    locks, wait = num(vm, "vm_why_w16_shim_locks", ""), num(vm, "vm_why_w16_shim_lockwait", "")
+    if locks is not None and wait is not None:
+        w(f"Our two engines took their node locks {locks:.1f} times per answered message in "
+          f"one more such run (`rds-info -c`: `engine_node_lock_taken`, both processes; every call "
+          f"into a node takes its lock once: a send, a receive, a transport's read, write "
+          f"or ack), and {wait:.2f}% of those acquisitions found the lock held by another "
+          + ("thread: the one lock per node does not hold this exchange back"
+             if wait < 1 else "thread: worth a closer look")
+          + " (\"The node lock\" under Scale).")
+        w("")
 
 
 def pct(v):
