@@ -410,7 +410,11 @@ impl Net {
     }
 
     /// Node `j` restarts as a new instance with `cfg`: its links die (the
-    /// peers see the connections close) and it forgets everything.
+    /// peers see the connections close), so do the connects it deferred
+    /// (reported down to their nodes, as [`Net::cut_all`] does) and its own
+    /// deferred connects (the old instance's: nobody is left to tell, and
+    /// offered again they could pass for the new instance's paths), and it
+    /// forgets everything.
     pub fn restart(&mut self, j: usize, cfg: NodeConfig) {
         let mut dead: Vec<(usize, PathId)> = self.links.iter().filter(|(_, l)| l.peer == j).map(|(k, _)| *k).collect();
         dead.sort();
@@ -420,6 +424,9 @@ impl Net {
             self.links.remove(&(j, l.peer_path));
             self.nodes[i].path_down(p, l.inst, DownReason::Closed, now);
         }
+        self.deferred.retain(|(n, _)| *n != j);
+        let addr = self.addrs[j];
+        self.end_deferred(DownReason::Closed, |_, d| d.faddr == addr);
         self.pending_acks.retain(|(n, ..)| *n != j);
         self.nodes[j] = make_node(cfg, self.addrs[j], self.kind);
     }
@@ -535,6 +542,23 @@ mod tests {
         net.cut_all(0);
         assert!(net.deferred.is_empty(), "{:?}", net.deferred);
         assert_ne!(net.nodes[0].path_state(p1), Some(PathState::Disconnecting));
+    }
+
+    #[test]
+    fn a_restart_of_the_acceptor_ends_the_connects_it_deferred() {
+        let (mut net, p1) = deferred_path_1();
+        net.restart(1, config(1));
+        assert!(net.deferred.is_empty(), "{:?}", net.deferred);
+        assert_ne!(net.nodes[0].path_state(p1), Some(PathState::Disconnecting));
+    }
+
+    #[test]
+    fn a_restart_of_the_connector_forgets_its_deferred_connects() {
+        let (mut net, p1) = deferred_path_1();
+        net.restart(0, config(0));
+        assert!(net.deferred.is_empty(), "{:?}", net.deferred);
+        // The new instance has no such path; nothing was reported to it.
+        assert_eq!(net.nodes[0].path_state(p1), None);
     }
 
     #[test]
