@@ -81,7 +81,8 @@ pub(crate) struct SockShared {
     /// itself in a blocking receive, 0 when none: a wake-up it causes for
     /// this socket leaves the descriptor alone (`deferred`), since the
     /// receive that follows takes the message; that receive brings the
-    /// descriptor up to date ([`Inner::refresh_fd`]). A raise and a clear,
+    /// descriptor up to date under its own node call ([`Inner::run_recv`];
+    /// [`Inner::refresh_fd`] when it found nothing). A raise and a clear,
     /// two system calls per message, saved.
     pub(crate) assist_by: AtomicU64,
     pub(crate) deferred: AtomicBool,
@@ -229,6 +230,9 @@ struct LockCounts {
 pub(crate) struct Inner {
     state: Mutex<State>,
     lock_counts: LockCounts,
+    /// `State::stopped`, readable without the node lock: every send and
+    /// receive looks at it ([`Engine::is_stopped`]).
+    stopped: AtomicBool,
     timer_cond: Condvar,
     socks: RwLock<rds_core::types::FastMap<SockId, Arc<SockShared>>>,
     tcp: Arc<TcpTransport>,
@@ -277,6 +281,32 @@ impl Inner {
 
     /// Runs `f` on the node, then dispatches what it asked for.
     pub(crate) fn run<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R {
+        self.run_then(f, |_| ())
+    }
+
+    /// [`Inner::run`] for a receive from socket `s`: when a wake-up left
+    /// its descriptor alone (`SockShared::deferred`: this thread's own
+    /// read delivered the message), brings the descriptor up to date
+    /// after `f`, under the same lock, where [`Inner::refresh_fd`] would
+    /// take it again (a receive that read its connection itself took
+    /// the lock twice).
+    pub(crate) fn run_recv<R>(&self, sh: &SockShared, s: SockId, f: impl FnOnce(&mut Node) -> R) -> R {
+        let mut refresh = None;
+        let r = self.run_then(f, |st| {
+            if sh.deferred.swap(false, Ordering::SeqCst) {
+                st.seq += 1;
+                refresh = Some((st.seq, st.node.readiness(s)));
+            }
+        });
+        if let Some((seq, rd)) = refresh {
+            sh.fd.update(seq, rd.readable, rd.writable);
+        }
+        r
+    }
+
+    /// [`Inner::run`], with `then` run on the state under the same lock
+    /// after the node's outputs were collected.
+    fn run_then<R>(&self, f: impl FnOnce(&mut Node) -> R, then: impl FnOnce(&mut State)) -> R {
         // `try_with`: a thread's held kicks are written by a destructor at
         // its end (`crate::batch`), when this one may be gone.
         let mut work = WORK.try_with(|w| std::mem::take(&mut *w.borrow_mut())).unwrap_or_default();
@@ -284,6 +314,7 @@ impl Inner {
             let mut st = self.lock_state();
             let r = f(&mut st.node);
             self.collect(&mut st, &mut work);
+            then(&mut st);
             r
         };
         self.dispatch(&mut work);
@@ -513,6 +544,7 @@ impl Engine {
         let inner = Arc::new(Inner {
             state: Mutex::new(State { node, seq: 0, timer_deadline: None, stopped: false }),
             lock_counts: LockCounts::default(),
+            stopped: AtomicBool::new(false),
             timer_cond: Condvar::new(),
             socks: RwLock::new(Default::default()),
             tcp,
@@ -662,6 +694,7 @@ impl Engine {
         {
             let mut st = self.inner.lock_state();
             st.stopped = true;
+            self.inner.stopped.store(true, Ordering::Release);
             self.inner.timer_cond.notify_all();
         }
         if let Some(h) = self.inner.timer.lock().take() {
@@ -678,8 +711,10 @@ impl Engine {
         ShutdownReport { unsent }
     }
 
+    /// Whether [`Engine::shutdown`] stopped the engine: a load, not a
+    /// node call (a socket's every send and receive asks).
     pub(crate) fn is_stopped(&self) -> bool {
-        self.inner.lock_state().stopped
+        self.inner.stopped.load(Ordering::Acquire)
     }
 
     /// How the node lock has been taken since the engine started: every

@@ -399,7 +399,7 @@ impl RdsSocket {
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
         loop {
             let snap = self.shared.snapshot();
-            match self.run(|n| n.recv(self.id, flags.peek)) {
+            match self.engine.inner.run_recv(&self.shared, self.id, |n| n.recv(self.id, flags.peek)) {
                 Ok(Received::Data(inc)) if !flags.peek => {
                     crate::batch::received_from(&self.shared);
                     self.rdma_unuse(&inc.header);
