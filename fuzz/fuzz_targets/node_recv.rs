@@ -147,7 +147,7 @@ fuzz_target!(|data: &[u8]| {
             0 => {
                 let peer = if op & 0x80 != 0 { ip(3) } else { ip(1) };
                 let port = u16::from(inp.byte().unwrap_or(0));
-                if let Accept::Path(info) = n.accept(TransportKind::Tcp, ip(2), peer, 40000 + port) {
+                if let Accept::Path(info) = n.accept(TransportKind::Tcp, ip(2), peer, 40000 + port, now) {
                     // A newer instance replaces an older one of the same path.
                     conns.retain(|c| c.info.id != info.id);
                     conns.push(Conn { info, decoder: FrameDecoder::default() });

@@ -162,7 +162,7 @@ pub trait NodeHost: Send + Sync {
 
 impl<H: NodeHost> TransportSink for H {
     fn accept(&self, kind: TransportKind, laddr: IpAddr, faddr: IpAddr, peer_port: u16) -> Accept {
-        self.with_node(|n| n.accept(kind, laddr, faddr, peer_port))
+        self.with_node(|n| n.accept(kind, laddr, faddr, peer_port, self.now()))
     }
 
     fn path_up(&self, path: PathId, inst: u64) {

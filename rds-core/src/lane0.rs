@@ -102,8 +102,9 @@ impl Node {
         let p0 = &mut self.conn_mut(conn).paths[0];
         p0.hold_lane0(seq, s, n);
         if p0.proof_at.is_none() {
-            // From the latest `now` given (a path up gave one before any
-            // ack): a check that comes early only asks again.
+            // From the latest `now` given (the path's accept or path up
+            // gave one before any ack): a check that comes early only
+            // asks again.
             if let Some(at) = hint.map(|t| t + PROOF_CHECK_AFTER) {
                 p0.proof_at = Some(at);
                 self.schedule(at, Timer::Proof(conn));

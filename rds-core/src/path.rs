@@ -305,15 +305,21 @@ impl Node {
     /// so that whatever waits on any lane makes the connection come back.
     pub(crate) fn connect_if_down(&mut self, pid: PathId) {
         let Some(path) = self.path(pid) else { return };
-        if path.state != PathState::Down || path.reconnect_at.is_some() {
+        if path.state != PathState::Down {
             return;
         }
+        let waits = path.reconnect_at.is_some();
+        // Also when the path's own reconnect is pending: path 0 must come
+        // first, and may have nothing that reconnects it (rds-sim seed
+        // 1306339: down with only the handshake's probe queued).
         let first = PathId { conn: pid.conn, index: 0 };
         if pid.index > 0 && self.path(first).is_some_and(|p| p.state == PathState::Down && p.reconnect_at.is_none()) {
             self.connect_worker(first);
             return;
         }
-        self.connect_worker(pid);
+        if !waits {
+            self.connect_worker(pid);
+        }
     }
 
     /// `rds_connect_worker`: DOWN -> CONNECTING and ask the driver to connect.
@@ -467,9 +473,22 @@ impl Node {
     }
 
     /// An inbound transport connection from `faddr` to our `laddr`
-    /// (`rds_tcp_accept_one`). `peer_port` is the peer's transport source
-    /// port (used when the peer encodes the path index in it).
-    pub fn accept(&mut self, kind: TransportKind, laddr: IpAddr, faddr: IpAddr, peer_port: u16) -> Accept {
+    /// (`rds_tcp_accept_one`) at `now`. `peer_port` is the peer's transport
+    /// source port (used when the peer encodes the path index in it). As
+    /// every path event it gives the node the time: the rules that start a
+    /// timer on an event without one (an ack: `lane0`'s check of its holds)
+    /// start it from the latest time given, and a node that only accepted
+    /// had none (rds-sim seed 1243463: a hold's check never armed, the hold
+    /// waited for ever for a pong that did not come).
+    pub fn accept(
+        &mut self,
+        kind: TransportKind,
+        laddr: IpAddr,
+        faddr: IpAddr,
+        peer_port: u16,
+        now: Instant,
+    ) -> Accept {
+        self.ep.now_hint = Some(now);
         if !self.is_local(&laddr) || self.is_local(&faddr) {
             return Accept::Reject;
         }

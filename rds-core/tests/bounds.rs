@@ -8,6 +8,7 @@ use std::time::Duration;
 use rds_core::wire::{Ext, Header, PROBE_PORT};
 use rds_core::*;
 use rds_testkit::net::{Net, config, ip, make_node, sa};
+use std::time::Instant;
 
 fn run_timers(net: &mut Net, for_ms: u64) {
     let end = net.now + Duration::from_millis(for_ms);
@@ -34,7 +35,7 @@ fn run_timers(net: &mut Net, for_ms: u64) {
 #[test]
 fn a_probe_ping_flood_queues_at_most_eight_pongs() {
     let mut n = make_node(config(1), ip(2), TransportKind::Tcp);
-    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000, Instant::now()) else { panic!() };
     driver::outputs(&mut n);
     for seq in 1..=1000u64 {
         let mut h = Header::data(PROBE_PORT, 0, 0);
@@ -201,9 +202,17 @@ fn the_peer_limit_evicts_the_oldest_silent_peer() {
     net.run();
     let silent: Vec<PathInfo> = [1u8, 2]
         .iter()
-        .map(|k| match net.nodes[3].accept(TransportKind::Tcp, node, IpAddr::V4(Ipv4Addr::new(126, 0, 0, *k)), 40000) {
-            Accept::Path(info) => info,
-            other => panic!("{other:?}"),
+        .map(|k| {
+            match net.nodes[3].accept(
+                TransportKind::Tcp,
+                node,
+                IpAddr::V4(Ipv4Addr::new(126, 0, 0, *k)),
+                40000,
+                Instant::now(),
+            ) {
+                Accept::Path(info) => info,
+                other => panic!("{other:?}"),
+            }
         })
         .collect();
     net.run();
@@ -230,7 +239,8 @@ fn the_peer_limit_evicts_the_oldest_silent_peer() {
     net.send(2, c, sa(4, 4000), b"third").unwrap();
     net.run();
     assert_eq!(net.nodes[3].counters().conn_evicted_silent, 2);
-    let raw = net.nodes[3].accept(TransportKind::Tcp, node, IpAddr::V4(Ipv4Addr::new(126, 0, 0, 3)), 40000);
+    let raw =
+        net.nodes[3].accept(TransportKind::Tcp, node, IpAddr::V4(Ipv4Addr::new(126, 0, 0, 3)), 40000, Instant::now());
     assert_eq!(raw, Accept::Reject);
     assert_eq!(net.nodes[3].counters().conn_refused_peer_limit, 1);
 }

@@ -20,7 +20,7 @@ fn node_with_paths(n: usize) -> (Node, Vec<PathInfo>) {
     let mut node = make_node(config(1), ip(2), TransportKind::Tcp);
     let mut paths = Vec::new();
     for k in 0..n {
-        match node.accept(TransportKind::Tcp, ip(2), ip(1), 40000 + k as u16) {
+        match node.accept(TransportKind::Tcp, ip(2), ip(1), 40000 + k as u16, Instant::now()) {
             Accept::Path(info) => paths.push(info),
             other => panic!("{other:?}"),
         }
@@ -270,7 +270,9 @@ fn random_headers_and_payloads_never_panic() {
                         1 | 2 => "10.0.0.1".parse().unwrap(),
                         _ => ip(1),
                     };
-                    if let Accept::Path(info) = n.accept(TransportKind::Tcp, ip(2), peer, rng.next_u64() as u16) {
+                    if let Accept::Path(info) =
+                        n.accept(TransportKind::Tcp, ip(2), peer, rng.next_u64() as u16, Instant::now())
+                    {
                         paths.push(info);
                     }
                 }
@@ -338,7 +340,7 @@ fn random_headers_and_payloads_never_panic() {
             while n.recv(*s, false).is_ok() {}
         }
         let peer: std::net::IpAddr = "10.0.0.2".parse().unwrap(); // new and smaller: it connects
-        let Accept::Path(p) = n.accept(TransportKind::Tcp, ip(2), peer, 1) else {
+        let Accept::Path(p) = n.accept(TransportKind::Tcp, ip(2), peer, 1, Instant::now()) else {
             panic!("seed {seed}: accept refused")
         };
         let mut h = Header::data(6000, 4001, 5);

@@ -292,7 +292,7 @@ fn a_restarted_node_drops_retransmissions_meant_for_its_previous_instance() {
     let mut n = node(ip(2));
     let s = n.socket();
     n.bind(s, SocketAddr::new(ip(2), 7100)).unwrap();
-    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000, Instant::now()) else { panic!() };
     let r = wire::flags::RETRANSMITTED;
     // What the kernel had sent to our previous process, unacked, comes first.
     assert_eq!(n.received(p0.id, p0.inst, map()), RecvOutcome::CongMap);
@@ -305,7 +305,7 @@ fn a_restarted_node_drops_retransmissions_meant_for_its_previous_instance() {
     // The connection breaks before 44 arrived; on the next connection the
     // kernel resends 43 (delivered: dropped as usual) and 44 (ours).
     n.path_down(p0.id, p0.inst, DownReason::Closed, Instant::now());
-    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001, Instant::now()) else { panic!() };
     assert_eq!(p0.id.index, 0);
     assert_eq!(n.received(p0.id, p0.inst, data(7200, 7100, 43, r, b"new-43")), RecvOutcome::DupDropped);
     assert_eq!(n.received(p0.id, p0.inst, data(7200, 7100, 44, r, b"new-44")), RecvOutcome::Delivered);
@@ -325,9 +325,9 @@ fn a_retransmission_on_a_later_connection_is_delivered_even_if_nothing_came_befo
     let mut n = node(ip(2));
     let s = n.socket();
     n.bind(s, SocketAddr::new(ip(2), 7100)).unwrap();
-    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000, Instant::now()) else { panic!() };
     n.path_down(p0.id, p0.inst, DownReason::Closed, Instant::now());
-    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001, Instant::now()) else { panic!() };
     let r = wire::flags::RETRANSMITTED;
     assert_eq!(n.received(p0.id, p0.inst, data(7200, 7100, 5, r, b"five")), RecvOutcome::Delivered);
     assert_eq!(n.counters().recv_drop_stale, 0);

@@ -6,6 +6,7 @@ use rds_core::driver;
 use rds_core::wire::{self, Ext, Header, Kind, PROBE_PORT};
 use rds_core::*;
 use rds_testkit::net::{Net, config, ip, make_node, sa};
+use std::time::Instant;
 
 fn active(net: &Net, i: usize, peer: usize) -> Vec<(u8, PathState)> {
     (0..8).map(|k| (k, net.nodes[i].path_state(net.path(i, peer, k)).unwrap())).collect()
@@ -47,7 +48,7 @@ fn eight_paths_are_negotiated_and_opened_by_the_smaller_address() {
 /// 127.0.0.1 (the smaller address connects). Returns the path and instance.
 fn accepted_from_fake_peer(cfg: NodeConfig) -> (Node, PathId, u64) {
     let mut n = make_node(cfg, ip(2), TransportKind::Tcp);
-    let info = match n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) {
+    let info = match n.accept(TransportKind::Tcp, ip(2), ip(1), 40000, Instant::now()) {
         Accept::Path(info) => info,
         other => panic!("{other:?}"),
     };
@@ -557,6 +558,33 @@ fn the_larger_side_pokes_through_path_0_when_only_a_lane_holds_messages() {
     assert_eq!(after.first(), Some(&0), "the larger side connected path 0: {after:?}");
 }
 
+/// rds-sim seed 1243463: a node whose connection the peer opened (it
+/// only accepted: no path of its own came up, no timer had fired) gets a
+/// lane-0 hold when the peer's TCP acks its message on path 0; the hold's
+/// check (`lane0::PROOF_CHECK_AFTER`) starts from the latest time the node
+/// was given, and it had none: no check was armed, and when the pong to
+/// the proof's ping never came the lane waited for ever. The accept gives
+/// the time.
+#[test]
+fn a_hold_on_an_accepted_connection_arms_its_check() {
+    let t0 = Instant::now();
+    let (mut n, p0, a) = accepted_from_fake_peer(config(1));
+    let s = n.socket();
+    n.bind(s, sa(2, 5001)).unwrap(); // lane 1 of 8
+    n.send(s, Some(sa(1, 4000)), &Payload::copy_from(b"m1"), &SendOptions::default()).unwrap();
+    let out = pull_all(&mut n, p0, a);
+    let m1 = out.iter().find(|m| &m.payload[..] == b"m1").unwrap().header.sequence;
+    // The peer's probe tells us the count: m1 holds the socket's lane.
+    let mut ping = Header::data(PROBE_PORT, 0, 0);
+    ping.sequence = 1;
+    let _ = ping.push_extension(Ext::Npaths(8));
+    assert_eq!(n.received(p0, a, rx(ping)), RecvOutcome::Ping);
+    assert_eq!(n.poll_timeout(), None, "no timer before the ack");
+    n.acked(p0, a, m1);
+    let check = n.poll_timeout().expect("the hold's check is armed");
+    assert!(check >= t0 + rds_core::lane0::PROOF_CHECK_AFTER, "{:?} after the accept", check - t0);
+}
+
 /// A probe's pong that comes on the next connection of path 0 answers a
 /// ping of the connection before: it proves the peer read what came
 /// before *that* ping, not before the pings sent since. The peer resends
@@ -589,7 +617,7 @@ fn a_pong_to_a_ping_of_the_connection_before_proves_nothing_sent_after_that_ping
     assert_eq!(n.received(p0, a, rx(ping)), RecvOutcome::Ping);
     assert_eq!(n.path_info(p0).unwrap().npaths, 8);
     // The peer opens path 1; m2 belongs to lane 1 and waits for m1.
-    let p1 = match n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) {
+    let p1 = match n.accept(TransportKind::Tcp, ip(2), ip(1), 40001, Instant::now()) {
         Accept::Path(info) => info,
         other => panic!("{other:?}"),
     };
@@ -605,7 +633,7 @@ fn a_pong_to_a_ping_of_the_connection_before_proves_nothing_sent_after_that_ping
     // acks it: the hold now waits for the proof, a fresh ping after m1.
     n.acked(p0, a, probe);
     n.path_down(p0, a, DownReason::Closed, std::time::Instant::now());
-    let b = match n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) {
+    let b = match n.accept(TransportKind::Tcp, ip(2), ip(1), 40000, Instant::now()) {
         Accept::Path(info) => info,
         other => panic!("{other:?}"),
     };

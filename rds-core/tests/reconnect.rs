@@ -7,6 +7,7 @@ use std::time::Duration;
 use rds_core::wire::{Header, flags};
 use rds_core::*;
 use rds_testkit::net::{Net, config, ip, make_node, sa};
+use std::time::Instant;
 
 #[test]
 fn first_reconnect_is_immediate_then_random_below_a_doubling_bound() {
@@ -225,7 +226,7 @@ fn receiver_drops_only_older_sequence_numbers_marked_retransmitted() {
     let mut n = make_node(config(1), ip(2), TransportKind::Tcp);
     let b = n.socket();
     n.bind(b, sa(2, 4000)).unwrap();
-    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000, Instant::now()) else { panic!() };
     // The peer's probe (sequence 1 on path 0) announces 8 paths; before
     // that a second connection could still be path 0 again.
     let mut probe = Header::data(wire::PROBE_PORT, 0, 0);
@@ -233,7 +234,7 @@ fn receiver_drops_only_older_sequence_numbers_marked_retransmitted() {
     probe.push_extension(wire::Ext::Npaths(8)).unwrap();
     let probe = RxMessage { header: probe, payload: Payload::empty(), rx_time_ns: None };
     assert_eq!(n.received(p0.id, p0.inst, probe), RecvOutcome::Ping);
-    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001, Instant::now()) else { panic!() };
     assert_eq!((p0.id.index, p1.id.index), (0, 1));
     let r = flags::RETRANSMITTED;
     let cases: [(PathInfo, u64, u8, RecvOutcome); 11] = [

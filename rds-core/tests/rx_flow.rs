@@ -9,6 +9,7 @@ use rds_core::recv::{RCV_HARD_FLOOR, RCV_MSG_OVERHEAD};
 use rds_core::wire::{Ext, Header, PROBE_PORT};
 use rds_core::*;
 use rds_testkit::net::{config, ip, make_node, sa};
+use std::time::Instant;
 
 /// A node at 127.0.0.2 with two paths accepted from 127.0.0.1 and a socket
 /// bound to port 4000.
@@ -16,7 +17,7 @@ fn node(cfg: NodeConfig) -> (Node, Vec<PathInfo>, SockId) {
     let mut node = make_node(cfg, ip(2), TransportKind::Tcp);
     let mut paths = Vec::new();
     for k in 0..2u16 {
-        match node.accept(TransportKind::Tcp, ip(2), ip(1), 40000 + k) {
+        match node.accept(TransportKind::Tcp, ip(2), ip(1), 40000 + k, Instant::now()) {
             Accept::Path(info) => paths.push(info),
             other => panic!("{other:?}"),
         }

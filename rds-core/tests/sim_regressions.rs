@@ -97,6 +97,68 @@ fn a_lane_kept_through_a_renegotiation_still_waits_for_path_0() {
     assert_eq!(net.lanes_of(0, 5001), [0, 1]);
 }
 
+/// rds-sim seed 1306339: the lane kept through a renegotiation (above)
+/// must bring path 0 back. Path 1 failed first, while the others were up,
+/// and waited for its reconnect; path 0 failed after it with only the
+/// handshake's probe queued (a send that found the socket's buffer full
+/// had asked for it), which does not make a path reconnect. The socket's
+/// next message, queued on the kept lane, asked path 1 to connect, which
+/// had its reconnect pending and looked no further; when that reconnect
+/// came, path 1 could not connect before path 0's handshake, and nothing
+/// connected path 0: the message waited for ever. A message for a path
+/// above 0 connects path 0 when that is down and not reconnecting, also
+/// when the lane's own reconnect is pending.
+#[test]
+fn a_message_on_a_kept_lane_brings_path_0_back() {
+    let mut net = Net::new(3);
+    let a = net.bound(0, 5001); // lane 1 of 8
+    let b = net.bound(1, 4000);
+    net.send(0, a, sa(2, 4000), b"hello").unwrap();
+    net.run();
+    net.send(0, a, sa(2, 4000), b"m1").unwrap();
+    net.run();
+    assert_eq!(net.drain_payloads(1, b), [b"hello".to_vec(), b"m1".to_vec()]);
+    // Nodes 2 and 3 refuse connections. The socket's buffer fills with
+    // messages to node 3.
+    net.refuse.extend([1, 2]);
+    let big = vec![7u8; 60_000];
+    while net.send(0, a, sa(3, 4000), &big).is_ok() {}
+    net.run();
+    // Path 1 breaks first and fails to reconnect while path 0 is up: its
+    // next reconnect waits (the clock stands still from here).
+    let (p0, p1) = (net.path(0, 1, 0), net.path(0, 1, 1));
+    net.cut(0, p1);
+    net.run();
+    net.advance(0);
+    net.run();
+    // Then every path: path 0 fails to reconnect with nothing queued.
+    net.cut_all(0);
+    net.run();
+    net.advance(0);
+    net.run();
+    assert_eq!(net.nodes[0].path_state(p0), Some(PathState::Down));
+    // A send to node 2 finds the buffer full (EAGAIN) and asks for the
+    // handshake's probe on path 0, whose connect fails: path 0 stays down
+    // with only the probe queued.
+    assert_eq!(net.send(0, a, sa(2, 4000), b"m2"), Err(Errno::EAGAIN));
+    net.run();
+    net.advance(0);
+    net.run();
+    assert_eq!(net.nodes[0].path_state(p0), Some(PathState::Down));
+    assert_eq!(net.nodes[0].path_state(p1), Some(PathState::Down));
+    // The messages to node 3 are cancelled (RDS_CANCEL_SENT_TO): m2 goes
+    // on the kept lane, whose reconnect is still pending.
+    assert!(net.nodes[0].drop_messages(a, Some(sa(3, 4000))) > 0);
+    net.send(0, a, sa(2, 4000), b"m2").unwrap();
+    net.refuse.clear();
+    for _ in 0..50 {
+        net.advance(100);
+        net.run();
+    }
+    assert_eq!(net.drain_payloads(1, b), [b"m2".to_vec()], "m2 never went out:\n{}", net.nodes[0].dump());
+    assert_eq!(net.lanes_of(0, 5001).last(), Some(&1));
+}
+
 /// rds-sim seed 15: when a new generation number arrived on a live path,
 /// its numbering restarted at 1 while messages sent to the new instance
 /// were still unacked: the retransmit queue held 5, 6 then 1, and the
@@ -159,15 +221,15 @@ fn probe(seq: u64, npaths: u16) -> RxMessage {
 #[test]
 fn a_connection_for_a_busy_slot_waits_instead_of_being_reset() {
     let mut n = make_node(one_path(1), ip(2), TransportKind::Tcp);
-    let Accept::Path(old) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    let Accept::Path(old) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000, Instant::now()) else { panic!() };
     driver::outputs(&mut n);
-    assert_eq!(n.accept(TransportKind::Tcp, ip(2), ip(1), 40001), Accept::Defer);
+    assert_eq!(n.accept(TransportKind::Tcp, ip(2), ip(1), 40001, Instant::now()), Accept::Defer);
     let outs: Vec<Output> = driver::outputs(&mut n);
     assert_eq!(outs, [Output::Shutdown(PathInfo { taken: true, ..n.path_info(old.id).unwrap() })]);
     // Still draining: the new connection keeps waiting.
-    assert_eq!(n.accept(TransportKind::Tcp, ip(2), ip(1), 40001), Accept::Defer);
+    assert_eq!(n.accept(TransportKind::Tcp, ip(2), ip(1), 40001, Instant::now()), Accept::Defer);
     n.path_down(old.id, old.inst, DownReason::ShutdownDone, Instant::now());
-    let Accept::Path(new) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    let Accept::Path(new) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001, Instant::now()) else { panic!() };
     assert_eq!(new.id, old.id);
     assert!(new.inst > old.inst);
 }
@@ -190,19 +252,19 @@ fn paths_connect_in_order_and_a_draining_slot_is_not_skipped() {
     // Node 1 shuts its slot 1 down; while it drains, node 0's path 1
     // reconnects: it must wait for slot 1, not take slot 2 or be reset.
     let mut n = make_node(config(1), ip(2), TransportKind::Tcp);
-    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000, Instant::now()) else { panic!() };
     n.received(p0.id, p0.inst, probe(1, 8));
     let paths: Vec<PathInfo> = (1..4)
-        .map(|k| match n.accept(TransportKind::Tcp, ip(2), ip(1), 40000 + k) {
+        .map(|k| match n.accept(TransportKind::Tcp, ip(2), ip(1), 40000 + k, Instant::now()) {
             Accept::Path(p) => p,
             other => panic!("{other:?}"),
         })
         .collect();
     assert_eq!(paths.iter().map(|p| p.id.index).collect::<Vec<_>>(), [1, 2, 3]);
     n.reset_path(paths[0].id);
-    assert_eq!(n.accept(TransportKind::Tcp, ip(2), ip(1), 40009), Accept::Defer);
+    assert_eq!(n.accept(TransportKind::Tcp, ip(2), ip(1), 40009, Instant::now()), Accept::Defer);
     n.path_down(paths[0].id, paths[0].inst, DownReason::ShutdownDone, Instant::now());
-    let Accept::Path(again) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40009) else { panic!() };
+    let Accept::Path(again) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40009, Instant::now()) else { panic!() };
     assert_eq!(again.id.index, 1);
 }
 
@@ -273,10 +335,10 @@ fn an_older_congestion_map_does_not_override_a_newer_one() {
     let mut n = make_node(config(1), ip(2), TransportKind::Tcp);
     let s = n.socket();
     n.bind(s, sa(2, 4000)).unwrap();
-    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000, Instant::now()) else { panic!() };
     assert_eq!(n.received(p0.id, p0.inst, full_map(77, 0, 1, &[])), RecvOutcome::CongMap);
     n.received(p0.id, p0.inst, probe(1, 8));
-    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001, Instant::now()) else { panic!() };
     // Version 3 (nothing congested) arrives on path 1 before version 2
     // (port 5000 congested) on path 0.
     n.received(p1.id, p1.inst, full_map(77, 1, 3, &[]));
@@ -296,11 +358,11 @@ fn an_older_congestion_map_does_not_override_a_newer_one() {
 #[test]
 fn a_dead_instances_late_generation_is_not_a_restart() {
     let mut n = make_node(config(1), ip(2), TransportKind::Tcp);
-    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000, Instant::now()) else { panic!() };
     n.received(p0.id, p0.inst, full_map(77, 0, 1, &[]));
     n.received(p0.id, p0.inst, probe(1, 8));
-    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
-    let Accept::Path(p2) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40002) else { panic!() };
+    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001, Instant::now()) else { panic!() };
+    let Accept::Path(p2) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40002, Instant::now()) else { panic!() };
     // The peer restarted; its new instance (88) speaks on the newest connection.
     n.received(p2.id, p2.inst, full_map(88, 2, 1, &[]));
     assert_eq!(n.counters().peer_restart, 1);
@@ -335,13 +397,13 @@ fn nothing_but_maps_and_our_probe_go_to_a_peer_never_heard_from() {
         let seq = |m: &TxMessage| if m.header.kind() == Kind::CongMap { 0 } else { m.header.sequence };
         out.iter().map(|m| (m.header.kind(), seq(m), m.header.is_retransmitted())).collect::<Vec<_>>()
     };
-    let Accept::Path(p) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    let Accept::Path(p) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000, Instant::now()) else { panic!() };
     // The probe was queued after "m" but is numbered first: nothing of this
     // connection object was ever on a wire.
     assert_eq!(pull(&mut n, &p), [(Kind::CongMap, 0, false), (Kind::ProbePing, 1, false)]);
     // The connection breaks before anything from the peer arrived.
     n.path_down(p.id, p.inst, DownReason::Closed, Instant::now());
-    let Accept::Path(p) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    let Accept::Path(p) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001, Instant::now()) else { panic!() };
     assert_eq!(
         pull(&mut n, &p),
         [(Kind::CongMap, 0, false), (Kind::ProbePing, 1, true)],
@@ -438,15 +500,15 @@ fn a_cancelled_message_on_the_wire_still_holds_its_sockets_lane() {
 #[test]
 fn connections_to_a_restarted_peers_old_instance_are_closed() {
     let mut n = make_node(config(1), ip(2), TransportKind::Tcp);
-    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000, Instant::now()) else { panic!() };
     n.received(p0.id, p0.inst, full_map(77, 0, 1, &[]));
     n.received(p0.id, p0.inst, probe(1, 8));
-    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001, Instant::now()) else { panic!() };
     n.received(p1.id, p1.inst, full_map(77, 1, 2, &[]));
     driver::outputs(&mut n);
     // Path 0's connection died and the peer's new instance (88) connected.
     n.path_down(p0.id, p0.inst, DownReason::Closed, Instant::now());
-    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40002) else { panic!() };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40002, Instant::now()) else { panic!() };
     assert_eq!(p0.id.index, 0);
     driver::outputs(&mut n);
     n.received(p0.id, p0.inst, full_map(88, 0, 1, &[]));
@@ -476,10 +538,10 @@ fn the_rest_of_a_crossed_connection_is_ignored() {
         h.push_extension(Ext::GenNum(gen_num)).unwrap();
         RxMessage { header: h, payload: Payload::copy_from(&[0u8; wire::CONG_MAP_BYTES]), rx_time_ns: None }
     };
-    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000, Instant::now()) else { panic!() };
     n.received(p0.id, p0.inst, map(0));
     n.received(p0.id, p0.inst, probe(1, 8));
-    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001, Instant::now()) else { panic!() };
     assert_eq!(p1.id.index, 1);
     driver::outputs(&mut n);
     // Slot 1's connection is the peer's path 0 (its map says so): dropped,
@@ -490,7 +552,7 @@ fn the_rest_of_a_crossed_connection_is_ignored() {
     n.path_down(p1.id, p1.inst, DownReason::ShutdownDone, Instant::now());
     // The peer's path 1: its map, then its message 1 (retransmitted after a
     // reset of a first connection that carried nothing else of it).
-    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40002) else { panic!() };
+    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40002, Instant::now()) else { panic!() };
     assert_eq!(p1.id.index, 1);
     n.received(p1.id, p1.inst, map(1));
     let mut h = Header::data(4000, 5000, 2);
@@ -524,10 +586,10 @@ fn a_connection_of_the_restarted_peer_keeps_what_it_delivered() {
     };
     let now = Instant::now();
     // Instance 77: two paths; path 0 delivers up to sequence 5.
-    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000, Instant::now()) else { panic!() };
     n.received(p0.id, p0.inst, full_map(77, 0, 1, &[]));
     n.received(p0.id, p0.inst, probe(1, 2));
-    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001, Instant::now()) else { panic!() };
     n.received(p1.id, p1.inst, full_map(77, 1, 2, &[]));
     for seq in 2..6 {
         assert_eq!(n.received(p0.id, p0.inst, data(seq, false)), RecvOutcome::Delivered);
@@ -537,10 +599,10 @@ fn a_connection_of_the_restarted_peer_keeps_what_it_delivered() {
     // The peer restarts as 88: path 1's connection is replaced, then path
     // 0's; path 1's map is the first word of 88.
     n.path_down(p1.id, p1.inst, DownReason::Closed, now);
-    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40002) else { panic!() };
+    let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40002, Instant::now()) else { panic!() };
     assert_eq!(p1.id.index, 1);
     n.path_down(p0.id, p0.inst, DownReason::Closed, now);
-    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40003) else { panic!() };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40003, Instant::now()) else { panic!() };
     assert_eq!(p0.id.index, 0);
     n.received(p1.id, p1.inst, full_map(88, 1, 1, &[]));
     assert_eq!(n.counters().peer_restart, 1);
@@ -551,7 +613,7 @@ fn a_connection_of_the_restarted_peer_keeps_what_it_delivered() {
     assert_eq!(n.received(p0.id, p0.inst, data(1, false)), RecvOutcome::Delivered);
     assert!(n.recv(s, false).is_ok());
     n.path_down(p0.id, p0.inst, DownReason::Closed, now);
-    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40004) else { panic!() };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40004, Instant::now()) else { panic!() };
     assert_eq!(p0.id.index, 0);
     n.received(p0.id, p0.inst, full_map(88, 0, 3, &[]));
     assert_eq!(n.received(p0.id, p0.inst, data(1, true)), RecvOutcome::DupDropped);
@@ -576,13 +638,13 @@ fn pongs_for_a_restarted_peers_old_instance_are_dropped() {
         m
     };
     let pongs = |out: &[TxMessage]| out.iter().filter(|m| m.header.kind() == Kind::ProbePong).count();
-    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000, Instant::now()) else { panic!() };
     n.received(p0.id, p0.inst, full_map(77, 0, 1, &[]));
     assert_eq!(n.received(p0.id, p0.inst, probe_of(77)), RecvOutcome::Ping);
     driver::outputs(&mut n);
     // Our pong to 77's probe is still queued when the connection dies.
     n.path_down(p0.id, p0.inst, DownReason::Closed, now);
-    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001, Instant::now()) else { panic!() };
     assert_eq!(p0.id.index, 0);
     n.received(p0.id, p0.inst, full_map(88, 0, 1, &[]));
     assert_eq!(n.counters().peer_restart, 1);
@@ -607,11 +669,11 @@ fn the_probe_that_reveals_a_restart_is_answered() {
         m.header.push_extension(Ext::GenNum(gen_num)).unwrap();
         m
     };
-    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else { panic!() };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000, Instant::now()) else { panic!() };
     n.received(p0.id, p0.inst, probe_of(1, 77));
     driver::outputs(&mut n);
     n.path_down(p0.id, p0.inst, DownReason::Closed, now);
-    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001) else { panic!() };
+    let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001, Instant::now()) else { panic!() };
     assert_eq!(n.received(p0.id, p0.inst, probe_of(1, 88)), RecvOutcome::Ping);
     assert_eq!(n.counters().peer_restart, 1);
     let mut out = Vec::new();

@@ -41,10 +41,12 @@ fn setup() -> Setup {
     node.setsockopt(tcp_sock, SockOpt::Transport(TransportKind::Tcp.uapi() as i32)).unwrap();
     node.bind(tcp_sock, sa(2, 4001)).unwrap();
     assert_eq!(node.getsockopt(tcp_sock, SockOpt::Transport(0)), Ok(u64::from(TransportKind::Tcp.uapi())));
-    let Accept::Path(tcp_path) = node.accept(TransportKind::Tcp, ip(2), ip(1), 40000) else {
+    let Accept::Path(tcp_path) = node.accept(TransportKind::Tcp, ip(2), ip(1), 40000, Instant::now()) else {
         panic!("TCP not accepted")
     };
-    let Accept::Path(ib_path) = node.accept(TransportKind::Ib, ip(2), ip(1), 0) else { panic!("IB not accepted") };
+    let Accept::Path(ib_path) = node.accept(TransportKind::Ib, ip(2), ip(1), 0, Instant::now()) else {
+        panic!("IB not accepted")
+    };
     assert_eq!((tcp_path.kind, ib_path.kind), (TransportKind::Tcp, TransportKind::Ib));
     node.path_up(tcp_path.id, tcp_path.inst, Instant::now());
     node.path_up(ib_path.id, ib_path.inst, Instant::now());

@@ -219,7 +219,7 @@ impl Net {
             return;
         }
         let port = 40000 + u16::from(info.id.index);
-        match self.nodes[j].accept(info.kind, info.faddr, info.laddr, port) {
+        match self.nodes[j].accept(info.kind, info.faddr, info.laddr, port, now) {
             Accept::Path(pinfo) => {
                 self.links.insert(
                     (i, info.id),

@@ -91,7 +91,7 @@ fn every_transition_the_core_makes_is_the_kernels() {
     // The larger address accepts: DOWN -> UP through CONNECTING. (One
     // path: which slot a second connection takes is then clear.)
     let (mut b, lb) = node("10.0.0.2", 1);
-    let Accept::Path(binfo) = b.accept(TransportKind::Tcp, lb, la, 40000) else { panic!("accepted") };
+    let Accept::Path(binfo) = b.accept(TransportKind::Tcp, lb, la, 40000, Instant::now()) else { panic!("accepted") };
     assert_eq!(b.path_state(binfo.id), Some(Up));
     // A protocol error (a map of the wrong size): the core drops it.
     let bad = RxMessage { header: Header::cong_map(), payload: Payload::copy_from(&[0; 10]), rx_time_ns: None };
@@ -101,13 +101,13 @@ fn every_transition_the_core_makes_is_the_kernels() {
     assert_eq!(b.path_state(binfo.id), Some(Down));
     // Accepted again, then a second connection for the path while it is
     // up: the one up is dropped, the new one waits.
-    let Accept::Path(binfo) = b.accept(TransportKind::Tcp, lb, la, 40001) else { panic!("accepted") };
-    assert_eq!(b.accept(TransportKind::Tcp, lb, la, 40002), Accept::Defer);
+    let Accept::Path(binfo) = b.accept(TransportKind::Tcp, lb, la, 40001, Instant::now()) else { panic!("accepted") };
+    assert_eq!(b.accept(TransportKind::Tcp, lb, la, 40002, Instant::now()), Accept::Defer);
     assert_eq!(b.path_state(binfo.id), Some(Disconnecting));
     b.path_down(binfo.id, binfo.inst, DownReason::Closed, t0);
     assert_eq!(b.path_state(binfo.id), Some(Down));
     // Closed while up.
-    let Accept::Path(binfo) = b.accept(TransportKind::Tcp, lb, la, 40003) else { panic!("accepted") };
+    let Accept::Path(binfo) = b.accept(TransportKind::Tcp, lb, la, 40003, Instant::now()) else { panic!("accepted") };
     b.path_down(binfo.id, binfo.inst, DownReason::Closed, t0);
     assert_eq!(b.path_state(binfo.id), Some(Down));
     all_legal(&b);
@@ -122,7 +122,7 @@ fn every_transition_the_core_makes_is_the_kernels() {
     c.send(s, Some(dst), &Payload::copy_from(b"x"), &SendOptions::default()).unwrap();
     let info = connect_of(&drain(&mut c));
     assert_eq!(c.path_state(info.id), Some(Connecting));
-    let Accept::Path(cinfo) = c.accept(TransportKind::Ib, la, lb, 0) else { panic!("accepted") };
+    let Accept::Path(cinfo) = c.accept(TransportKind::Ib, la, lb, 0, Instant::now()) else { panic!("accepted") };
     assert_eq!(c.path_state(cinfo.id), Some(Up));
     all_legal(&c);
 }

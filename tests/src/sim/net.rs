@@ -417,7 +417,8 @@ impl Sim {
         let was_reset = conn.reset;
         let (l, f) = (conn.ends[1].laddr, conn.ends[0].laddr);
         let port = conn.port;
-        let a = self.node(j).accept(TransportKind::Tcp, l, f, port);
+        let now = self.at(self.now);
+        let a = self.node(j).accept(TransportKind::Tcp, l, f, port, now);
         tr!(self, "n{j} accept from {f} to {l}: {a:?} (conn {c})");
         match a {
             Accept::Path(info) => {
