@@ -10,6 +10,22 @@ use rds_core::wire::{self, Ext, Header, Kind};
 use rds_core::*;
 use rds_testkit::net::{Net, config, ip, make_node, sa};
 
+/// `nodes` nodes; node 0's socket at port 5001 (lane 1 of 8) has sent
+/// "hello" (on path 0, before the handshake) and "m1" (on its lane) to
+/// node 1's socket at port 4000, which read both: (net, sender, receiver).
+fn lane_1_in_use(nodes: usize) -> (Net, SockId, SockId) {
+    let mut net = Net::new(nodes);
+    let a = net.bound(0, 5001);
+    let b = net.bound(1, 4000);
+    net.send(0, a, sa(2, 4000), b"hello").unwrap();
+    net.run();
+    net.send(0, a, sa(2, 4000), b"m1").unwrap();
+    net.run();
+    assert_eq!(net.drain_payloads(1, b), [b"hello".to_vec(), b"m1".to_vec()]);
+    assert_eq!(net.lanes_of(0, 5001), [0, 1]);
+    (net, a, b)
+}
+
 /// rds-sim seed 20: a socket's message waiting on its lane (path 1) when
 /// every path went down was overtaken by the socket's next message, which
 /// went out on path 0 while the path count was being negotiated again.
@@ -43,14 +59,7 @@ fn messages_keep_their_lane_while_the_path_count_is_renegotiated() {
 /// keeps it through the renegotiation.
 #[test]
 fn a_socket_keeps_its_lane_through_a_renegotiation_after_its_messages_were_acked() {
-    let mut net = Net::new(2);
-    let a = net.bound(0, 5001); // lane 1 of 8
-    let b = net.bound(1, 4000);
-    net.send(0, a, sa(2, 4000), b"hello").unwrap();
-    net.run();
-    net.send(0, a, sa(2, 4000), b"m1").unwrap();
-    net.run();
-    assert_eq!(net.drain_payloads(1, b), [b"hello".to_vec(), b"m1".to_vec()]);
+    let (mut net, a, b) = lane_1_in_use(2);
     // Every connection breaks with nothing of the socket unacked.
     net.cut_all(0);
     net.send(0, a, sa(2, 4000), b"m2").unwrap();
@@ -110,14 +119,7 @@ fn a_lane_kept_through_a_renegotiation_still_waits_for_path_0() {
 /// when the lane's own reconnect is pending.
 #[test]
 fn a_message_on_a_kept_lane_brings_path_0_back() {
-    let mut net = Net::new(3);
-    let a = net.bound(0, 5001); // lane 1 of 8
-    let b = net.bound(1, 4000);
-    net.send(0, a, sa(2, 4000), b"hello").unwrap();
-    net.run();
-    net.send(0, a, sa(2, 4000), b"m1").unwrap();
-    net.run();
-    assert_eq!(net.drain_payloads(1, b), [b"hello".to_vec(), b"m1".to_vec()]);
+    let (mut net, a, b) = lane_1_in_use(3);
     // Nodes 2 and 3 refuse connections. The socket's buffer fills with
     // messages to node 3.
     net.refuse.extend([1, 2]);
