@@ -173,8 +173,13 @@ fn every_table_of_a_live_rds_sink_and_of_this_process() {
     want.extend(rds_core::info::KERNEL_TCP_COUNTERS);
     want.extend(&Counters::NAMES[36..]);
     assert_eq!(names[..want.len()], want);
-    // The TCP transport's own counters close the list.
-    assert!(names[want.len()..].iter().all(|n| n.starts_with("tcp_") && !want.contains(n)), "{names:?}");
+    // The TCP transport's own counters, then the engine's node lock's,
+    // close the list.
+    let lock = ["engine_node_lock_taken", "engine_node_lock_waited", "engine_node_lock_wait_us"];
+    let (tcp_own, engine_own) = names[want.len()..].split_at(names.len() - want.len() - lock.len());
+    assert!(tcp_own.iter().all(|n| n.starts_with("tcp_") && !want.contains(n)), "{names:?}");
+    assert_eq!(engine_own, lock);
+    assert!(counter(&c, "engine_node_lock_taken") > 0);
     assert_eq!(counter(&c, "recv_queued"), 50);
     assert_eq!(counter(&c, "recv_delivered"), 50);
     assert_eq!(counter(&c, "recv_bytes_added_to_sock"), 5000);

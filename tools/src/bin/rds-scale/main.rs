@@ -76,9 +76,9 @@ const QUIT: u8 = b'Q';
 pub type Stat = HashMap<String, String>;
 
 /// How a node lock was taken between two looks ([`rds_sock::NodeLockStats`]):
-/// `R {key}_lock_waited` (the share of the acquisitions that found it held,
-/// percent) and `R {key}_lock_wait` (their summed wait per second of
-/// `wall_ms`, in ms: 1000 is a thread's whole time).
+/// `R {key}_lock_taken` (acquisitions), `R {key}_lock_waited` (the share of
+/// them that found it held, percent) and `R {key}_lock_wait` (their summed
+/// wait per second of `wall_ms`, in ms: 1000 is a thread's whole time).
 pub fn print_lock(key: &str, before: rds_sock::NodeLockStats, after: rds_sock::NodeLockStats, wall_ms: u64) {
     let taken = after.taken.saturating_sub(before.taken);
     let waited = after.waited.saturating_sub(before.waited);
