@@ -54,7 +54,13 @@ struct State {
     seq: u64,
     /// Deadline the timer thread sleeps until.
     timer_deadline: Option<Instant>,
-    stopped: bool,
+}
+
+/// Socket `s`'s readiness now, with the next number of `seq` (which orders
+/// the descriptor's updates across threads: `ReadyFd::update`).
+fn stamped_readiness(seq: &mut u64, node: &Node, s: SockId) -> (u64, rds_core::Readiness) {
+    *seq += 1;
+    (*seq, node.readiness(s))
 }
 
 /// Per-socket state shared between the socket handle and the engine.
@@ -230,8 +236,10 @@ struct LockCounts {
 pub(crate) struct Inner {
     state: Mutex<State>,
     lock_counts: LockCounts,
-    /// `State::stopped`, readable without the node lock: every send and
-    /// receive looks at it ([`Engine::is_stopped`]).
+    /// [`Engine::shutdown`] stopped the engine: set under the node lock
+    /// (the timer thread looks at it there, before it waits on
+    /// `timer_cond`), read without it by every send and receive
+    /// ([`Engine::is_stopped`]).
     stopped: AtomicBool,
     timer_cond: Condvar,
     socks: RwLock<rds_core::types::FastMap<SockId, Arc<SockShared>>>,
@@ -304,8 +312,7 @@ impl Inner {
         let mut refresh = None;
         let r = self.run_then(f, |st| {
             if sh.deferred.swap(false, Ordering::SeqCst) {
-                st.seq += 1;
-                refresh = Some((st.seq, st.node.readiness(s)));
+                refresh = Some(stamped_readiness(&mut st.seq, &st.node, s));
             }
         });
         if let Some((seq, rd)) = refresh {
@@ -411,7 +418,7 @@ impl Inner {
         loop {
             self.run(|n| n.handle_timeout(Instant::now()));
             let mut st = self.lock_state();
-            if st.stopped {
+            if self.stopped.load(Ordering::Acquire) {
                 return;
             }
             let deadline = st.node.poll_timeout();
@@ -433,8 +440,8 @@ impl Inner {
     pub(crate) fn refresh_fd(&self, sh: &SockShared, s: SockId) {
         let (seq, r) = {
             let mut st = self.lock_state();
-            st.seq += 1;
-            (st.seq, st.node.readiness(s))
+            let st = &mut *st;
+            stamped_readiness(&mut st.seq, &st.node, s)
         };
         sh.fd.update(seq, r.readable, r.writable);
     }
@@ -484,9 +491,8 @@ impl Dispatch for Collect<'_> {
 
     fn wake(&mut self, s: SockId) -> Result<(), Infallible> {
         if let Some(sh) = self.inner.socks.read().get(&s) {
-            *self.seq += 1;
-            let r = self.node.readiness(s);
-            self.work.push(Work::Wake(sh.clone(), *self.seq, r.readable, r.writable));
+            let (seq, r) = stamped_readiness(self.seq, self.node, s);
+            self.work.push(Work::Wake(sh.clone(), seq, r.readable, r.writable));
         }
         Ok(())
     }
@@ -552,7 +558,7 @@ impl Engine {
             node.register_transport(TransportCaps::ib());
         }
         let inner = Arc::new(Inner {
-            state: Mutex::new(State { node, seq: 0, timer_deadline: None, stopped: false }),
+            state: Mutex::new(State { node, seq: 0, timer_deadline: None }),
             lock_counts: LockCounts::default(),
             stopped: AtomicBool::new(false),
             timer_cond: Condvar::new(),
@@ -702,8 +708,7 @@ impl Engine {
         }
         let unsent = self.inner.run(|n| n.unsent());
         {
-            let mut st = self.inner.lock_state();
-            st.stopped = true;
+            let _st = self.inner.lock_state();
             self.inner.stopped.store(true, Ordering::Release);
             self.inner.timer_cond.notify_all();
         }
