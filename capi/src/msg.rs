@@ -15,10 +15,10 @@
 
 use std::mem::size_of;
 use std::net::SocketAddr;
-use std::time::{Duration, Instant, SystemTime};
+use std::time::SystemTime;
 
 use libc::{c_int, cmsghdr, msghdr};
-use rds_sock::{RecvFlags, RecvMeta, SendFlags};
+use rds_sock::{Deadline, RecvFlags, RecvMeta, SendFlags};
 
 use crate::table::Entry;
 use crate::{Errno, addr, io_errno};
@@ -83,10 +83,6 @@ fn handlers_restart() -> bool {
         }
         old.sa_sigaction == libc::SIG_DFL || old.sa_sigaction == libc::SIG_IGN || old.sa_flags & libc::SA_RESTART != 0
     })
-}
-
-fn deadline(t: Option<Duration>) -> Option<Instant> {
-    t.and_then(|t| Instant::now().checked_add(t))
 }
 
 /// RDS_CMSG_RDMA_MAP's `struct rds_get_mr_args`: the segment to register,
@@ -266,7 +262,7 @@ pub unsafe fn sendmsg(e: &Entry, m: &msghdr, flags: c_int) -> Result<usize, Errn
 pub fn send(e: &Entry, data: &[u8], dst: Option<SocketAddr>, sf: &SendFlags, dontwait: bool) -> Result<usize, Errno> {
     let blocking = !dontwait && !e.nonblock.load(std::sync::atomic::Ordering::Relaxed);
     if blocking {
-        e.sock.send_msg_wait(data, dst, sf, deadline(*e.sndtimeo.lock())).map_err(io_errno)
+        e.sock.send_msg_wait(data, dst, sf, Deadline::after(*e.sndtimeo.lock())).map_err(io_errno)
     } else {
         e.sock.send_msg(data, dst, sf).map_err(io_errno)
     }
@@ -414,10 +410,12 @@ pub fn recv(e: &Entry, buf: &mut [u8], flags: c_int) -> Result<RecvMeta, Errno> 
     // timeout the wait then restarts when every signal with a handler has
     // SA_RESTART (where the kernel's `rds_recvmsg` would be restarted),
     // else fails with EINTR (see the module docs).
-    let deadline = deadline(*e.rcvtimeo.lock());
+    // A timeout starts when the receive waits (no clock read for one
+    // that finds a message: `Deadline`).
+    let deadline = Deadline::after(*e.rcvtimeo.lock());
     loop {
         match e.sock.recv_msg_wait(buf, rf, deadline).map_err(io_errno) {
-            Err(libc::EINTR) if deadline.is_none() && handlers_restart() => continue,
+            Err(libc::EINTR) if deadline.is_never() && handlers_restart() => continue,
             r => return r,
         }
     }

@@ -66,12 +66,14 @@
 
 mod batch;
 mod copy;
+mod deadline;
 mod engine;
 pub mod info;
 mod readiness;
 mod socket;
 mod wait;
 
+pub use deadline::Deadline;
 pub use engine::{
     ENV_IB_PSK_TCP, Engine, EngineConfig, NodeLockStats, RESERVED_FDS, ShutdownReport, nofile_limit, peers_for_fds,
 };

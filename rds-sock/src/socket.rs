@@ -9,6 +9,7 @@ use std::time::{Duration, Instant, SystemTime};
 use parking_lot::Mutex;
 use rds_core::{Errno, Payload, Readiness, Received, SendOptions, SockId, SockOpt, TransportKind};
 
+use crate::deadline::Deadline;
 use crate::engine::{Engine, SockShared};
 
 mod poll;
@@ -245,8 +246,8 @@ impl RdsSocket {
         self.send_payload(crate::copy::payload_of(buf), dst, flags)
     }
 
-    /// `sendmsg` that blocks until `deadline` (`None`: without end; past
-    /// it, `ETIMEDOUT`) whatever the socket's own blocking mode and
+    /// `sendmsg` that blocks until `deadline` ([`Deadline`]; past it,
+    /// `ETIMEDOUT`) whatever the socket's own blocking mode and
     /// timeout, while the send buffer is full or the destination port is
     /// congested, and that a signal interrupts (`EINTR`), as the kernel's
     /// blocking `sendmsg` (its socket wait and `rds_cong_wait` are
@@ -258,10 +259,10 @@ impl RdsSocket {
         buf: &[u8],
         dst: Option<SocketAddr>,
         flags: &SendFlags,
-        deadline: Option<Instant>,
+        deadline: impl Into<Deadline>,
     ) -> io::Result<usize> {
         self.live()?;
-        self.send_loop(crate::copy::payload_of(buf), dst, flags, SendWait::Interruptible, deadline)
+        self.send_loop(crate::copy::payload_of(buf), dst, flags, SendWait::Interruptible, deadline.into())
     }
 
     /// Sends a payload the caller already owns (no copy).
@@ -270,7 +271,7 @@ impl RdsSocket {
             let l = self.local.lock();
             (!l.nonblocking && !flags.dontwait, l.write_timeout)
         };
-        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let deadline = Deadline::after(timeout);
         let wait = if blocking { SendWait::Condvar } else { SendWait::No };
         self.send_loop(payload, dst, flags, wait, deadline)
     }
@@ -286,7 +287,7 @@ impl RdsSocket {
         dst: Option<SocketAddr>,
         flags: &SendFlags,
         wait: SendWait,
-        deadline: Option<Instant>,
+        mut deadline: Deadline,
     ) -> io::Result<usize> {
         self.check_rdma_send(flags.rdma.as_ref(), flags.rdma_dest)?;
         let blocking = wait != SendWait::No;
@@ -317,7 +318,7 @@ impl RdsSocket {
                     // EAGAIN: the send buffer is full (ENOBUFS: the port
                     // is congested, which only a map update ends).
                     let acks = if e == Errno::EAGAIN { self.ack_pair(dst) } else { None };
-                    self.wait_to_send(snap, wait, deadline, acks)?;
+                    self.wait_to_send(snap, wait, &mut deadline, acks)?;
                     self.live()?;
                 }
                 r => return r.map_err(err),
@@ -333,7 +334,8 @@ impl RdsSocket {
     }
 
     /// A blocking send's wait for the wake-up after `snap` (room in the
-    /// send buffer, a congestion map update), until `deadline`. With
+    /// send buffer, a congestion map update), until `deadline` (a timeout
+    /// starts with the send's first wait). With
     /// `acks` (the send buffer is full), it polls that pair's TCP acks
     /// itself and waits between polls at most [`ACK_NAP_MIN`], doubling to
     /// [`ACK_NAP_MAX`] (and on to [`ACK_NAP_IDLE`] after
@@ -347,10 +349,11 @@ impl RdsSocket {
         &self,
         snap: u64,
         wait: SendWait,
-        deadline: Option<Instant>,
+        deadline: &mut Deadline,
         mut acks: Option<(IpAddr, IpAddr)>,
     ) -> io::Result<()> {
         crate::batch::release();
+        let deadline = deadline.start();
         let (mut nap, mut fruitless) = (ACK_NAP_MIN, 0u32);
         loop {
             if let Some((l, f)) = acks {
@@ -396,7 +399,7 @@ impl RdsSocket {
             let l = self.local.lock();
             (!l.nonblocking && !flags.dontwait, l.read_timeout)
         };
-        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let mut deadline = Deadline::after(timeout);
         loop {
             let snap = self.shared.snapshot();
             match self.engine.inner.run_recv(&self.shared, self.id, |n| n.recv(self.id, flags.peek)) {
@@ -413,7 +416,7 @@ impl RdsSocket {
                     if !blocking {
                         return Err(err(Errno::EAGAIN));
                     }
-                    if !self.shared.wait(snap, deadline) {
+                    if !self.shared.wait(snap, deadline.start()) {
                         return Err(err(Errno::ETIMEDOUT));
                     }
                     self.live()?;
@@ -629,8 +632,8 @@ impl RdsSocket {
         self.id
     }
 
-    /// `recvmsg` that blocks until `deadline` (`None`: without end; past
-    /// it, `ETIMEDOUT`) whatever the socket's own blocking mode and
+    /// `recvmsg` that blocks until `deadline` ([`Deadline`]; past it,
+    /// `ETIMEDOUT`) whatever the socket's own blocking mode and
     /// timeout; a signal makes it fail with `EINTR` (it waits in `poll`,
     /// which no signal restarts; calling it again restarts the wait). The
     /// C ABI's blocking receive.
@@ -652,12 +655,18 @@ impl RdsSocket {
     /// (more than one message, or 16 KiB or more), the next 64 waits leave
     /// the reading to the reactor, which reads ahead while this thread
     /// works through the queue.
-    pub fn recv_msg_wait(&self, buf: &mut [u8], flags: RecvFlags, deadline: Option<Instant>) -> io::Result<RecvMeta> {
+    pub fn recv_msg_wait(
+        &self,
+        buf: &mut [u8],
+        flags: RecvFlags,
+        deadline: impl Into<Deadline>,
+    ) -> io::Result<RecvMeta> {
         let flags = RecvFlags { dontwait: true, ..flags };
-        let mut wait = self.known_empty(deadline);
+        let mut deadline = deadline.into();
+        let mut wait = self.known_empty(&deadline);
         let r = loop {
             if wait {
-                if let Err(e) = self.wait_readable(deadline) {
+                if let Err(e) = self.wait_readable(&mut deadline) {
                     break Err(e);
                 }
             }
@@ -675,27 +684,37 @@ impl RdsSocket {
     /// Whether a blocking receive may wait before it first looks: the
     /// socket's descriptor is kept in sync ([`AsRawFd`]) and shows it not
     /// readable, with no update of it left for later (`deferred`), no
-    /// deadline (an expired one returns what is queued, as before) and the
-    /// engine running. A look that could only find nothing costs a node
+    /// deadline at an instant (one that passed returns what is queued, as
+    /// before; a timeout starts with the wait and cannot have passed) and
+    /// the engine running. A look that could only find nothing costs a node
     /// call. A message queued since the descriptor's last update is on its
     /// way to it (the wake-up is dispatched after the node lock): it turns
     /// readable and the wait ends at once.
-    fn known_empty(&self, deadline: Option<Instant>) -> bool {
-        deadline.is_none() && self.shared.fd_shows_empty() && self.live().is_ok()
+    fn known_empty(&self, deadline: &Deadline) -> bool {
+        !matches!(deadline, Deadline::At(_)) && self.shared.fd_shows_empty() && self.live().is_ok()
     }
 
     /// Waits until the socket may be readable: its descriptor is
     /// readable, or this thread read and delivered messages itself (see
     /// [`RdsSocket::recv_msg_wait`]).
-    fn wait_readable(&self, deadline: Option<Instant>) -> io::Result<()> {
+    fn wait_readable(&self, deadline: &mut Deadline) -> io::Result<()> {
         crate::batch::release();
+        // A timeout that starts here: its first poll takes its whole
+        // length, with no second clock read.
+        let first = match *deadline {
+            Deadline::After(t) => Some(poll::millis(t)),
+            _ => None,
+        };
+        let deadline = deadline.start();
+        let mut first = first.filter(|_| deadline.is_some());
         let mut fds = [libc::pollfd { fd: self.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
         let mut assist = self.assist_begin();
         let mut set = poll::PollSet::new();
         loop {
-            let ms = match deadline {
-                None => -1,
-                Some(d) => {
+            let ms = match (deadline, first.take()) {
+                (None, _) => -1,
+                (Some(_), Some(ms)) => ms,
+                (Some(d), None) => {
                     let left = d.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         return Err(err(Errno::ETIMEDOUT));

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use mio::unix::SourceFd;
 use mio::{Events, Interest, Poll, Token};
+use rds_sock::Deadline;
 use rds_tests::*;
 
 #[test]
@@ -292,7 +293,7 @@ fn the_descriptor_stays_exact_around_a_receive_that_reads_the_connection() {
     let mut buf = [0u8; 64];
     // The first datagram tells b's receive which connection to read.
     a.send_to(b"first", sa(ip(2), 4009)).unwrap();
-    let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), None).unwrap();
+    let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), Deadline::Never).unwrap();
     assert_eq!(&buf[..m.len], b"first");
     let counter = |name: &str| e2.counters().into_iter().find(|c| c.0 == name).map_or(0, |c| c.1);
     let reads = counter("tcp_rx_assist_reads");
@@ -322,7 +323,7 @@ fn the_descriptor_stays_exact_around_a_receive_that_reads_the_connection() {
         });
         for k in 2..=BURST {
             assert!(poll_in(5000), "round {round}: datagram {k} does not show on the descriptor");
-            let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), None).unwrap();
+            let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), Deadline::Never).unwrap();
             assert_eq!(&buf[..m.len], &[round, k]);
         }
     }
@@ -698,7 +699,7 @@ fn a_receive_without_deadline_that_waits_first_misses_nothing() {
     let mut buf = [0u8; 16];
     let mut next = 0u32;
     let mut expect = |b: &rds_sock::RdsSocket, buf: &mut [u8; 16]| {
-        let m = b.recv_msg_wait(buf, RecvFlags::default(), None).unwrap();
+        let m = b.recv_msg_wait(buf, RecvFlags::default(), Deadline::Never).unwrap();
         assert_eq!((&buf[..m.len], m.from), (&next.to_le_bytes()[..], Some(a_addr)), "message {next}");
         next += 1;
     };

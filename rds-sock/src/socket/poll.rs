@@ -93,14 +93,19 @@ impl RdsSocket {
     /// (`EINTR` on a signal: never restarted). An `fds[me]` that does not
     /// ask for `POLLIN`, or an `me` out of range, makes it a plain `poll`.
     pub fn poll_with(&self, fds: &mut [libc::pollfd], me: usize, timeout: Option<Duration>) -> io::Result<usize> {
-        // A timeout too long to be an instant never expires.
+        // A timeout too long to be an instant never expires. The first
+        // poll takes the whole timeout, with no second clock read.
         let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
+        let mut first = deadline.and(timeout).map(millis);
         let wants_in = fds.get(me).is_some_and(|p| p.events & libc::POLLIN != 0);
         crate::batch::release();
         let mut assist = if wants_in { self.assist_begin() } else { None };
         let mut set = PollSet::new();
         loop {
-            let ms = deadline.map_or(-1, |d| millis(d.saturating_duration_since(Instant::now())));
+            let ms = match first.take() {
+                Some(ms) => ms,
+                None => deadline.map_or(-1, |d| millis(d.saturating_duration_since(Instant::now()))),
+            };
             // Not `defer`: the caller may poll again or receive in another
             // thread, so what this reads raises the descriptor.
             let round = self.poll_round(fds, me, &mut assist, &mut set, ms, false)?;
