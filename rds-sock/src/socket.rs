@@ -684,14 +684,14 @@ impl RdsSocket {
     /// Whether a blocking receive may wait before it first looks: the
     /// socket's descriptor is kept in sync ([`AsRawFd`]) and shows it not
     /// readable, with no update of it left for later (`deferred`), no
-    /// deadline at an instant (one that passed returns what is queued, as
-    /// before; a timeout starts with the wait and cannot have passed) and
-    /// the engine running. A look that could only find nothing costs a node
+    /// deadline (one that passed returns what is queued, as before; a
+    /// short timeout could pass before a message queued just now shows on
+    /// the descriptor) and the engine running. A look that could only find nothing costs a node
     /// call. A message queued since the descriptor's last update is on its
     /// way to it (the wake-up is dispatched after the node lock): it turns
     /// readable and the wait ends at once.
     fn known_empty(&self, deadline: &Deadline) -> bool {
-        !matches!(deadline, Deadline::At(_)) && self.shared.fd_shows_empty() && self.live().is_ok()
+        deadline.is_never() && self.shared.fd_shows_empty() && self.live().is_ok()
     }
 
     /// Waits until the socket may be readable: its descriptor is
