@@ -111,9 +111,12 @@ fn the_node_lock_counts_every_call_and_the_waits_behind_another() {
     assert!(after.waited <= after.taken);
     let c = e.counters();
     let get = |k: &str| c.iter().find(|(n, _)| n == k).map(|(_, v)| *v);
+    // The counters are read after `after`: the timer thread may have
+    // taken and waited for the lock in between (it waited behind the
+    // holder as well).
     assert!(get("engine_node_lock_taken") >= Some(after.taken), "{c:?}");
-    assert_eq!(get("engine_node_lock_waited"), Some(after.waited));
-    assert!(get("engine_node_lock_wait_us") >= Some(after.wait_us));
+    assert!(get("engine_node_lock_waited") >= Some(after.waited), "{c:?}");
+    assert!(get("engine_node_lock_wait_us") >= Some(after.wait_us), "{c:?}");
 }
 
 #[test]
