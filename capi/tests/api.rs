@@ -10,47 +10,12 @@ use std::ptr::{null, null_mut};
 use libc::{c_int, c_void, sockaddr, socklen_t};
 use rds::*;
 
-fn errno() -> c_int {
-    std::io::Error::last_os_error().raw_os_error().unwrap()
-}
+mod calls;
+use calls::*;
 
 fn set_errno(e: c_int) {
     // SAFETY: this thread's errno.
     unsafe { *libc::__errno_location() = e };
-}
-
-fn sa(a: &str) -> (libc::sockaddr_storage, socklen_t) {
-    let a: SocketAddr = a.parse().unwrap();
-    // SAFETY: zeroed plain data.
-    let mut s: libc::sockaddr_storage = unsafe { zeroed() };
-    let len = match a {
-        SocketAddr::V4(v4) => {
-            let sin = libc::sockaddr_in {
-                sin_family: libc::AF_INET as u16,
-                sin_port: v4.port().to_be(),
-                sin_addr: libc::in_addr { s_addr: u32::from(*v4.ip()).to_be() },
-                sin_zero: [0; 8],
-            };
-            // SAFETY: storage is large enough and aligned.
-            unsafe { (&mut s as *mut libc::sockaddr_storage).cast::<libc::sockaddr_in>().write(sin) };
-            size_of::<libc::sockaddr_in>()
-        }
-        SocketAddr::V6(_) => unimplemented!(),
-    };
-    (s, len as socklen_t)
-}
-
-fn sock() -> c_int {
-    let fd = rds_socket(AF_RDS, libc::SOCK_SEQPACKET, 0);
-    assert!(fd >= 0, "rds_socket: {}", errno());
-    fd
-}
-
-fn bound(a: &str) -> c_int {
-    let fd = sock();
-    let (s, l) = sa(a);
-    assert_eq!(rds_bind(fd, (&s as *const libc::sockaddr_storage).cast(), l), 0, "bind {a}: {}", errno());
-    fd
 }
 
 fn send(fd: c_int, data: &[u8], to: &str) -> isize {
@@ -73,14 +38,6 @@ fn recv(fd: c_int, buf: &mut [u8], flags: c_int) -> (isize, Option<SocketAddr>) 
     let a = (n >= 0 && flen == 16)
         .then(|| SocketAddr::new(u32::from_be(from.sin_addr.s_addr).to_be_bytes().into(), u16::from_be(from.sin_port)));
     (n, a)
-}
-
-fn poll1(fd: c_int, events: libc::c_short, ms: c_int) -> libc::c_short {
-    let mut p = libc::pollfd { fd, events, revents: 0 };
-    // SAFETY: one pollfd.
-    let r = unsafe { libc::poll(&mut p, 1, ms) };
-    assert!(r >= 0);
-    p.revents
 }
 
 #[test]

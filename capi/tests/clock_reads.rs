@@ -10,10 +10,12 @@
 
 use std::cell::Cell;
 use std::mem::size_of;
-use std::net::SocketAddr;
 
 use libc::{c_int, socklen_t};
 use rds::*;
+
+mod calls;
+use calls::{bound, errno, poll1, sa};
 
 thread_local! {
     static READS: Cell<u64> = const { Cell::new(0) };
@@ -42,39 +44,10 @@ fn reads() -> u64 {
     READS.with(Cell::get)
 }
 
-fn errno() -> c_int {
-    std::io::Error::last_os_error().raw_os_error().unwrap()
-}
-
-fn sa(a: &str) -> (libc::sockaddr_in, socklen_t) {
-    let SocketAddr::V4(v4) = a.parse::<SocketAddr>().unwrap() else { unreachable!() };
-    let sin = libc::sockaddr_in {
-        sin_family: libc::AF_INET as u16,
-        sin_port: v4.port().to_be(),
-        sin_addr: libc::in_addr { s_addr: u32::from(*v4.ip()).to_be() },
-        sin_zero: [0; 8],
-    };
-    (sin, size_of::<libc::sockaddr_in>() as socklen_t)
-}
-
-fn bound(a: &str) -> c_int {
-    let fd = rds_socket(AF_RDS, libc::SOCK_SEQPACKET, 0);
-    assert!(fd >= 0, "rds_socket: {}", errno());
-    let (s, l) = sa(a);
-    assert_eq!(rds_bind(fd, (&s as *const libc::sockaddr_in).cast(), l), 0, "bind {a}: {}", errno());
-    fd
-}
-
 fn set_timeout(fd: c_int, name: c_int, tv_sec: libc::time_t) {
     let tv = libc::timeval { tv_sec, tv_usec: 0 };
     let tl = size_of::<libc::timeval>() as socklen_t;
     assert_eq!(rds_setsockopt(fd, libc::SOL_SOCKET, name, (&tv as *const libc::timeval).cast(), tl), 0);
-}
-
-fn readable(fd: c_int) -> bool {
-    let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-    // SAFETY: one pollfd.
-    unsafe { libc::poll(&mut p, 1, 5000) == 1 }
 }
 
 /// This thread's clock reads in `n` sends from `a` to `to` and in the `n`
@@ -86,10 +59,10 @@ fn clock_reads_of_calls(a: c_int, b: c_int, to: &str, n: u32) -> (u64, u64) {
     for i in 0..n {
         let msg = i.to_be_bytes();
         let r0 = reads();
-        let sent = rds_sendto(a, msg.as_ptr().cast(), msg.len(), 0, (&dst as *const libc::sockaddr_in).cast(), dl);
+        let sent = rds_sendto(a, msg.as_ptr().cast(), msg.len(), 0, (&dst as *const libc::sockaddr_storage).cast(), dl);
         in_send += reads() - r0;
         assert_eq!(sent, 4, "send {i}: {}", errno());
-        assert!(readable(b), "datagram {i} never showed");
+        assert_ne!(poll1(b, libc::POLLIN, 5000) & libc::POLLIN, 0, "datagram {i} never showed");
         let mut buf = [0u8; 8];
         let r0 = reads();
         let got = rds_recvfrom(b, buf.as_mut_ptr().cast(), buf.len(), 0, std::ptr::null_mut(), std::ptr::null_mut());
