@@ -49,6 +49,19 @@ impl Deadline {
             _ => None,
         }
     }
+
+    /// [`Deadline::start`] for a wait that polls, and the length of its
+    /// first poll when a timeout starts now: the whole timeout, with no
+    /// second clock read (`None`: the first poll computes its length from
+    /// the instant, or polls without end).
+    pub(crate) fn start_polling(&mut self) -> (Option<Instant>, Option<Duration>) {
+        let first = match *self {
+            Deadline::After(t) => Some(t),
+            _ => None,
+        };
+        let at = self.start();
+        (at, first.filter(|_| at.is_some()))
+    }
 }
 
 impl From<Option<Instant>> for Deadline {
@@ -81,6 +94,21 @@ mod tests {
         // Started once: the next wait of the same call keeps it.
         std::thread::sleep(Duration::from_millis(5));
         assert_eq!(d.start(), Some(at));
+    }
+
+    #[test]
+    fn a_wait_that_polls_first_polls_for_the_whole_timeout_it_starts() {
+        let t = Duration::from_millis(300);
+        let before = Instant::now();
+        let (at, first) = Deadline::After(t).start_polling();
+        assert!(at.unwrap() >= before + t);
+        assert_eq!(first, Some(t));
+        // An instant, never, and a timeout too long for an instant: no
+        // first length of its own.
+        let at = Instant::now();
+        assert_eq!(Deadline::At(at).start_polling(), (Some(at), None));
+        assert_eq!(Deadline::Never.start_polling(), (None, None));
+        assert_eq!(Deadline::After(Duration::MAX).start_polling(), (None, None));
     }
 
     #[test]

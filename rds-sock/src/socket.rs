@@ -701,12 +701,8 @@ impl RdsSocket {
         crate::batch::release();
         // A timeout that starts here: its first poll takes its whole
         // length, with no second clock read.
-        let first = match *deadline {
-            Deadline::After(t) => Some(poll::millis(t)),
-            _ => None,
-        };
-        let deadline = deadline.start();
-        let mut first = first.filter(|_| deadline.is_some());
+        let (deadline, first) = deadline.start_polling();
+        let mut first = first.map(poll::millis);
         let mut fds = [libc::pollfd { fd: self.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
         let mut assist = self.assist_begin();
         let mut set = poll::PollSet::new();

@@ -23,6 +23,7 @@ use std::time::{Duration, Instant};
 use rds_tcp::RxAssist;
 
 use super::{RdsSocket, STREAM_SKIP};
+use crate::deadline::Deadline;
 
 /// Poll sets up to this long (the caller's descriptors and the assisted
 /// connections) are built on the stack: no allocation per wait.
@@ -95,8 +96,8 @@ impl RdsSocket {
     pub fn poll_with(&self, fds: &mut [libc::pollfd], me: usize, timeout: Option<Duration>) -> io::Result<usize> {
         // A timeout too long to be an instant never expires. The first
         // poll takes the whole timeout, with no second clock read.
-        let deadline = timeout.and_then(|t| Instant::now().checked_add(t));
-        let mut first = deadline.and(timeout).map(millis);
+        let (deadline, first) = Deadline::after(timeout).start_polling();
+        let mut first = first.map(millis);
         let wants_in = fds.get(me).is_some_and(|p| p.events & libc::POLLIN != 0);
         crate::batch::release();
         let mut assist = if wants_in { self.assist_begin() } else { None };
