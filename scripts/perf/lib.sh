@@ -286,54 +286,84 @@ copy_suite() {
 
 # why_snap CLIENT SERVER FILE: the guest's idle and total CPU ticks now
 # (/proc/stat) on stdout, "idle total"; and in FILE one line per thread of
-# the two PIDs and of their child processes (qperf's server forks one per
-# test), "tid cpu switches user engine wakes server": its CPU ticks
+# the two PIDs and of SERVER's child processes (qperf's server forks one
+# per test), "tid cpu switches user engine wakes server kid": its CPU ticks
 # (utime + stime), context switches (voluntary + involuntary), user-space
 # CPU ticks, the CPU ticks and voluntary context switches (wake-ups) of a
 # thread not named qperf (ours: the engine's reactor and timer threads),
-# and the CPU ticks of one of SERVER's process or its children.
+# the CPU ticks of one of SERVER's process or its children, and 1 for a
+# thread of SERVER's children (else 0).
+# One awk reads every file: under the rig's emulation each process started
+# costs tens of ms, and a snapshot that started a few per thread (as this
+# did until 2026-11-30) took seconds, long enough for the second one of a
+# 6 s run to come after qperf's server child had ended.
 why_snap() {
-    local idle total p t st comm vol invol c e w sv
-    read -r idle total < <(awk '/^cpu / { s = 0; for (i = 2; i <= NF; i++) s += $i; print $5 + $6, s }' /proc/stat)
-    : >"$3"
-    for p in "$1" "$2" $(why_children "$2"); do
+    local p t kids tasks=()
+    kids=$(why_children "$2")
+    for p in "$1" "$2" $kids; do
         for t in /proc/"$p"/task/*; do
-            [ -r "$t/stat" ] || continue
-            # A thread that ended since the glob (an exiting server child's
-            # engine threads) has no figures left: skipped.
-            st=$(sed 's/.*) //' "$t/stat" 2>/dev/null | awk '{ print $12, $13 }')
-            read -r comm 2>/dev/null <"$t/comm" || continue
-            case $st in *[0-9]" "[0-9]*) ;; *) continue ;; esac
-            c=$((${st% *} + ${st#* }))
-            read -r vol invol < <(awk '/^voluntary_ctxt_switches/ { v = $2 } /^nonvoluntary_ctxt_switches/ { n = $2 } END { print v + 0, n + 0 }' "$t/status")
-            e=0 w=0 sv=0
-            if [ "$comm" != "${APP_COMM:-qperf}" ]; then
-                e=$c w=$vol
-            fi
-            [ "$p" != "$1" ] && sv=$c
-            echo "${t##*/} $c $((vol + invol)) ${st% *} $e $w $sv" >>"$3"
+            [ -d "$t" ] && tasks+=("$p $t")
         done
     done
-    echo "$idle $total"
+    : >"$3"
+    awk -v client="$1" -v server="$2" -v app="${APP_COMM:-qperf}" -v out="$3" '
+        function first(f, line) {
+            line = ""
+            if ((getline line < f) <= 0) line = ""
+            close(f)
+            return line
+        }
+        BEGIN {
+            n = split(first("/proc/stat"), f, " ")
+            total = 0
+            for (i = 2; i <= n; i++) total += f[i]
+            for (a = 1; a < ARGC; a++) {
+                split(ARGV[a], pt, " "); p = pt[1]; t = pt[2]
+                # A thread that ended since the glob (an exiting server
+                # child'"'"'s engine threads) has no figures left: skipped.
+                st = first(t "/stat"); comm = first(t "/comm")
+                if (st == "" || comm == "") continue
+                sub(/.*\) /, "", st)
+                split(st, g, " ")
+                if (g[12] !~ /^[0-9]+$/ || g[13] !~ /^[0-9]+$/) continue
+                vol = 0; inv = 0
+                while ((getline l < (t "/status")) > 0) {
+                    split(l, h, " ")
+                    if (h[1] == "voluntary_ctxt_switches:") vol = h[2]
+                    if (h[1] == "nonvoluntary_ctxt_switches:") inv = h[2]
+                }
+                close(t "/status")
+                c = g[12] + g[13]; e = 0; w = 0; sv = 0
+                if (comm != app) { e = c; w = vol }
+                if (p != client) sv = c
+                tid = t; sub(/.*\//, "", tid)
+                print tid, c, vol + inv, g[12], e, w, sv, (p != client && p != server) > out
+            }
+            print f[5] + f[6], total
+            exit
+        }' "${tasks[@]}"
 }
 
 # why_pair CLIENT SERVER: two why_snap snapshots 2 s apart, printed as
 # why_emit's "SNAPS": the guest's idle and total CPU ticks at each, then
 # the threads' cpu switches user engine wakes server over the interval,
-# then the two times (ns). The threads' figures are differences summed
-# over the threads present in both snapshots: one that started or ended
-# between them (an engine's thread, a server's child) would count its
-# whole life or subtract it.
+# then the two times (ns), then how many threads of SERVER's children
+# were in both (qperf's server forks one per test, which does the work: a
+# run where it was in neither or only one snapshot measured nothing of the
+# receiving side). The threads' figures are differences summed over the
+# threads present in both snapshots: one that started or ended between
+# them (an engine's thread, a server's child) would count its whole life
+# or subtract it.
 why_pair() {
     local fa=/tmp/perf-why-a.$$ fb=/tmp/perf-why-b.$$ a b t0 t1 d
     a=$(why_snap "$1" "$2" "$fa"); t0=$(now_ns)
     sleep 2
     b=$(why_snap "$1" "$2" "$fb"); t1=$(now_ns)
     d=$(awk 'NR == FNR { for (i = 2; i <= 7; i++) v[$1, i] = $i; seen[$1] = 1; next }
-        $1 in seen { for (i = 2; i <= 7; i++) s[i] += $i - v[$1, i] }
-        END { printf "%d %d %d %d %d %d", s[2], s[3], s[4], s[5], s[6], s[7] }' "$fa" "$fb")
+        $1 in seen { for (i = 2; i <= 7; i++) s[i] += $i - v[$1, i]; kids += $8 }
+        END { printf "%d %d %d %d %d %d %d", s[2], s[3], s[4], s[5], s[6], s[7], kids }' "$fa" "$fb")
     rm -f "$fa" "$fb"
-    echo "$a $b $d $t0 $t1"
+    echo "$a $b ${d% *} $t0 $t1 ${d##* }"
 }
 
 # why_children PID...: the PIDs of their child processes (from /proc, as
@@ -390,6 +420,7 @@ why_window() {
     PIDS+=("$client")
     sleep 2.5
     snaps=$(APP_COMM=rds-window why_pair "$client" "$srv")
+    snaps=${snaps% *} # (rds-window's server works in its own process)
     wait "$client" || true
     cleanup_pids
     out=$(cat /tmp/perf-why.$$); rm -f /tmp/perf-why.$$
@@ -449,7 +480,7 @@ lock_counts() {
 }
 
 why_once() {
-    local kind=$1 test=$2 size=$3 key=$4 client snaps out per hz
+    local kind=$1 test=$2 size=$3 key=$4 client snaps kids out per hz
     hz=100 # USER_HZ: /proc reports CPU time in 1/100 s on Linux
     qperf_server_warm "$test"
     # The warm-up's server child must be gone before the snapshots (up to
@@ -464,6 +495,8 @@ why_once() {
     PIDS+=("$client")
     sleep 2
     snaps=$(why_pair "$client" "$QPERF_PID")
+    kids=${snaps##* }
+    snaps=${snaps% *}
     wait "$client" || true
     qperf_server_stop
     cleanup_pids
@@ -477,6 +510,13 @@ why_once() {
         !lat && $1 == "msg_rate" { v = $3; u = $4; if (u ~ /^K/) v *= 1e3; if (u ~ /^M/) v *= 1e6; if (v > 0) print 1e6 / v, "rate", v / 1e3, "k/s" }' | head -1)
     if [ -z "$per" ]; then
         echo "perf: why $key: qperf $test failed: $(echo "$out" | tr '\n' ' ')" >&2
+        return 1
+    fi
+    # The server's child must have been in both snapshots and worked
+    # (its CPU, the 10th figure), else the run measured nothing of the
+    # server's side: tried again.
+    if [ "$kids" = 0 ] || [ "$(echo "$snaps" | awk '{ print $10 }')" = 0 ]; then
+        echo "perf: why $key: the qperf server's child was not in both snapshots, or did nothing between them" >&2
         return 1
     fi
     # snaps (why_pair): idle total before and after ($1-$4), cpu
