@@ -12,8 +12,7 @@
 #   3. the kernel's RDS-TCP with qperf (rds_lat, rds_bw) and rds-window
 #      (both ways) (first in even rounds);
 # then one more run of each for where the time goes (why_*), 64 KiB
-# streams with the default and with larger socket buffers (sb_suite), and
-# ours with cheaper user-space copies (copy_suite).
+# streams with the default and with larger socket buffers (sb_suite).
 # Each round measures the three within a minute or two of each other, so a
 # change in the shared machine's load moves them together (the kernel's
 # rounds used to come after all of ours, minutes later); the report shows
@@ -99,11 +98,5 @@ if [ -f "$SHIM" ]; then
     under_shim sb_suite shim
 fi
 sb_suite kern
-# What our user-space copies cost: ours with glibc's memcpy kept off
-# `rep movsb` (copy_suite).
-if [ -f "$SHIM" ]; then
-    echo "perf: [vm] what our user-space copies cost (glibc's rep_movsb_threshold)" >&2
-    under_shim copy_suite
-fi
 netpair down
 echo "R vm_done 1"

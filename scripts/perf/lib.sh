@@ -255,35 +255,6 @@ sb_suite() {
     cleanup_pids
 }
 
-# copy_suite: what our user-space copies of a payload cost in this machine.
-# glibc's memcpy copies 8 KiB or more with `rep movsb` on a CPU with ERMS
-# (its rep_movsb_threshold, 8,192 in the guest); the qemu of the VM rig emulates that
-# instruction a byte at a time (in the guest, 64 KiB in about 330 us,
-# against about 50 us with 8- or 16-byte moves). qperf rds_bw of 8 KiB and
-# 64 KiB, both sides under the shim (ON_A / ON_B), in turns as they are and
-# with GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold=1048576 (memcpy
-# below 1 MiB by vector moves; the kernel's own copies unchanged),
-# PERF_ROUNDS times; keys ${PREFIX}cp_{def,vec}_SIZE_bw. Run it through
-# under_shim.
-copy_suite() {
-    local save_a=("${ON_A[@]}") save_b=("${ON_B[@]}") v
-    for _ in $(seq "$ROUNDS"); do
-        for v in def vec; do
-            if [ "$v" = vec ]; then
-                ON_A=("${save_a[@]}" GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold=1048576)
-                ON_B=("${save_b[@]}" GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold=1048576)
-            fi
-            qperf_server_warm rds_lat
-            qperf_run rds_bw 8192 "cp_${v}_8192"
-            qperf_run rds_bw 65536 "cp_${v}_65536"
-            qperf_server_stop
-            ON_A=("${save_a[@]}")
-            ON_B=("${save_b[@]}")
-        done
-    done
-    cleanup_pids
-}
-
 # why_snap CLIENT SERVER FILE: the guest's idle and total CPU ticks now
 # (/proc/stat) on stdout, "idle total"; and in FILE one line per thread of
 # the two PIDs and of SERVER's child processes (qperf's server forks one

@@ -411,7 +411,6 @@ def why_section(w, vm):
     w("")
     bw_why_section(w, vm)
     sb_section(w, vm)
-    copy_section(w, vm)
     window_why_section(w, vm)
 
 
@@ -474,13 +473,9 @@ def gap_cause(vm, row, base, raw, kern):
         if size >= 8192:
             s += ("; ours copies each payload twice more than the kernel's RDS (a pooled buffer "
                   "on each side) and reads the stream in the reactor's thread")
-            cp = copy_figures(vm, size)
-            if cp is not None:
-                s += (f", but with those copies made about 6x cheaper (glibc's memcpy kept off "
-                      f"`rep movsb`) ours ran at {cp['vec']:.0f} MB/s against {cp['def']:.0f} "
-                      f"(the median of the rounds' ratios {cp['r']:.2f}, \"What our user-space "
-                      "copies cost\")"
-                      + (": the copies are not what holds it back" if cp["r"] < 1.1 else ""))
+            s += (" (both copies in user space with an AVX2 loop, `rds_sock`'s `copy_bytes`: "
+                  "about 26 us a 64 KiB copy in the guest, where glibc's `memcpy` takes 186 us "
+                  "with `rep movsb`, which the rig's emulation runs a byte at a time)")
         sb = sb_figures(vm) if size == 65536 else None
         if sb is not None:
             f = sb["bw"]
@@ -569,7 +564,10 @@ def bw_why_section(w, vm):
       "From 8 KiB the payload is read straight into that buffer, header and payload in one "
       "`readv` when the message has the length of the last one; a smaller one goes through "
       "a 256 KiB read buffer, one more copy. "
-      "The two extra copies are user-space CPU time, in the row above; the rest is system "
+      "The two extra copies are user-space CPU time, in the row above, made with an AVX2 "
+      "loop from 4 KiB (`rds_sock`'s `copy_bytes`; glibc's `memcpy` would use `rep movsb`, "
+      "which the rig's emulation runs a byte at a time: in the guest 186 us a 64 KiB copy "
+      "against 26 us); the rest is system "
       "calls (the sender's `sendmsg`, the receiver's reads, the descriptor's bookkeeping) "
       "and the engine's reactor thread, which reads a stream in its own thread, ahead of "
       "the receiver (a receiver that read more than one message in a wait leaves the "
@@ -638,45 +636,6 @@ def sb_section(w, vm):
     else:
         w(f"In this run the larger buffer gained ours no more than the kernel's ({go:.2f}x "
           f"against {gk:.2f}x): the wait for acks is not what held ours back here.")
-    w("")
-
-
-def copy_figures(vm, size):
-    """guest.sh's copy_suite at `size`, None when not measured: the best
-    qperf rds_bw of ours as it is (`def`) and with glibc's memcpy kept off
-    `rep movsb` (`vec`), MB/s, and the median of the rounds' ratios vec /
-    def (`r`), each round's two runs next to each other."""
-    d, v = num(vm, f"vm_cp_def_{size}_bw", "bw"), num(vm, f"vm_cp_vec_{size}_bw", "bw")
-    rs = paired(vm, f"vm_cp_vec_{size}_bw", f"vm_cp_def_{size}_bw", "bw")
-    if d is None or v is None or not rs:
-        return None
-    return {"def": d, "vec": v, "r": statistics.median(rs), "rs": rs}
-
-
-def copy_section(w, vm):
-    """What our user-space copies cost (guest.sh's copy_suite)."""
-    figs = {size: copy_figures(vm, size) for size in (8192, 65536)}
-    if all(f is None for f in figs.values()):
-        return
-    w("### What our user-space copies cost (VM rig)")
-    w("")
-    w("Ours copies each payload in user space twice (the send into a pooled buffer, the "
-      "receive out of one). glibc's `memcpy` copies 8 KiB or more with `rep movsb` on a CPU "
-      "with ERMS, as this guest's is, and the rig's qemu (TCG) emulates that instruction a "
-      "byte at a time: 64 KiB in about 330 us in the guest, against about 50 us with 8- or "
-      "16-byte moves (measured with a C loop, 2026-11-30). qperf `rds_bw`, ours under the "
-      "shim, in turns as it is and with `GLIBC_TUNABLES=glibc.cpu.x86_rep_movsb_threshold="
-      "1048576` on both sides (glibc's `memcpy` by vector moves below 1 MiB: our two copies "
-      "about 6x cheaper here; the kernel's copies, two per message in raw TCP, the kernel's "
-      "RDS and ours alike, unchanged):")
-    w("")
-    w("| | as it is | copies by vector moves | ratio (median of the rounds') |")
-    w("|---|---|---|---|")
-    for size, f in figs.items():
-        if f is None:
-            continue
-        w(f"| ours, {size // 1024} KiB | {f['def']:.1f} MB/s | {f['vec']:.1f} MB/s | "
-          f"{f['r']:.2f} ({', '.join(f'{x:.2f}' for x in f['rs'])}) |")
     w("")
 
 
