@@ -5,7 +5,10 @@
 //! from sockets, events from the transports (which run their own reactor
 //! threads), and a timer thread for reconnect backoff. Every call into the
 //! node drains its outputs while holding the lock and dispatches them after
-//! releasing it, so no system call ever runs under the node lock. How
+//! releasing it, so no system call runs under the node lock (but a send's
+//! clock read for the TCP coalescing check, a vDSO call where the
+//! clocksource has one: a send kicks its path and pulls its messages in
+//! its own node call, `Inner::run_send`, and writes after). How
 //! often that lock was found held, and how long its takers waited, are
 //! counted ([`Engine::node_lock_stats`]).
 
@@ -21,7 +24,7 @@ use parking_lot::{Condvar, Mutex, RwLock};
 use rds_core::driver::{self, Dispatch, NodeHost};
 use rds_core::loopback::LoopTransport;
 use rds_core::{
-    Errno, Node, Output, PathInfo, RdsTransport, SockId, TransportCaps, TransportKind, TransportSink, Unsent,
+    Errno, Node, Output, PathInfo, RdsTransport, Received, SockId, TransportCaps, TransportKind, TransportSink, Unsent,
 };
 use rds_tcp::TcpTransport;
 
@@ -83,15 +86,24 @@ pub(crate) struct SockShared {
     /// message the reactor read (perhaps on another lane): the next one
     /// polls every path of the pair.
     pub(crate) rx_wide: AtomicBool,
-    /// The thread (its [`thread_token`]) reading the socket's connections
-    /// itself in a blocking receive, 0 when none: a wake-up it causes for
-    /// this socket leaves the descriptor alone (`deferred`), since the
-    /// receive that follows takes the message; that receive brings the
-    /// descriptor up to date under its own node call ([`Inner::run_recv`];
-    /// [`Inner::refresh_fd`] when it found nothing). A raise and a clear,
-    /// two system calls per message, saved.
+    /// The thread reading the socket's connections itself in a blocking
+    /// receive ([`assist_mark`]: its [`thread_token`], and whether the
+    /// receive takes a message, not peeks), 0 when none. A wake-up it
+    /// causes for this socket leaves the descriptor alone (`deferred`),
+    /// since the receive that follows takes the message; that receive
+    /// brings the descriptor up to date under its own node call
+    /// ([`Inner::run_recv`]; [`Inner::refresh_fd`] when it found nothing).
+    /// A raise and a clear, two system calls per message, saved. A
+    /// receive that takes its message takes it in that wake-up instead,
+    /// under the node lock that delivered it (`taken`).
     pub(crate) assist_by: AtomicU64,
     pub(crate) deferred: AtomicBool,
+    /// The message a blocking receive's own read delivered and took for
+    /// it in the same node call ([`SockShared::take_own`]), which the
+    /// receive returns when its wait ends (`RdsSocket::recv_msg_wait`):
+    /// one node call per message fewer. Only that thread fills and
+    /// empties it, within that one receive.
+    pub(crate) taken: Mutex<Option<Received>>,
     /// Blocking waits left that do not read connections themselves: set
     /// when one read delivered a stream (more than one message), which
     /// the reactor reads better, reading ahead while the receiver works
@@ -118,6 +130,15 @@ pub(crate) struct SendWaiter {
     pub(crate) busy: AtomicBool,
 }
 
+/// What [`SockShared::assist_by`] holds while the calling thread reads
+/// the socket's connections in its blocking receive: its
+/// [`thread_token`], and whether that receive takes the message it
+/// delivers (`take`: not a peek), in one word (two stores would let a
+/// peek see another thread's `take`).
+pub(crate) fn assist_mark(take: bool) -> u64 {
+    thread_token() << 1 | u64::from(take)
+}
+
 /// A number for the calling thread, never 0.
 pub(crate) fn thread_token() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -139,13 +160,36 @@ impl SockShared {
             rx_wide: AtomicBool::new(false),
             assist_by: AtomicU64::new(0),
             deferred: AtomicBool::new(false),
+            taken: Mutex::new(None),
             assist_skip: AtomicU32::new(0),
             sent_since_wait: AtomicBool::new(false),
             waiter: SendWaiter::default(),
         })
     }
 
-    fn wake(&self, seq: u64, readable: bool, writable: bool) {
+    /// Under the node lock, in a wake-up of socket `s`: when the calling
+    /// thread reads the socket's connections in a blocking receive that
+    /// takes its message (`assist_by`), takes the socket's next message
+    /// for it into `taken`, as that receive's node call would have right
+    /// after. Whether `taken` holds a message now: the wake-up then
+    /// brings the descriptor up to date at once (the receive makes no
+    /// node call that would).
+    fn take_own(&self, s: SockId, node: &mut Node) -> bool {
+        if self.assist_by.load(Ordering::SeqCst) != assist_mark(true) {
+            return false;
+        }
+        let mut slot = self.taken.lock();
+        if slot.is_none()
+            && let Ok(r) = node.recv(s, false)
+        {
+            *slot = Some(r);
+        }
+        slot.is_some()
+    }
+
+    /// A wake-up (`own`: after [`SockShared::take_own`] took the
+    /// message: the descriptor is brought up to date now, not deferred).
+    fn wake(&self, seq: u64, readable: bool, writable: bool, own: bool) {
         *self.events.lock() += 1;
         self.cond.notify_all();
         // After the count moved (the waiter marks itself busy before it
@@ -158,7 +202,7 @@ impl SockShared {
         }
         if self.fd_active.load(Ordering::Acquire) {
             let by = self.assist_by.load(Ordering::SeqCst);
-            if by != 0 && by == thread_token() {
+            if !own && by != 0 && by >> 1 == thread_token() {
                 self.deferred.store(true, Ordering::SeqCst);
             } else {
                 self.fd.update(seq, readable, writable);
@@ -209,7 +253,10 @@ impl SockShared {
 
 enum Work {
     Out(Output),
-    Wake(Arc<SockShared>, u64, bool, bool),
+    /// A socket's wake-up: the socket, its readiness (stamp, readable,
+    /// writable), and whether the waking thread took its message
+    /// (`SockShared::take_own`).
+    Wake(SockId, Arc<SockShared>, u64, bool, bool, bool),
 }
 
 /// How the node lock was taken ([`Engine::node_lock_stats`]).
@@ -321,6 +368,39 @@ impl Inner {
         r
     }
 
+    /// [`Inner::run`] for a send: when the send kicked a TCP path, the
+    /// kick is made under the same lock ([`TcpTransport::claim_xmit`]),
+    /// and when it gives this thread the path's transmit (no other thread
+    /// transmits on it, no coalescing window holds the message) this
+    /// thread pulls the path's messages in this same node call, and writes
+    /// them after releasing the lock, first: the kernel's `rds_sendmsg`
+    /// transmits in the caller's context too, and the pull that the kick
+    /// would make through the transport took the lock a second time. A
+    /// send whose write a batch of replies holds (`crate::batch`) is
+    /// dispatched as any.
+    pub(crate) fn run_send<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R {
+        let mut work = WORK.try_with(|w| std::mem::take(&mut *w.borrow_mut())).unwrap_or_default();
+        let mut claimed = None;
+        let r = {
+            let mut st = self.lock_state();
+            let r = f(&mut st.node);
+            self.collect_claiming(&mut st, &mut work, Some(&mut claimed));
+            r
+        };
+        if let Some(Claimed { path, claim, pulled_all }) = claimed {
+            crate::batch::kicked(&self.tcp, &path);
+            self.tcp.xmit_claimed(claim, pulled_all);
+        }
+        self.dispatch(&mut work);
+        let _ = WORK.try_with(|w| {
+            let mut w = w.borrow_mut();
+            if w.capacity() < work.capacity() {
+                *w = work;
+            }
+        });
+        r
+    }
+
     /// [`Inner::run`], with `then` run on the state under the same lock
     /// after the node's outputs were collected.
     fn run_then<R>(&self, f: impl FnOnce(&mut Node) -> R, then: impl FnOnce(&mut State)) -> R {
@@ -345,8 +425,14 @@ impl Inner {
     }
 
     fn collect(&self, st: &mut State, work: &mut Vec<Work>) {
+        self.collect_claiming(st, work, None);
+    }
+
+    /// [`Inner::collect`]; with `claim` (a send's), the first kick of a TCP
+    /// path is made at once ([`Inner::run_send`]).
+    fn collect_claiming(&self, st: &mut State, work: &mut Vec<Work>, claim: Option<&mut Option<Claimed>>) {
         let State { node, seq, .. } = st;
-        let mut c = Collect { inner: self, node, seq, work };
+        let mut c = Collect { inner: self, node, seq, work, claim };
         let Ok(_) = driver::drain_with(&mut c, |c| Some(&mut *c.node));
         let next = st.node.poll_timeout();
         if next.is_some() && (st.timer_deadline.is_none() || next < st.timer_deadline) {
@@ -373,7 +459,7 @@ impl Inner {
                     }
                     driver::carry_out(o, |k| self.transport(k));
                 }
-                Work::Wake(sh, seq, r, w) => sh.wake(seq, r, w),
+                Work::Wake(_, sh, seq, r, w, own) => sh.wake(seq, r, w, own),
             }
         }
     }
@@ -464,6 +550,18 @@ struct Collect<'a> {
     node: &'a mut Node,
     seq: &'a mut u64,
     work: &'a mut Vec<Work>,
+    /// A send's: where its kick of a TCP path, made at once, goes.
+    claim: Option<&'a mut Option<Claimed>>,
+}
+
+/// A send's kick of a TCP path, made under the node lock
+/// ([`Inner::run_send`]): what [`TcpTransport::xmit_claimed`] finishes
+/// after it.
+struct Claimed {
+    path: PathInfo,
+    claim: rds_tcp::XmitClaim,
+    /// The pull under the claim took everything queued.
+    pulled_all: bool,
 }
 
 impl Dispatch for Collect<'_> {
@@ -480,6 +578,23 @@ impl Dispatch for Collect<'_> {
     }
 
     fn kick(&mut self, path: PathInfo) -> Result<(), Infallible> {
+        // A send's first kick of a TCP path (a batch of replies holds its
+        // writes: dispatched as any): made now, and when this thread gets
+        // the path's transmit it pulls the messages here, in the send's
+        // node call (the pull's outputs drain with the send's).
+        if let Some(slot) = self.claim.as_deref_mut()
+            && slot.is_none()
+            && path.kind == TransportKind::Tcp
+            && !crate::batch::active()
+            && let Some(mut claim) = self.inner.tcp.claim_xmit(&path)
+        {
+            let mut pulled_all = true;
+            if claim.owns() {
+                pulled_all = !self.node.pull(path.id, path.inst, self.inner.tcp.pull_budget(), claim.msgs());
+            }
+            *slot = Some(Claimed { path, claim, pulled_all });
+            return Ok(());
+        }
         self.work.push(Work::Out(Output::Kick(path)));
         Ok(())
     }
@@ -490,9 +605,25 @@ impl Dispatch for Collect<'_> {
     }
 
     fn wake(&mut self, s: SockId) -> Result<(), Infallible> {
+        // A socket woken again in the same node call (a message delivered,
+        // then taken by `take_own`): its one wake-up carries the latest
+        // readiness.
+        for w in self.work.iter_mut() {
+            if let Work::Wake(id, sh, seq, readable, writable, own) = w
+                && *id == s
+            {
+                if !*own {
+                    *own = sh.take_own(s, self.node);
+                }
+                let (q, r) = stamped_readiness(self.seq, self.node, s);
+                (*seq, *readable, *writable) = (q, r.readable, r.writable);
+                return Ok(());
+            }
+        }
         if let Some(sh) = self.inner.socks.read().get(&s) {
+            let own = sh.take_own(s, self.node);
             let (seq, r) = stamped_readiness(self.seq, self.node, s);
-            self.work.push(Work::Wake(sh.clone(), seq, r.readable, r.writable));
+            self.work.push(Work::Wake(s, sh.clone(), seq, r.readable, r.writable, own));
         }
         Ok(())
     }

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use parking_lot::Mutex;
-use rds_core::{Errno, Payload, Readiness, Received, SendOptions, SockId, SockOpt, TransportKind};
+use rds_core::{Errno, Incoming, Payload, Readiness, Received, SendOptions, SockId, SockOpt, TransportKind};
 
 use crate::deadline::Deadline;
 use crate::engine::{Engine, SockShared};
@@ -297,7 +297,7 @@ impl RdsSocket {
         let may_batch = crate::batch::receiving(&self.shared);
         loop {
             let snap = self.shared.snapshot();
-            let r = self.run(|n| {
+            let r = self.engine.inner.run_send(|n| {
                 let r = n.send(self.id, dst, &payload, &opts);
                 if may_batch && r.is_ok() {
                     let queued = n.recv_queued(self.id);
@@ -404,9 +404,7 @@ impl RdsSocket {
             let snap = self.shared.snapshot();
             match self.engine.inner.run_recv(&self.shared, self.id, |n| n.recv(self.id, flags.peek)) {
                 Ok(Received::Data(inc)) if !flags.peek => {
-                    crate::batch::received_from(&self.shared);
-                    self.rdma_unuse(&inc.header);
-                    *self.shared.rx_hint.lock() = Some((inc.to.ip(), inc.from.ip()));
+                    self.took(&inc);
                     return Ok(Received::Data(inc));
                 }
                 Err(Errno::EAGAIN) => {
@@ -426,28 +424,18 @@ impl RdsSocket {
         }
     }
 
+    /// What a receive that took datagram `inc` off the socket does
+    /// besides returning it.
+    fn took(&self, inc: &Incoming) {
+        crate::batch::received_from(&self.shared);
+        self.rdma_unuse(&inc.header);
+        *self.shared.rx_hint.lock() = Some((inc.to.ip(), inc.from.ip()));
+    }
+
     /// `recvmsg`: copies the next datagram into `buf` (truncating, see
     /// [`RecvMeta`]), or returns a notification with `len` 0.
     pub fn recv_msg(&self, buf: &mut [u8], flags: RecvFlags) -> io::Result<RecvMeta> {
-        Ok(match self.recv_inner(flags)? {
-            Received::Data(inc) => {
-                let n = inc.payload.len().min(buf.len());
-                crate::copy::copy_bytes(&mut buf[..n], &inc.payload[..n]);
-                let truncated = inc.payload.len() > buf.len();
-                RecvMeta {
-                    len: if flags.trunc { inc.payload.len() } else { n },
-                    from: Some(inc.from),
-                    truncated,
-                    timestamp: inc.timestamp_ns.map(|ns| SystemTime::UNIX_EPOCH + Duration::from_nanos(ns)),
-                    rdma_dest: inc.rdma_dest,
-                    ..RecvMeta::default()
-                }
-            }
-            Received::CongUpdate { mask } => RecvMeta { cong_update: Some(mask), ..RecvMeta::default() },
-            Received::RdmaStatus { user_token, status } => {
-                RecvMeta { rdma_status: Some((user_token, status)), ..RecvMeta::default() }
-            }
-        })
+        Ok(meta_of(self.recv_inner(flags)?, buf, flags))
     }
 
     /// Receives one datagram: (bytes copied, sender). A longer datagram is
@@ -646,7 +634,9 @@ impl RdsSocket {
     /// ([`rds_tcp::RxAssist`]): a message
     /// then wakes one thread, this one, instead of the reactor and then
     /// this one, and moves the descriptor neither up nor down when this
-    /// receive takes it. When the socket sent a message since its previous
+    /// receive takes it; a receive that does not peek takes it in the
+    /// node call that delivered it (the socket's next message, under the
+    /// same lock: one node call per message fewer). When the socket sent a message since its previous
     /// wait (it waits for an answer), that lane's bytes also stop waking
     /// the reactor while it waits, and for `rds_tcp::ASSIST_LINGER` after
     /// (the next such wait takes it over: no system call), which a
@@ -666,8 +656,16 @@ impl RdsSocket {
         let mut wait = self.known_empty(&deadline);
         let r = loop {
             if wait {
-                if let Err(e) = self.wait_readable(&mut deadline) {
+                if let Err(e) = self.wait_readable(&mut deadline, !flags.peek) {
                     break Err(e);
+                }
+                // What the wait's own read delivered, taken for this
+                // receive under the lock that delivered it.
+                if let Some(r) = self.shared.taken.lock().take() {
+                    if let Received::Data(inc) = &r {
+                        self.took(inc);
+                    }
+                    break Ok(meta_of(r, buf, flags));
                 }
             }
             match self.recv_msg(buf, flags) {
@@ -696,8 +694,11 @@ impl RdsSocket {
 
     /// Waits until the socket may be readable: its descriptor is
     /// readable, or this thread read and delivered messages itself (see
-    /// [`RdsSocket::recv_msg_wait`]).
-    fn wait_readable(&self, deadline: &mut Deadline) -> io::Result<()> {
+    /// [`RdsSocket::recv_msg_wait`]); with `take`, the socket's next
+    /// message, when this thread's read delivered one, is taken for the
+    /// receive under the lock that delivered it, into
+    /// `SockShared::taken`.
+    fn wait_readable(&self, deadline: &mut Deadline, take: bool) -> io::Result<()> {
         crate::batch::release();
         // A timeout that starts here: its first poll takes its whole
         // length, with no second clock read.
@@ -720,7 +721,8 @@ impl RdsSocket {
             };
             // The message it reads comes to this thread's receive, which
             // brings the descriptor up to date (`defer`).
-            let round = self.poll_round(&mut fds, 0, &mut assist, &mut set, ms, true)?;
+            let reads = if take { poll::Reads::Take } else { poll::Reads::Defer };
+            let round = self.poll_round(&mut fds, 0, &mut assist, &mut set, ms, reads)?;
             if round.ready > 0 || round.read {
                 return Ok(());
             }
@@ -728,6 +730,30 @@ impl RdsSocket {
                 return Err(err(Errno::ETIMEDOUT));
             }
             self.live()?;
+        }
+    }
+}
+
+/// What a receive into `buf` returns for `r` ([`RdsSocket::recv_msg`]):
+/// a datagram copied (truncated to `buf`), or a notification with `len` 0.
+fn meta_of(r: Received, buf: &mut [u8], flags: RecvFlags) -> RecvMeta {
+    match r {
+        Received::Data(inc) => {
+            let n = inc.payload.len().min(buf.len());
+            crate::copy::copy_bytes(&mut buf[..n], &inc.payload[..n]);
+            let truncated = inc.payload.len() > buf.len();
+            RecvMeta {
+                len: if flags.trunc { inc.payload.len() } else { n },
+                from: Some(inc.from),
+                truncated,
+                timestamp: inc.timestamp_ns.map(|ns| SystemTime::UNIX_EPOCH + Duration::from_nanos(ns)),
+                rdma_dest: inc.rdma_dest,
+                ..RecvMeta::default()
+            }
+        }
+        Received::CongUpdate { mask } => RecvMeta { cong_update: Some(mask), ..RecvMeta::default() },
+        Received::RdmaStatus { user_token, status } => {
+            RecvMeta { rdma_status: Some((user_token, status)), ..RecvMeta::default() }
         }
     }
 }

@@ -289,6 +289,17 @@ impl Inner {
     /// end unless a flush is pending already) instead of being written
     /// now.
     pub(crate) fn coalesced(&self, conn: &std::sync::Arc<PathConn>, now: u64) -> bool {
+        match self.hold_until(conn, now) {
+            Some(at) => self.hold(conn, at, now),
+            None => false,
+        }
+    }
+
+    /// [`Inner::coalesced`]'s decision, without arming the flush: when
+    /// the message stays queued, until when (the caller then calls
+    /// [`Inner::hold`]). Atomics only: a send makes it under the core's
+    /// lock (`crate::TcpTransport::claim_xmit`).
+    pub(crate) fn hold_until(&self, conn: &std::sync::Arc<PathConn>, now: u64) -> Option<u64> {
         let window = conn.write_cost.window(nanos(self.cfg.coalesce), nanos(self.cfg.coalesce_max));
         let prev = conn.last_send.swap(now, SeqCst);
         let last_rx = self.reactors[conn.reactor].last_rx.load(SeqCst);
@@ -306,7 +317,7 @@ impl Inner {
             })
             .unwrap_or(0);
         if run.max(thread_run) < COALESCE_RUN {
-            return false;
+            return None;
         }
         let batch = conn.write_cost.batch(nanos(self.cfg.coalesce));
         if batch > 0 {
@@ -316,7 +327,7 @@ impl Inner {
             // reactor writes what is held a window after the batch began,
             // if no send did.
             if gap >= window {
-                return false;
+                return None;
             }
             let held = conn.held.fetch_add(1, SeqCst);
             if held + 1 >= batch {
@@ -325,14 +336,14 @@ impl Inner {
                 if held + 1 == batch {
                     inc(&self.stats.tx_batch_full);
                 }
-                return false;
+                return None;
             }
             let due = now.saturating_add(window);
             if held == 0 {
                 // A flush pending for the batch before waits for this one.
                 conn.flush_due.store(due, SeqCst);
             }
-            return self.hold(conn, due, now);
+            return Some(due);
         }
         let due = conn.last_write.load(SeqCst).saturating_add(window);
         if now >= due {
@@ -343,7 +354,7 @@ impl Inner {
             // as it would have if that had ended the run); any other
             // writes now.
             if !(self.cfg.stream_handoff && conn.write_cost.tiny() && gap < window) {
-                return false;
+                return None;
             }
             inc(&self.stats.tx_handed_off);
         }
@@ -351,13 +362,13 @@ impl Inner {
         // one before (a stream): let this window's messages go out
         // together; the reactor flushes at the window's end (at once when
         // it is over).
-        self.hold(conn, due.max(now), now)
+        Some(due.max(now))
     }
 
     /// A send at `now` leaves its message queued (`tcp_tx_coalesced`): the
     /// reactor writes what is queued at `at` unless a flush is pending
     /// already (`PathConn::flush_due` says when that one is for). True.
-    fn hold(&self, conn: &std::sync::Arc<PathConn>, at: u64, now: u64) -> bool {
+    pub(crate) fn hold(&self, conn: &std::sync::Arc<PathConn>, at: u64, now: u64) -> bool {
         inc(&self.stats.tx_coalesced);
         if !conn.flush_pending.swap(true, SeqCst) {
             conn.flush_due.store(at, SeqCst);

@@ -235,6 +235,7 @@ mod xmit;
 
 pub use assist::{ASSIST_ACK_LAZY_BYTES, ASSIST_LINGER, ASSIST_MAX_PATHS, ASSIST_STREAM_BYTES, RxAssist};
 pub use batch::REPLY_BATCH_MAX;
+pub use xmit::XmitClaim;
 
 use std::collections::HashMap;
 use std::hash::{Hash, Hasher};

@@ -31,6 +31,12 @@
 //! [`crate::TcpConfig::inline_limit`] bytes. No lock of the transport is
 //! held while it calls the sink.
 //!
+//! A send's own kick can be made under the core's lock instead
+//! ([`crate::TcpTransport::claim_xmit`]): the same checks, and when they
+//! give the sending thread the transmit it pulls in the node call of its
+//! send (one node call per message fewer) and writes with
+//! [`crate::TcpTransport::xmit_claimed`] once the lock is released.
+//!
 //! How acks are polled (after writes, on events, on the reactor's ack
 //! timer) is in the crate docs' "Acks" section.
 
@@ -87,6 +93,102 @@ impl crate::TcpTransport {
     }
 }
 
+/// A kick of a path's transmit made by the send that queued its message,
+/// under the core's lock ([`crate::TcpTransport::claim_xmit`]): whether
+/// the transmit is the caller's (`owns`: it pulls the path's messages
+/// under that same lock and writes them with
+/// [`crate::TcpTransport::xmit_claimed`] after), or what
+/// `xmit_claimed` still has to do for the kick (arm the coalescing
+/// window's flush) outside the lock.
+pub struct XmitClaim {
+    conn: Arc<PathConn>,
+    on_reactor: bool,
+    /// The clock read of the coalescing check, which the first write's
+    /// stamp reuses.
+    stamp: Option<u64>,
+    /// The message stays queued for the coalescing window's flush, due
+    /// then ([`Inner::hold`]).
+    hold_at: Option<u64>,
+    owns: bool,
+    /// The connection's pull buffer (for its capacity), while the
+    /// transmit is the caller's.
+    msgs: Vec<TxMessage>,
+}
+
+impl XmitClaim {
+    /// Whether the caller transmits: it pulls the path's messages now.
+    pub fn owns(&self) -> bool {
+        self.owns
+    }
+
+    /// Where the caller pulls the path's messages to, when it owns the
+    /// transmit.
+    pub fn msgs(&mut self) -> &mut Vec<TxMessage> {
+        &mut self.msgs
+    }
+}
+
+impl crate::TcpTransport {
+    /// [`rds_core::RdsTransport::kick`] of `path` by a send, made under the
+    /// core's lock right after the send queued its message, so that the
+    /// sending thread can pull the path's messages in that same node call
+    /// instead of a second one (the kick's pull): the checks
+    /// a kick's transmit makes before a round (the coalescing window, another
+    /// transmitting thread, a write waiting for room, the path not up), with
+    /// the transmit claimed for the caller when they let it transmit.
+    /// Atomics and a clock read only: no lock, no system call but the
+    /// clock. `None` when the path has no connection (the kick would do
+    /// nothing). Whatever it returns that is `Some` goes to
+    /// [`Self::xmit_claimed`], which finishes the kick.
+    pub fn claim_xmit(&self, path: &rds_core::PathInfo) -> Option<XmitClaim> {
+        let conn = self.inner.conn_of(path)?;
+        let on_reactor = reactor::on_reactor();
+        let mut c = XmitClaim { conn, on_reactor, stamp: None, hold_at: None, owns: false, msgs: Vec::new() };
+        if !on_reactor && !self.inner.cfg.coalesce.is_zero() {
+            let now = path_conn::now_ns();
+            c.stamp = Some(now);
+            c.hold_at = self.inner.hold_until(&c.conn, now);
+            if c.hold_at.is_some() {
+                return Some(c);
+            }
+        }
+        c.owns = self.inner.claim(&c.conn);
+        if c.owns {
+            // Only the thread holding `in_xmit` uses it.
+            c.msgs = std::mem::take(&mut *c.conn.pull_buf.lock());
+        }
+        Some(c)
+    }
+
+    /// The bytes of messages a claimed transmit pulls at once
+    /// ([`crate::TcpConfig::pull_budget`]).
+    pub fn pull_budget(&self) -> usize {
+        self.inner.cfg.pull_budget
+    }
+
+    /// Finishes the kick of [`Self::claim_xmit`] after the core's lock:
+    /// arms the coalescing window's flush for a message held, or, for a
+    /// transmit the caller owns, writes what it pulled into
+    /// [`XmitClaim::msgs`] (`pulled_all`: that pull took everything
+    /// queued) and goes on as a transmit does (pulls more through the sink
+    /// while there is more, hands over to the reactor after the inline
+    /// limit), then releases the transmit.
+    pub fn xmit_claimed(&self, mut c: XmitClaim, pulled_all: bool) {
+        if let (Some(at), Some(now)) = (c.hold_at, c.stamp) {
+            self.inner.hold(&c.conn, at, now);
+            return;
+        }
+        if c.owns {
+            self.inner.transmit(&c.conn, c.on_reactor, c.stamp, Some((&mut c.msgs, pulled_all)));
+            c.msgs.clear();
+            let mut buf = c.conn.pull_buf.lock();
+            if buf.capacity() < c.msgs.capacity() {
+                *buf = std::mem::take(&mut c.msgs);
+            }
+        }
+    }
+}
+
 impl Inner {
     /// Transmits on the connection unless another thread is doing it (then
     /// that thread goes around once more).
@@ -103,16 +205,40 @@ impl Inner {
                 return;
             }
         }
+        if self.claim(conn) {
+            self.transmit(conn, on_reactor, stamp, None);
+        }
+    }
+
+    /// Claims the connection's transmit for the calling thread: false when
+    /// it is not up, a write waits for room (the reactor resumes), or
+    /// another thread transmits (which then goes around once more:
+    /// `again`).
+    fn claim(&self, conn: &PathConn) -> bool {
         conn.again.store(true, SeqCst);
+        if conn.wait_writable.load(SeqCst) || conn.state() != UP {
+            return false;
+        }
+        if conn.in_xmit.swap(true, SeqCst) {
+            return false;
+        }
+        conn.again.store(false, SeqCst);
+        true
+    }
+
+    /// Transmits on a connection whose transmit this thread claimed
+    /// ([`Inner::claim`]), first writing `pre` (messages the claimant
+    /// pulled, and whether that pull took everything queued) if any:
+    /// rounds until one ends with nothing more asked for, and releases it.
+    fn transmit(
+        &self,
+        conn: &Arc<PathConn>,
+        on_reactor: bool,
+        mut stamp: Option<u64>,
+        mut pre: Option<(&mut Vec<TxMessage>, bool)>,
+    ) {
         loop {
-            if conn.wait_writable.load(SeqCst) || conn.state() != UP {
-                return;
-            }
-            if conn.in_xmit.swap(true, SeqCst) {
-                return;
-            }
-            conn.again.store(false, SeqCst);
-            let r = self.xmit_round(conn, on_reactor, stamp.take());
+            let r = self.xmit_round(conn, on_reactor, stamp.take(), pre.take());
             conn.in_xmit.store(false, SeqCst);
             match r {
                 Round::Idle | Round::Blocked => {
@@ -125,6 +251,9 @@ impl Inner {
                     return;
                 }
                 Round::Dead => return,
+            }
+            if !self.claim(conn) {
+                return;
             }
         }
     }
@@ -189,14 +318,27 @@ impl Inner {
         Some(advanced)
     }
 
-    /// One transmitter's work: write what is queued, pull more, repeat.
-    fn xmit_round(&self, conn: &Arc<PathConn>, on_reactor: bool, stamp: Option<u64>) -> Round {
+    /// One transmitter's work: write what is queued, pull more, repeat;
+    /// `pre`: messages pulled already, written first (see
+    /// [`Inner::transmit`]).
+    fn xmit_round(
+        &self,
+        conn: &Arc<PathConn>,
+        on_reactor: bool,
+        stamp: Option<u64>,
+        pre: Option<(&mut Vec<TxMessage>, bool)>,
+    ) -> Round {
         let Some(sink) = self.sink() else { return Round::Dead };
         let limit = if on_reactor { self.cfg.reactor_xmit_limit } else { self.cfg.inline_limit } as u64;
+        if let Some((msgs, pulled_all)) = pre {
+            let r = self.xmit_loop(conn, &*sink, limit, msgs, stamp, Some(pulled_all));
+            msgs.clear();
+            return r;
+        }
         // The connection's pull buffer, for its capacity: only the thread
         // holding `in_xmit` uses it.
         let mut msgs = std::mem::take(&mut *conn.pull_buf.lock());
-        let r = self.xmit_loop(conn, &*sink, limit, &mut msgs, stamp);
+        let r = self.xmit_loop(conn, &*sink, limit, &mut msgs, stamp, None);
         msgs.clear();
         *conn.pull_buf.lock() = msgs;
         r
@@ -213,6 +355,7 @@ impl Inner {
         limit: u64,
         msgs: &mut Vec<TxMessage>,
         mut stamp: Option<u64>,
+        pre: Option<bool>,
     ) -> Round {
         let (id, inst) = (conn.info.id, conn.info.inst);
         let mut sent = 0u64;
@@ -223,6 +366,14 @@ impl Inner {
         // kick, which sends the holder of `in_xmit` around once more
         // (`Inner::xmit`, `again`).
         let mut pulled_all = false;
+        // Messages the claimant pulled (`pre`: whether that pull took all):
+        // queued as a pull's are, before the first write.
+        if let Some(all) = pre {
+            pulled_all = all;
+            if !msgs.is_empty() {
+                self.queue_pulled(conn, msgs, last);
+            }
+        }
         loop {
             let wgen = conn.wr_gen.load(SeqCst);
             let (res, polled) = {
@@ -296,20 +447,27 @@ impl Inner {
             if msgs.is_empty() {
                 return Round::Idle;
             }
-            let notify = {
-                let mut tx = conn.tx.lock();
-                let tracked = tx.enqueue(msgs);
-                if tracked && !tx.watched {
-                    tx.watched = true;
-                    true
-                } else {
-                    false
-                }
-            };
-            if notify {
-                let now = last.unwrap_or_else(path_conn::now_ns);
-                self.reactors[conn.reactor].watch(conn.clone(), self.ack_timer(conn, now), path_conn::instant_of(now));
+            self.queue_pulled(conn, msgs, last);
+        }
+    }
+
+    /// Queues pulled messages for the connection's writes; when a
+    /// sequenced one starts the connection awaiting acks, the reactor
+    /// watches them (`last`: the latest clock read, if any).
+    fn queue_pulled(&self, conn: &Arc<PathConn>, msgs: &mut Vec<TxMessage>, last: Option<u64>) {
+        let notify = {
+            let mut tx = conn.tx.lock();
+            let tracked = tx.enqueue(msgs);
+            if tracked && !tx.watched {
+                tx.watched = true;
+                true
+            } else {
+                false
             }
+        };
+        if notify {
+            let now = last.unwrap_or_else(path_conn::now_ns);
+            self.reactors[conn.reactor].watch(conn.clone(), self.ack_timer(conn, now), path_conn::instant_of(now));
         }
     }
 }

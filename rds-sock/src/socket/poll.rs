@@ -109,7 +109,7 @@ impl RdsSocket {
             };
             // Not `defer`: the caller may poll again or receive in another
             // thread, so what this reads raises the descriptor.
-            let round = self.poll_round(fds, me, &mut assist, &mut set, ms, false)?;
+            let round = self.poll_round(fds, me, &mut assist, &mut set, ms, Reads::Raise)?;
             if round.ready > 0 {
                 return Ok(round.ready);
             }
@@ -132,11 +132,8 @@ impl RdsSocket {
 
     /// One `poll` of `fds` and the connections `assist` holds, for `ms`
     /// milliseconds (-1: without end); reads the assisted connections it
-    /// found readable. `defer`: the reads are this thread's blocking
-    /// receive's, which takes what they deliver and brings the
-    /// descriptor up to date after (`SockShared::assist_by`); a wake-up
-    /// they cause for this socket leaves its descriptor alone. Inlined: a
-    /// blocking receive's wait runs it once per message.
+    /// found readable. `reads`: whose the reads are ([`Reads`]). Inlined:
+    /// a blocking receive's wait runs it once per message.
     #[inline(always)]
     pub(super) fn poll_round(
         &self,
@@ -145,7 +142,7 @@ impl RdsSocket {
         assist: &mut Option<RxAssist>,
         set: &mut PollSet,
         ms: libc::c_int,
-        defer: bool,
+        reads: Reads,
     ) -> io::Result<Round> {
         let mine = fds.len();
         let (all, idx) = set.build(fds, assist.as_ref());
@@ -170,17 +167,39 @@ impl RdsSocket {
         }
         if let Some(a) = assist {
             let by = &self.shared.assist_by;
-            if defer {
-                by.store(crate::engine::thread_token(), std::sync::atomic::Ordering::SeqCst);
+            let mark = match reads {
+                Reads::Raise => None,
+                Reads::Defer => Some(crate::engine::assist_mark(false)),
+                Reads::Take => Some(crate::engine::assist_mark(true)),
+            };
+            if let Some(m) = mark {
+                by.store(m, std::sync::atomic::Ordering::SeqCst);
             }
             let hit = all[mine..].iter().zip(&idx[mine..]).filter(|(p, _)| p.revents != 0).map(|(_, &i)| i);
             round.read = self.assist_read(a, hit);
-            if defer {
+            if mark.is_some() {
                 by.store(0, std::sync::atomic::Ordering::SeqCst);
             }
         }
         Ok(round)
     }
+}
+
+/// Whose reads a [`RdsSocket::poll_round`] makes.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(super) enum Reads {
+    /// A poll's ([`RdsSocket::poll_with`]): the caller may poll again or
+    /// receive in another thread, so what they deliver raises the
+    /// socket's descriptor.
+    Raise,
+    /// A blocking receive's that peeks: it looks at what they deliver and
+    /// brings the descriptor up to date after (`SockShared::assist_by`);
+    /// a wake-up they cause for this socket leaves its descriptor alone.
+    Defer,
+    /// A blocking receive's that takes its message: the wake-up that
+    /// delivers it takes it for the receive under the same node lock
+    /// (`SockShared::taken`) and brings the descriptor up to date.
+    Take,
 }
 
 /// What one [`RdsSocket::poll_round`] found.
