@@ -430,7 +430,7 @@ impl Inner {
 
     /// [`Inner::collect`]; with `claim` (a send's), the first kick of a TCP
     /// path is made at once ([`Inner::run_send`]).
-    fn collect_claiming(&self, st: &mut State, work: &mut Vec<Work>, claim: Option<&mut Option<Claimed>>) {
+    fn collect_claiming<'i>(&'i self, st: &mut State, work: &mut Vec<Work>, claim: Option<&mut Option<Claimed<'i>>>) {
         let State { node, seq, .. } = st;
         let mut c = Collect { inner: self, node, seq, work, claim };
         let Ok(_) = driver::drain_with(&mut c, |c| Some(&mut *c.node));
@@ -545,26 +545,26 @@ impl Inner {
 /// What `collect` hands the node's outputs to, under the node lock: the
 /// transports' outputs wait for `dispatch` (after the lock), a wake reads
 /// the socket's readiness now.
-struct Collect<'a> {
-    inner: &'a Inner,
+struct Collect<'a, 'i> {
+    inner: &'i Inner,
     node: &'a mut Node,
     seq: &'a mut u64,
     work: &'a mut Vec<Work>,
     /// A send's: where its kick of a TCP path, made at once, goes.
-    claim: Option<&'a mut Option<Claimed>>,
+    claim: Option<&'a mut Option<Claimed<'i>>>,
 }
 
 /// A send's kick of a TCP path, made under the node lock
 /// ([`Inner::run_send`]): what [`TcpTransport::xmit_claimed`] finishes
 /// after it.
-struct Claimed {
+struct Claimed<'i> {
     path: PathInfo,
-    claim: rds_tcp::XmitClaim,
+    claim: rds_tcp::XmitClaim<'i>,
     /// The pull under the claim took everything queued.
     pulled_all: bool,
 }
 
-impl Dispatch for Collect<'_> {
+impl Dispatch for Collect<'_, '_> {
     type Error = Infallible;
 
     fn connect(&mut self, path: PathInfo) -> Result<(), Infallible> {

@@ -100,7 +100,8 @@ impl crate::TcpTransport {
 /// [`crate::TcpTransport::xmit_claimed`] after), or what
 /// `xmit_claimed` still has to do for the kick (arm the coalescing
 /// window's flush) outside the lock.
-pub struct XmitClaim {
+pub struct XmitClaim<'a> {
+    inner: &'a Inner,
     conn: Arc<PathConn>,
     on_reactor: bool,
     /// The clock read of the coalescing check, which the first write's
@@ -115,7 +116,7 @@ pub struct XmitClaim {
     msgs: Vec<TxMessage>,
 }
 
-impl XmitClaim {
+impl XmitClaim<'_> {
     /// Whether the caller transmits: it pulls the path's messages now.
     pub fn owns(&self) -> bool {
         self.owns
@@ -125,6 +126,23 @@ impl XmitClaim {
     /// transmit.
     pub fn msgs(&mut self) -> &mut Vec<TxMessage> {
         &mut self.msgs
+    }
+}
+
+/// A claim dropped before [`crate::TcpTransport::xmit_claimed`] (a panic
+/// between the two) loses nothing: what it pulled is queued for the
+/// connection's writes and the reactor transmits, as after a round that
+/// yields.
+impl Drop for XmitClaim<'_> {
+    fn drop(&mut self) {
+        if !self.owns {
+            return;
+        }
+        if !self.msgs.is_empty() {
+            self.conn.tx.lock().enqueue(&mut self.msgs);
+        }
+        self.conn.in_xmit.store(false, SeqCst);
+        self.inner.reactors[self.conn.reactor].send(Cmd::Xmit(self.conn.clone()));
     }
 }
 
@@ -140,10 +158,18 @@ impl crate::TcpTransport {
     /// clock. `None` when the path has no connection (the kick would do
     /// nothing). Whatever it returns that is `Some` goes to
     /// [`Self::xmit_claimed`], which finishes the kick.
-    pub fn claim_xmit(&self, path: &rds_core::PathInfo) -> Option<XmitClaim> {
+    pub fn claim_xmit(&self, path: &rds_core::PathInfo) -> Option<XmitClaim<'_>> {
         let conn = self.inner.conn_of(path)?;
         let on_reactor = reactor::on_reactor();
-        let mut c = XmitClaim { conn, on_reactor, stamp: None, hold_at: None, owns: false, msgs: Vec::new() };
+        let mut c = XmitClaim {
+            inner: &self.inner,
+            conn,
+            on_reactor,
+            stamp: None,
+            hold_at: None,
+            owns: false,
+            msgs: Vec::new(),
+        };
         if !on_reactor && !self.inner.cfg.coalesce.is_zero() {
             let now = path_conn::now_ns();
             c.stamp = Some(now);
@@ -173,12 +199,13 @@ impl crate::TcpTransport {
     /// queued) and goes on as a transmit does (pulls more through the sink
     /// while there is more, hands over to the reactor after the inline
     /// limit), then releases the transmit.
-    pub fn xmit_claimed(&self, mut c: XmitClaim, pulled_all: bool) {
+    pub fn xmit_claimed(&self, mut c: XmitClaim<'_>, pulled_all: bool) {
         if let (Some(at), Some(now)) = (c.hold_at, c.stamp) {
             self.inner.hold(&c.conn, at, now);
             return;
         }
         if c.owns {
+            c.owns = false;
             self.inner.transmit(&c.conn, c.on_reactor, c.stamp, Some((&mut c.msgs, pulled_all)));
             c.msgs.clear();
             let mut buf = c.conn.pull_buf.lock();

@@ -487,3 +487,68 @@ fn a_thread_streaming_to_peers_in_turn_coalesces_from_each_visits_second_message
         h.shutdown();
     }
 }
+
+/// A send's kick made under the core's lock (`TcpTransport::claim_xmit`,
+/// as rds-sock's sends make it): the sending thread pulls its messages in
+/// that same node call and writes them after the lock
+/// (`TcpTransport::xmit_claimed`); a claim dropped before its write (a
+/// panic between the two) loses nothing: what it pulled is queued and the
+/// reactor writes it. Every message arrives once, in order, intact, and
+/// the sends' kicks were claimed by their own threads.
+#[test]
+fn a_claimed_transmit_writes_what_it_pulled_and_a_dropped_claim_loses_nothing() {
+    let a = Host::new(ip("127.0.26.1"), 17117, 261);
+    let b = Host::new(ip("127.0.26.2"), 17117, 262);
+    let d = deadline(60);
+    let sa = a.socket(5000);
+    let sb = b.socket(4000);
+    let to_b = SocketAddr::new(b.addr, 4000);
+    // Warm up: paths up, congestion maps exchanged.
+    a.send(sa, to_b, &Payload::new(pattern(0, 64)), d);
+    assert_eq!(index_of(&b.recv(sb, d).payload), 0);
+    let opts = SendOptions { blocking: true, ..SendOptions::default() };
+    let (mut owned, mut dropped) = (0, 0);
+    for i in 1..=300u64 {
+        let payload = Payload::new(pattern(i, 64 + (i as usize % 5) * 700));
+        let (claim, rest) = {
+            let mut n = a.node.lock().unwrap();
+            n.send(sa, Some(to_b), &payload, &opts).expect("send");
+            let mut outs = driver::outputs(&mut n);
+            let k = outs.iter().position(|o| matches!(o, Output::Kick(p) if p.kind == TransportKind::Tcp));
+            let claim = k.and_then(|k| {
+                let Output::Kick(p) = outs.remove(k) else { unreachable!() };
+                let mut c = a.tcp.claim_xmit(&p)?;
+                let mut all = true;
+                if c.owns() {
+                    all = !n.pull(p.id, p.inst, a.tcp.pull_budget(), c.msgs());
+                }
+                Some((c, all))
+            });
+            outs.extend(driver::outputs(&mut n));
+            (claim, outs)
+        };
+        if let Some((c, all)) = claim {
+            if c.owns() {
+                owned += 1;
+            }
+            if i % 4 == 0 && c.owns() {
+                dropped += 1;
+                drop(c);
+            } else {
+                a.tcp.xmit_claimed(c, all);
+            }
+        }
+        for o in rest {
+            let _ = driver::carry_out(o, |_| &*a.tcp);
+        }
+        let m = b.recv(sb, d);
+        assert_eq!(index_of(&m.payload), i, "order");
+        assert!(m.payload[..] == payload[..], "message {i}");
+    }
+    assert!(owned >= 200 && dropped >= 50, "claims owned {owned}, dropped {dropped}");
+    a.wait_for(d, "everything acked", |n| n.snd_bytes(sa) == 0);
+    std::thread::sleep(Duration::from_millis(50));
+    assert!(!matches!(b.with(|n| n.recv(sb, false)), Ok(Received::Data(_))), "nothing more, nothing twice");
+    a.shutdown();
+    b.shutdown();
+}
