@@ -60,7 +60,10 @@
 //! inline, as the kernel does, one thread at a time per connection, with
 //! write coalescing of one-way streams ([`TcpConfig::coalesce`]) and
 //! `writev` batching: see
-//! the docs of the `xmit` module (`src/xmit.rs`).
+//! the docs of the `xmit` module (`src/xmit.rs`). A sender can make its
+//! own kick under the core's lock instead ([`TcpTransport::claim_xmit`]),
+//! pulling its messages in the node call of its send, and write them after
+//! ([`TcpTransport::xmit_claimed`]): rds-sock's sends do.
 //!
 //! ## Acks
 //!

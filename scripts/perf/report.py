@@ -656,8 +656,10 @@ def window_why_section(w, vm):
     if locks is not None and wait is not None:
         w(f"Our two engines took their node locks {locks:.1f} times per answered message in "
           f"one more such run (`rds-info -c`: `engine_node_lock_taken`, both processes; every call "
-          f"into a node takes its lock once: a send, a receive, a transport's read, write "
-          f"or ack), and {wait:.2f}% of those acquisitions found the lock held by another "
+          f"into a node takes its lock once: a send, which also pulls the messages of its own "
+          f"write, a receive, a transport's read, which also hands a blocking receive that read "
+          f"it the message it waits for, a transport's write or ack), and {wait:.2f}% of those "
+          f"acquisitions found the lock held by another "
           + ("thread: the one lock per node does not hold this exchange back"
              if wait < 1 else "thread: worth a closer look")
           + " (\"The node lock\" under Scale).")
@@ -742,7 +744,8 @@ def node_lock_note(sc, peers):
     return (
         "The node lock. An engine keeps its node (connections, sockets, congestion map, "
         "timers) behind one lock, which every call into the node takes once: a socket's "
-        "send or receive, a transport's event, the timer (`rds_sock::Engine`; issue 14's "
+        "send (which also pulls the messages of its own write) or receive, a transport's "
+        "event, the timer (`rds_sock::Engine`; issue 14's "
         "item 1 asks for per-connection locks instead, and they are not built). Counted "
         "here (`Engine::node_lock_stats`; `rds-info -c`: `engine_node_lock_*`): at most "
         f"{share('scale_bw_1_server_lock_waited')} of the serving node's acquisitions in a "
