@@ -312,6 +312,24 @@ thread_local! {
     static WORK: std::cell::RefCell<Vec<Work>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
+/// This thread's work list for a node call (empty, with the capacity the
+/// last one left). `try_with`: a thread's held kicks are written by a
+/// destructor at its end (`crate::batch`), when `WORK` may be gone.
+fn take_work() -> Vec<Work> {
+    WORK.try_with(|w| std::mem::take(&mut *w.borrow_mut())).unwrap_or_default()
+}
+
+/// Gives a node call's (dispatched, empty) work list back to the thread
+/// when it grew past the one kept.
+fn keep_work(work: Vec<Work>) {
+    let _ = WORK.try_with(|w| {
+        let mut w = w.borrow_mut();
+        if w.capacity() < work.capacity() {
+            *w = work;
+        }
+    });
+}
+
 impl Inner {
     /// Takes the node lock, counting the acquisition and, when another
     /// thread held it, the wait ([`LockCounts`]). Inlined, as the lock's
@@ -382,7 +400,7 @@ impl Inner {
     /// send whose write a batch of replies holds (`crate::batch`) is
     /// dispatched as any.
     pub(crate) fn run_send<R>(&self, f: impl FnOnce(&mut Node) -> R) -> R {
-        let mut work = WORK.try_with(|w| std::mem::take(&mut *w.borrow_mut())).unwrap_or_default();
+        let mut work = take_work();
         let mut claimed = None;
         let r = {
             let mut st = self.lock_state();
@@ -395,21 +413,14 @@ impl Inner {
             self.tcp.xmit_claimed(claim, pulled_all);
         }
         self.dispatch(&mut work);
-        let _ = WORK.try_with(|w| {
-            let mut w = w.borrow_mut();
-            if w.capacity() < work.capacity() {
-                *w = work;
-            }
-        });
+        keep_work(work);
         r
     }
 
     /// [`Inner::run`], with `then` run on the state under the same lock
     /// after the node's outputs were collected.
     fn run_then<R>(&self, f: impl FnOnce(&mut Node) -> R, then: impl FnOnce(&mut State)) -> R {
-        // `try_with`: a thread's held kicks are written by a destructor at
-        // its end (`crate::batch`), when this one may be gone.
-        let mut work = WORK.try_with(|w| std::mem::take(&mut *w.borrow_mut())).unwrap_or_default();
+        let mut work = take_work();
         let r = {
             let mut st = self.lock_state();
             let r = f(&mut st.node);
@@ -418,12 +429,7 @@ impl Inner {
             r
         };
         self.dispatch(&mut work);
-        let _ = WORK.try_with(|w| {
-            let mut w = w.borrow_mut();
-            if w.capacity() < work.capacity() {
-                *w = work;
-            }
-        });
+        keep_work(work);
         r
     }
 

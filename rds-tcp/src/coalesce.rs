@@ -1,6 +1,6 @@
 //! Write coalescing of one-way streams: when an application thread's send
 //! leaves its message queued for the next write instead of writing it now
-//! ([`Inner::coalesced`]), and how long that window is on this machine
+//! ([`Inner::hold_until`]), and how long that window is on this machine
 //! ([`WriteCost`]).
 //!
 //! A run of [`COALESCE_RUN`] sends on a connection, each within the window
@@ -287,18 +287,9 @@ impl Inner {
     /// whether the message stays queued for the window's flush (counted
     /// in `tcp_tx_coalesced`; the reactor's timer flushes at the window's
     /// end unless a flush is pending already) instead of being written
-    /// now.
-    pub(crate) fn coalesced(&self, conn: &std::sync::Arc<PathConn>, now: u64) -> bool {
-        match self.hold_until(conn, now) {
-            Some(at) => self.hold(conn, at, now),
-            None => false,
-        }
-    }
-
-    /// [`Inner::coalesced`]'s decision, without arming the flush: when
-    /// the message stays queued, until when (the caller then calls
-    /// [`Inner::hold`]). Atomics only: a send makes it under the core's
-    /// lock (`crate::TcpTransport::claim_xmit`).
+    /// now, and until when; the caller arms the flush with [`Inner::hold`].
+    /// Atomics only: a send makes it under the core's lock
+    /// (`crate::TcpTransport::claim_xmit`).
     pub(crate) fn hold_until(&self, conn: &std::sync::Arc<PathConn>, now: u64) -> Option<u64> {
         let window = conn.write_cost.window(nanos(self.cfg.coalesce), nanos(self.cfg.coalesce_max));
         let prev = conn.last_send.swap(now, SeqCst);
@@ -367,14 +358,13 @@ impl Inner {
 
     /// A send at `now` leaves its message queued (`tcp_tx_coalesced`): the
     /// reactor writes what is queued at `at` unless a flush is pending
-    /// already (`PathConn::flush_due` says when that one is for). True.
-    pub(crate) fn hold(&self, conn: &std::sync::Arc<PathConn>, at: u64, now: u64) -> bool {
+    /// already (`PathConn::flush_due` says when that one is for).
+    pub(crate) fn hold(&self, conn: &std::sync::Arc<PathConn>, at: u64, now: u64) {
         inc(&self.stats.tx_coalesced);
         if !conn.flush_pending.swap(true, SeqCst) {
             conn.flush_due.store(at, SeqCst);
             self.reactors[conn.reactor].flush_at(conn.clone(), path_conn::instant_of(at), path_conn::instant_of(now));
         }
-        true
     }
 }
 

@@ -17,7 +17,7 @@
 //! `writev` (header and payload slices, up to 1024 per call), so a burst of
 //! small messages costs few system calls. The writes of a one-way stream
 //! are coalesced in time: a send inside the window leaves its message to
-//! the window's single write (the `coalesce` module, [`Inner::coalesced`];
+//! the window's single write (the `coalesce` module, [`Inner::hold_until`];
 //! the window is [`crate::TcpConfig::coalesce`] or a few times what a
 //! transmit measured here, up to [`crate::TcpConfig::coalesce_max`]). A
 //! message sent after a pause, a reply and request/response traffic go out
@@ -160,23 +160,10 @@ impl crate::TcpTransport {
     /// [`Self::xmit_claimed`], which finishes the kick.
     pub fn claim_xmit(&self, path: &rds_core::PathInfo) -> Option<XmitClaim<'_>> {
         let conn = self.inner.conn_of(path)?;
-        let on_reactor = reactor::on_reactor();
-        let mut c = XmitClaim {
-            inner: &self.inner,
-            conn,
-            on_reactor,
-            stamp: None,
-            hold_at: None,
-            owns: false,
-            msgs: Vec::new(),
-        };
-        if !on_reactor && !self.inner.cfg.coalesce.is_zero() {
-            let now = path_conn::now_ns();
-            c.stamp = Some(now);
-            c.hold_at = self.inner.hold_until(&c.conn, now);
-            if c.hold_at.is_some() {
-                return Some(c);
-            }
+        let (on_reactor, stamp, hold_at) = self.inner.coalesce_check(&conn);
+        let mut c = XmitClaim { inner: &self.inner, conn, on_reactor, stamp, hold_at, owns: false, msgs: Vec::new() };
+        if c.hold_at.is_some() {
+            return Some(c);
         }
         c.owns = self.inner.claim(&c.conn);
         if c.owns {
@@ -206,8 +193,8 @@ impl crate::TcpTransport {
         }
         if c.owns {
             c.owns = false;
+            // (`xmit_round` clears them after writing.)
             self.inner.transmit(&c.conn, c.on_reactor, c.stamp, Some((&mut c.msgs, pulled_all)));
-            c.msgs.clear();
             let mut buf = c.conn.pull_buf.lock();
             if buf.capacity() < c.msgs.capacity() {
                 *buf = std::mem::take(&mut c.msgs);
@@ -220,21 +207,31 @@ impl Inner {
     /// Transmits on the connection unless another thread is doing it (then
     /// that thread goes around once more).
     pub fn xmit(&self, conn: &Arc<PathConn>) {
-        let on_reactor = reactor::on_reactor();
-        // The call's clock read, when the coalescing check made one: the
-        // first write's stamp reuses it (a clock read is a system call
-        // where the clocksource has no vDSO support, as in the VM rig).
-        let mut stamp = None;
-        if !on_reactor && !self.cfg.coalesce.is_zero() {
-            let now = path_conn::now_ns();
-            stamp = Some(now);
-            if self.coalesced(conn, now) {
-                return;
-            }
+        let (on_reactor, stamp, hold_at) = self.coalesce_check(conn);
+        if let (Some(at), Some(now)) = (hold_at, stamp) {
+            self.hold(conn, at, now);
+            return;
         }
         if self.claim(conn) {
             self.transmit(conn, on_reactor, stamp, None);
         }
+    }
+
+    /// What a kick from the calling thread checks before it claims the
+    /// transmit: whether the thread is a reactor's, the clock read of
+    /// the coalescing check if it made one (an application thread's kick
+    /// with coalescing on; the first write's stamp reuses it: a clock read
+    /// is a system call where the clocksource has no vDSO support, as in
+    /// the VM rig), and, when the message stays queued for the window's
+    /// flush, until when ([`Inner::hold_until`]; the caller arms it with
+    /// [`Inner::hold`]).
+    fn coalesce_check(&self, conn: &Arc<PathConn>) -> (bool, Option<u64>, Option<u64>) {
+        let on_reactor = reactor::on_reactor();
+        if on_reactor || self.cfg.coalesce.is_zero() {
+            return (on_reactor, None, None);
+        }
+        let now = path_conn::now_ns();
+        (false, Some(now), self.hold_until(conn, now))
     }
 
     /// Claims the connection's transmit for the calling thread: false when

@@ -112,6 +112,31 @@ fn coalescing_holds_back_streams_not_round_trips() {
     b.shutdown();
 }
 
+/// Two hosts at `addr` with `cfg` (node seeds `seed` and `seed + 1`), a
+/// socket each (`sa` on port 5000 sending to `to_b`, `sb` on 4000), and a
+/// 60 s deadline `d`, after one message from `sa` to `sb` (paths up,
+/// congestion maps exchanged).
+struct Warm {
+    a: std::sync::Arc<Host>,
+    b: std::sync::Arc<Host>,
+    sa: SockId,
+    sb: SockId,
+    to_b: SocketAddr,
+    d: Instant,
+}
+
+fn warm_pair(addr: (&str, &str), cfg: rds_tcp::TcpConfig, seed: u32) -> Warm {
+    let a = Host::with_config(ip(addr.0), cfg.clone(), common::node_config(seed));
+    let b = Host::with_config(ip(addr.1), cfg, common::node_config(seed + 1));
+    let d = deadline(60);
+    let sa = a.socket(5000);
+    let sb = b.socket(4000);
+    let to_b = SocketAddr::new(b.addr, 4000);
+    a.send(sa, to_b, &Payload::new(pattern(0, 64)), d);
+    assert_eq!(index_of(&b.recv(sb, d).payload), 0);
+    Warm { a, b, sa, sb, to_b, d }
+}
+
 /// Bursts [`one_way_burst`] sends at most, until its `enough` holds.
 const BURSTS: u64 = 4;
 
@@ -141,14 +166,7 @@ fn one_way_burst(
     enough: impl Fn(&[u64]) -> bool,
 ) -> Vec<u64> {
     let cfg = rds_tcp::TcpConfig { port: 17118, ..cfg };
-    let a = Host::with_config(ip(addr.0), cfg.clone(), common::node_config(seed));
-    let b = Host::with_config(ip(addr.1), cfg, common::node_config(seed + 1));
-    let d = deadline(60);
-    let sa = a.socket(5000);
-    let sb = b.socket(4000);
-    let to_b = SocketAddr::new(b.addr, 4000);
-    a.send(sa, to_b, &Payload::new(pattern(0, 64)), d);
-    assert_eq!(index_of(&b.recv(sb, d).payload), 0);
+    let Warm { a, b, sa, sb, to_b, d } = warm_pair(addr, cfg, seed);
     let before: Vec<u64> = counters.iter().map(|c| a.counter(c)).collect();
     let mut moved = vec![0; counters.len()];
     for burst in 0..BURSTS {
@@ -501,15 +519,7 @@ fn a_claimed_transmit_writes_what_it_pulled_and_a_dropped_claim_loses_nothing() 
     // transmit (a window would hold some of the paced sends, as a busy
     // machine's timing decides: 161 of 300 owned in one suite run).
     let cfg = rds_tcp::TcpConfig { port: 17117, coalesce: Duration::ZERO, ..Default::default() };
-    let a = Host::with_config(ip("127.0.26.1"), cfg.clone(), common::node_config(261));
-    let b = Host::with_config(ip("127.0.26.2"), cfg, common::node_config(262));
-    let d = deadline(60);
-    let sa = a.socket(5000);
-    let sb = b.socket(4000);
-    let to_b = SocketAddr::new(b.addr, 4000);
-    // Warm up: paths up, congestion maps exchanged.
-    a.send(sa, to_b, &Payload::new(pattern(0, 64)), d);
-    assert_eq!(index_of(&b.recv(sb, d).payload), 0);
+    let Warm { a, b, sa, sb, to_b, d } = warm_pair(("127.0.26.1", "127.0.26.2"), cfg, 261);
     let opts = SendOptions { blocking: true, ..SendOptions::default() };
     let (mut owned, mut dropped) = (0, 0);
     for i in 1..=300u64 {
