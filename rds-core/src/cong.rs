@@ -26,6 +26,23 @@ use crate::wire::{CONG_MAP_BYTES, Ext, Header, PROBE_PORT, WireError};
 /// congested (three of four suites on 2026-11-27).
 pub const MAP_REORDER_NS: u64 = 5_000_000;
 
+/// A digest of a received congestion map's bytes (64-bit FNV-1a over
+/// its 8-byte words, and over the bytes of a tail), to tell whether a
+/// peer's map changed since its previous one without keeping a copy
+/// (`Connection::map_received`).
+pub(crate) fn map_digest(bytes: &[u8]) -> u64 {
+    const PRIME: u64 = 0x0000_0100_0000_01b3;
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut words = bytes.chunks_exact(8);
+    for w in &mut words {
+        h = (h ^ u64::from_le_bytes(w.try_into().unwrap())).wrapping_mul(PRIME);
+    }
+    for &b in words.remainder() {
+        h = (h ^ u64::from(b)).wrapping_mul(PRIME);
+    }
+    h
+}
+
 /// The node's congestion state (`net/rds/cong.c`): one map per address,
 /// ours (maintained by our sockets' receive accounting, sent to peers) and
 /// peers' (applied from their updates, tested before every send), and with

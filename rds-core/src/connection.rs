@@ -75,6 +75,9 @@ pub(crate) struct Connection {
     pub gen_up_seq: u64,
     /// Congestion maps received from the peer (`Path::confirmed`).
     pub maps_rx: u64,
+    /// A digest of the bitmap of the peer's last map
+    /// (`Connection::map_received`).
+    pub last_map_digest: Option<u64>,
     /// The path a versionless peer's last map came on, and when it was
     /// read (`RxMessage::rx_time_ns`); see `Node::cong_recv`.
     pub last_map: Option<(u8, u64)>,
@@ -120,6 +123,7 @@ impl Connection {
             ups: 0,
             gen_up_seq: 0,
             maps_rx: 0,
+            last_map_digest: None,
             gc_at: None,
             evicted: false,
             lane_socks: [0; wire::MPATH_WORKERS],

@@ -439,13 +439,48 @@ impl Connection {
         if self.npaths > 1 && Node::is_smaller(&self.laddr, &self.faddr) { 0..self.active_paths() as u8 } else { 0..0 }
     }
 
-    /// A congestion map arrived on some path: it shows the peer took every
-    /// connection we had started before it (a 6.1 kernel sends its map when
-    /// it accepts a connection, on whichever path transmits first). Returns
-    /// those paths, to confirm.
-    pub(crate) fn map_received(&mut self) -> Vec<u8> {
+    /// A congestion map arrived on path `on` (`digest`: its bitmap's,
+    /// `cong::map_digest`): the peer took that path's connection, and
+    /// perhaps the one connection of ours it had not yet shown it took (a
+    /// 6.1 kernel sends its map when it accepts a connection, on whichever
+    /// of its paths transmits first). Returns the paths to confirm, and
+    /// how many it withheld the confirmation from.
+    ///
+    /// A kernel also sends its map when one of its sockets becomes
+    /// congested or uncongested (`rds_cong_queue_updates`), with nothing
+    /// accepted, and one map answers any number of accepts (one
+    /// `c_map_queued` bit). So a map on another path confirms a pending
+    /// connection (one started before the map, up or connecting, not
+    /// confirmed) only when it is the only one pending and the map's
+    /// bitmap is the one the previous map carried (an update changes it);
+    /// otherwise their connect counts as started after this map, and what
+    /// confirms them is a frame on them, the kernel's next map or the
+    /// probe of `Node::confirm_due`. A connection confirmed wrongly is one
+    /// that a kernel may still reset (no free slot in its accept) after its
+    /// TCP acked our messages on it: they would be lost.
+    pub(crate) fn map_received(&mut self, on: u8, digest: u64) -> (Vec<u8>, u64) {
         self.maps_rx += 1;
-        (0..self.paths.len() as u8).filter(|&i| self.paths[usize::from(i)].maps_at_connect < self.maps_rx).collect()
+        let unchanged = self.last_map_digest.is_none_or(|d| d == digest);
+        self.last_map_digest = Some(digest);
+        let maps_rx = self.maps_rx;
+        let pending: Vec<u8> = (0..self.paths.len() as u8)
+            .filter(|&i| {
+                let p = &self.paths[usize::from(i)];
+                i != on
+                    && p.maps_at_connect < maps_rx
+                    && !p.confirmed
+                    && matches!(p.state, PathState::Connecting | PathState::Up)
+            })
+            .collect();
+        let mut confirm = vec![on];
+        if unchanged && pending.len() == 1 {
+            confirm.extend(pending);
+            return (confirm, 0);
+        }
+        for &i in &pending {
+            self.paths[usize::from(i)].maps_at_connect = maps_rx;
+        }
+        (confirm, pending.len() as u64)
     }
 
     /// `RDS_MPATH_HASH` (see [`Node::lane_of`]).

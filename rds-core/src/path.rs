@@ -178,8 +178,10 @@ pub(crate) struct Path {
     pub proof_checks: u8,
     pub pong_since_check: bool,
     /// The peer evidently took this connection: a frame arrived on it, or
-    /// a congestion map arrived on any path after we started connecting it
-    /// (a 6.1 kernel sends its map whenever it accepts a connection). The
+    /// a congestion map arrived on another path after we started connecting
+    /// it, while no other connection of ours waited for the peer's sign
+    /// (a 6.1 kernel sends its map whenever it accepts a connection, and
+    /// when its congestion changes: `Connection::map_received`). The
     /// smaller side connects path i+1 only after path i is confirmed
     /// (`connect_worker`). One that stays unconfirmed gets a probe ping
     /// after a while, which the peer answers on it (`Node::confirm_due`).

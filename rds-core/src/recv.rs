@@ -80,12 +80,16 @@ impl Node {
             return RecvOutcome::Ignored;
         }
         // Anything on a connection shows the peer took it; a congestion map
-        // on any path shows it took every connection we had started (a 6.1
-        // kernel sends its map when it accepts a connection, on whichever
-        // path transmits first; it may arrive before our end of the new
-        // connection reported it up).
+        // on another path may show it took the one connection we had started
+        // and it had not yet shown it took (a 6.1 kernel sends its map when
+        // it accepts a connection, on whichever path transmits first; it
+        // may arrive before our end of the new connection reported it up):
+        // `Connection::map_received`.
         if msg.header.kind() == Kind::CongMap {
-            for i in self.conn_mut(pid.conn).map_received() {
+            let digest = crate::cong::map_digest(&msg.payload);
+            let (confirm, withheld) = self.conn_mut(pid.conn).map_received(pid.index, digest);
+            self.ep.counters.mprds_confirm_withheld += withheld;
+            for i in confirm {
                 self.confirm_path(PathId { conn: pid.conn, index: i });
             }
         } else {

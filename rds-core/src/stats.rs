@@ -115,6 +115,11 @@ counters! {
         /// had still not evidently taken them after four confirm checks
         /// (`Node::confirm_due`).
         mprds_confirm_drop,
+        /// Connections of ours a congestion map on another path did not
+        /// confirm: the map was an update (its bitmap changed) or more than
+        /// one connection was waiting for the peer's sign
+        /// (`Connection::map_received`), once per connection and map.
+        mprds_confirm_withheld,
         /// Probe pings sent on path 0 to learn that the peer read a
         /// socket's messages sent there before the handshake, which hold
         /// its lane until then (`crate::lane0`).

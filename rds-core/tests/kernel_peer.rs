@@ -192,6 +192,50 @@ fn a_path_whose_confirming_map_was_lost_is_confirmed_by_a_probe() {
     assert_eq!(probes(&mut n), 2);
 }
 
+/// A 6.1 kernel sends its map when it accepts a connection, and also
+/// when one of its sockets becomes congested or uncongested. An update
+/// that comes on another path while a connection of ours waits for the
+/// kernel's sign is no sign: that connection may still sit in its accept
+/// queue, to be reset there (no free slot) after its TCP acked what we
+/// sent. A map on another path that repeats the previous one's bitmap
+/// (the accept's) confirms it; a map on the path itself always does.
+#[test]
+fn a_congestion_update_on_another_path_is_no_sign_that_the_kernel_took_a_connection() {
+    let (mut n, paths, c) = handshaken();
+    let p0 = paths[0];
+    let p1 = c[0];
+    // A socket on lane 2 (port 5002) has a message waiting for path 2.
+    let s = n.socket();
+    n.bind(s, SocketAddr::new(ip(1), 5002)).unwrap();
+    n.send(s, Some(SocketAddr::new(ip(2), 4000)), &Payload::copy_from(b"lane 2"), &SendOptions::default()).unwrap();
+    n.path_up(p1.id, p1.inst, Instant::now());
+    n.received(p1.id, p1.inst, map_at(&[], 0));
+    let (c, _) = outputs(&mut n);
+    assert_eq!(indexes(&c), [2]);
+    let p2 = c[0];
+    n.path_up(p2.id, p2.inst, Instant::now());
+    assert!(outputs(&mut n).0.is_empty());
+    // The kernel's port 4001 becomes congested: its update comes on path 0.
+    n.received(p0.id, p0.inst, map_at(&[4001], 100));
+    assert!(outputs(&mut n).0.is_empty(), "an update confirmed path 2");
+    assert!(sent(&mut n, &p2).iter().all(|f| f.0 == wire::Kind::CongMap), "path 2 carried a socket's message");
+    assert_eq!(n.counters().mprds_confirm_withheld, 1);
+    // The map of its accept (the same bitmap), on path 1: path 2 is
+    // confirmed, its message goes and path 3 connects.
+    n.received(p1.id, p1.inst, map_at(&[4001], 200));
+    let (c, _) = outputs(&mut n);
+    assert_eq!(indexes(&c), [3]);
+    assert_eq!(sent(&mut n, &p2), [(wire::Kind::Data, 5002, 4000)]);
+    assert_eq!(n.counters().mprds_confirm_withheld, 1);
+    // An update that comes on the waiting path itself confirms it.
+    let p3 = c[0];
+    n.path_up(p3.id, p3.inst, Instant::now());
+    assert!(outputs(&mut n).0.is_empty());
+    n.received(p3.id, p3.inst, map_at(&[], 300));
+    assert_eq!(indexes(&outputs(&mut n).0), [4]);
+    assert_eq!(n.counters().mprds_confirm_withheld, 1);
+}
+
 /// `confirm_probe_after` zero turns the probe off (no timer that would
 /// come due again at once).
 #[test]

@@ -193,9 +193,11 @@ pub fn stream_scenario(ctx: &Ctx, name: &str, ours: &[u16], kernel: &[u16], secs
         "us->kernel",
         errors.is_empty() && acked && !unkilled,
         &format!(
-            "we sent {} messages + END on 8 flows{}{}{}",
+            "we sent {} messages + END on 8 flows{}; our mprds_confirm_probe +{}, mprds_confirm_withheld +{}{}{}",
             total.load(SeqCst),
             if acked { "" } else { "; NOT all acked" },
+            d("mprds_confirm_probe"),
+            d("mprds_confirm_withheld"),
             if errors.is_empty() { String::new() } else { format!("; {}", errors.join("; ")) },
             if unkilled { "; we killed no connection" } else { "" }
         ),
