@@ -12,8 +12,10 @@
 //! any FAIL or missing result.
 //!
 //! `reconnect` kills single TCP connections (the side with the larger address
-//! kills, one at a time, only while all 8 are up, and must kill at least one)
-//! and demands every message exactly once. `resetall` resets every path at
+//! kills, one at a time, only while all 8 are up, and must kill at least one),
+//! while the kernel's receiving sockets, with a 4 KiB buffer, keep becoming
+//! congested and uncongested (a congestion map from the kernel at each
+//! change), and demands every message exactly once. `resetall` resets every path at
 //! once; a 6.1 kernel gives a reconnecting path its lowest free slot, so paths
 //! can swap sequence spaces and the kernel itself then loses and duplicates
 //! messages: there losses and duplicates are counted, not failed, and a third
