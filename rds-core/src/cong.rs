@@ -480,7 +480,14 @@ impl Node {
     /// uncongested costs the peer's socket some queueing past its receive
     /// buffer until its next update (congestion is not a reason to drop:
     /// the kernel queues what arrives); a port wrongly left congested stops
-    /// every sender to it until then.
+    /// every sender to it until then. "Until its next update" can be for
+    /// good too: when a kernel's paths come up it sends its map on each,
+    /// and a port that becomes congested then has its "congested" map read
+    /// within the window of an earlier "uncongested" one; its reader
+    /// stalled, the kernel sends no other, and the port's senders never
+    /// see it congested (docs/interop.md, "congestion", us larger: open).
+    /// Telling the two apart takes the order the maps arrived in, which
+    /// our read time does not give.
     fn map_reordered(&mut self, pid: PathId, rx_time_ns: Option<u64>) -> bool {
         let Some(t) = rx_time_ns else { return false };
         let prev = self.conn_mut(pid.conn).last_map.replace((pid.index, t));
