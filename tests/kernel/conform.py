@@ -754,8 +754,9 @@ def sc_reconnect():
     they become congested and uncongested all along and the kernel sends
     its congestion map on whichever path transmits next, many times a
     second: such a map is no sign that the kernel accepted a connection of
-    ours (in 5 runs with it, our node at 79048fa, which took any map for
-    one, lost a message in one; rds-core's `Connection::map_received`)."""
+    ours (in 11 runs with it, our node at 79048fa, which took any map for
+    one, lost a message in one, fb52e9c in none; rds-core's
+    `Connection::map_received`)."""
     stream_scenario("reconnect", RC_OURS, lane_ports(9100), rc_size, RC_SECS,
                     single_killer(), rcvbuf=RC_RCVBUF)
 
