@@ -191,7 +191,7 @@ fuzz_target!(|data: &[u8]| {
                 h.len = plen as u32;
                 let fill = inp.byte().unwrap_or(0);
                 let c = &conns[k];
-                let msg = RxMessage { header: h, payload: Payload::new(vec![fill; plen]), rx_time_ns: None };
+                let msg = RxMessage::new(h, Payload::new(vec![fill; plen]));
                 let o = n.received(c.info.id, c.info.inst, msg);
                 if o == RecvOutcome::ProtocolError {
                     assert_ne!(n.path_state(c.info.id), Some(PathState::Up), "a protocol error takes the path down");

@@ -170,7 +170,7 @@ impl Pair {
         let mut last = 0;
         for m in self.tx.drain(..) {
             last = m.header.sequence;
-            let rx = RxMessage { header: m.header, payload: m.payload, rx_time_ns: None };
+            let rx = RxMessage::new(m.header, m.payload);
             black_box(self.nodes[1].received(link.peer_path, link.peer_inst, rx));
         }
         assert!(self.kicked(1).is_none(), "the receiver has nothing to send");
@@ -215,7 +215,7 @@ impl Pair {
             let mut last = 0;
             for m in self.tx.drain(..) {
                 last = m.header.sequence;
-                let rx = RxMessage { header: m.header, payload: m.payload, rx_time_ns: None };
+                let rx = RxMessage::new(m.header, m.payload);
                 self.nodes[1].received(l.peer_path, l.peer_inst, rx);
             }
             self.kicked(1);

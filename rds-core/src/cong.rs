@@ -15,9 +15,10 @@ use crate::sock::Sock;
 use crate::types::{ConnId, FastMap, PathId, SockId, TransportKind};
 use crate::wire::{CONG_MAP_BYTES, Ext, Header, PROBE_PORT, WireError};
 
-/// How close together (by their read times) two maps of a peer without map
-/// versions must be, on different paths, for their order to count as
-/// unknown (see `Node::cong_recv`): 5 ms. The reordered pairs seen in the
+/// How close together (by their receive times, when neither time says the
+/// order) two maps of a peer without map versions must be, on different
+/// paths, for their order to count as unknown (see `Node::map_order`):
+/// 5 ms. The reordered pairs seen in the
 /// VM rig were sent 0.5 and 1.7 ms apart and read closer still. It was
 /// 50 ms, and that window also caught maps in their right order: in the
 /// kernel conformance scenario "congestion us->kernel" a kernel's "port
@@ -215,7 +216,7 @@ impl CongMap {
     }
 
     /// Keeps only the ports congested both here and in `new` (two maps
-    /// whose order is unknown, `Node::cong_recv`); returns the mask of
+    /// whose order is unknown, `Node::map_order`); returns the mask of
     /// [`CongMap::update_from`].
     pub fn intersect_from(&mut self, new: &CongMap) -> u64 {
         let mut both = new.clone();
@@ -449,50 +450,90 @@ impl Node {
             }
         }
         let faddr = self.conn(conn).faddr;
-        let reordered = gen_num.is_none() && self.map_reordered(pid, msg.rx_time_ns);
+        let order = if gen_num.is_none() { self.map_order(pid, msg) } else { MapOrder::After };
         let map = self.ep.cong.map(faddr);
-        let mask = if reordered {
-            self.ep.counters.cong_update_reordered += 1;
-            map.intersect_from(&new)
-        } else {
-            map.update_from(&new)
+        let mask = match order {
+            MapOrder::After => map.update_from(&new),
+            MapOrder::Unknown => {
+                self.ep.counters.cong_update_reordered += 1;
+                map.intersect_from(&new)
+            }
+            MapOrder::Before => {
+                // The map applied last is newer: this one says nothing.
+                self.ep.counters.cong_update_stale += 1;
+                return RecvOutcome::CongMap;
+            }
         };
         self.cong_map_updated(mask);
         RecvOutcome::CongMap
     }
 
-    /// Whether a map of a peer without map versions, read at `rx_time_ns`
-    /// on `pid`, may have been overtaken by the one applied before it.
+    /// Where a map of a peer without map versions, which came on `pid`,
+    /// stands against the one applied before it.
     ///
     /// Such a peer (a 6.1 kernel) sends each update on whichever path
     /// transmits first, so two updates can travel on two TCP connections,
     /// and we read the connections one after another, not in the order
-    /// their bytes arrived. In the VM rig (qperf `rds_bw`, ours the client)
-    /// the kernel's "congested" map and its "uncongested" one 0.5 ms later
-    /// (1.7 ms in another round) came on two connections and were read in
-    /// the other order: the port stayed congested for good, since the
-    /// kernel sends nothing more until the port changes again, and the
-    /// blocked sender waited until the end of the test (10 of 24 rounds at
-    /// 0.4-7.3 MB/s against 15-20; with this rule 8 of 8 at 15-17). A map
-    /// read within [`MAP_REORDER_NS`] of the previous one, which came on
-    /// another path, therefore leaves a port congested only if both maps
-    /// say so. A port wrongly left
+    /// their bytes arrived. A kernel receiver reads each segment as it
+    /// arrives (`sk_data_ready`) and so applies maps in their arrival
+    /// order; so do we where the times say it: `rx_time_ns` is never
+    /// before the map's arrival, and exactly it when `rx_time_exact` (the
+    /// kernel's receive time of the segment a read that drained the
+    /// socket ended with: `SO_TIMESTAMPNS`, rds-tcp). A map that arrived
+    /// after the previous one's time applies; one that arrived before the
+    /// previous one's exact time is stale (`cong_update_stale`).
+    ///
+    /// Otherwise, within [`MAP_REORDER_NS`] of each other on different
+    /// paths, the order is unknown, and a port stays congested only if
+    /// both maps say so (`cong_update_reordered`): in the VM rig (qperf
+    /// `rds_bw`, ours the client, read times only) the kernel's
+    /// "congested" map and its "uncongested" one 0.5 ms later (1.7 ms in
+    /// another round) came on two connections and were read in the other
+    /// order: the port stayed congested for good, since the kernel sends
+    /// nothing more until the port changes again, and the blocked sender
+    /// waited until the end of the test (10 of 24 rounds at 0.4-7.3 MB/s
+    /// against 15-20; with the rule 8 of 8 at 15-17). A port wrongly left
     /// uncongested costs the peer's socket some queueing past its receive
     /// buffer until its next update (congestion is not a reason to drop:
-    /// the kernel queues what arrives); a port wrongly left congested stops
-    /// every sender to it until then. "Until its next update" can be for
-    /// good too: when a kernel's paths come up it sends its map on each,
-    /// and a port that becomes congested then has its "congested" map read
-    /// within the window of an earlier "uncongested" one; its reader
-    /// stalled, the kernel sends no other, and the port's senders never
-    /// see it congested (docs/interop.md, "congestion", us larger: open).
-    /// Telling the two apart takes the order the maps arrived in, which
-    /// our read time does not give.
-    fn map_reordered(&mut self, pid: PathId, rx_time_ns: Option<u64>) -> bool {
-        let Some(t) = rx_time_ns else { return false };
-        let prev = self.conn_mut(pid.conn).last_map.replace((pid.index, t));
-        prev.is_some_and(|(i, t0)| i != pid.index && t.abs_diff(t0) < MAP_REORDER_NS)
+    /// the kernel queues what arrives); a port wrongly left congested
+    /// stops every sender to it until then. The rule alone lost
+    /// congestion for good too: as a kernel's paths come up it sends its
+    /// map on each, and a port congested in the last one, read 0.9 ms
+    /// after an uncongested one on another path, was ANDed away; its
+    /// reader stalled, the kernel sent no other map, and our senders never
+    /// saw the port congested (kernel conformance "congestion us->kernel",
+    /// us larger, 5 of 5 runs before the arrival times were used).
+    /// Further apart, maps apply in the order of their times.
+    fn map_order(&mut self, pid: PathId, msg: &RxMessage) -> MapOrder {
+        let Some(t) = msg.rx_time_ns else { return MapOrder::After };
+        let exact = msg.rx_time_exact;
+        let last = &mut self.conn_mut(pid.conn).last_map;
+        let order = match *last {
+            None => MapOrder::After,
+            // One stream: in order.
+            Some((i, ..)) if i == pid.index => MapOrder::After,
+            Some((_, t0, _)) if exact && t > t0 => MapOrder::After,
+            Some((_, t0, exact0)) if exact0 && t < t0 => MapOrder::Before,
+            Some((_, t0, _)) if t.abs_diff(t0) < MAP_REORDER_NS => MapOrder::Unknown,
+            Some((_, t0, _)) if t < t0 => MapOrder::Before,
+            Some(_) => MapOrder::After,
+        };
+        if !matches!(order, MapOrder::Before) {
+            *last = Some((pid.index, t, exact));
+        }
+        order
     }
+}
+
+/// How a versionless peer's congestion map stands against the one applied
+/// before it (`Node::map_order`).
+enum MapOrder {
+    /// It arrived after it, or on the same path: it applies.
+    After,
+    /// It arrived before it: stale.
+    Before,
+    /// Unknown: a port stays congested only if both say so.
+    Unknown,
 }
 
 #[cfg(test)]

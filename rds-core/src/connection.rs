@@ -78,9 +78,10 @@ pub(crate) struct Connection {
     /// A digest of the bitmap of the peer's last map
     /// (`Connection::map_received`).
     pub last_map_digest: Option<u64>,
-    /// The path a versionless peer's last map came on, and when it was
-    /// read (`RxMessage::rx_time_ns`); see `Node::cong_recv`.
-    pub last_map: Option<(u8, u64)>,
+    /// The path a versionless peer's last map applied came on, its
+    /// receive time and whether that time is its arrival
+    /// (`RxMessage::rx_time_ns`, `rx_time_exact`); see `Node::map_order`.
+    pub last_map: Option<(u8, u64, bool)>,
     /// When the idle collection looks at this connection next
     /// (`Node::collect_idle`); set when every path went down.
     pub gc_at: Option<Instant>,

@@ -138,7 +138,7 @@ impl RdsTransport for LoopTransport {
             out.clear();
             let more = sink.pull(path.id, path.inst, BUDGET, &mut out);
             let last = out.iter().filter(|m| !m.is_cong_map()).map(|m| m.header.sequence).max();
-            rx.extend(out.drain(..).map(|m| RxMessage { header: m.header, payload: m.payload, rx_time_ns: None }));
+            rx.extend(out.drain(..).map(|m| RxMessage::new(m.header, m.payload)));
             if !rx.is_empty() {
                 sink.received(path.id, path.inst, &mut rx);
                 rx.clear();

@@ -119,13 +119,28 @@ pub struct RxMessage {
     pub header: Header,
     pub payload: Payload,
     /// Wall-clock receive time in nanoseconds since the Unix epoch, if the
-    /// transport recorded one (used for SO_TIMESTAMP).
+    /// transport recorded one (used for SO_TIMESTAMP, and to order a
+    /// versionless peer's congestion maps across paths: `Node::map_order`):
+    /// when the message's last byte arrived, or a later time (RDS-TCP: the
+    /// kernel's receive time of the last segment the read took, or when
+    /// the read ended).
     pub rx_time_ns: Option<u64>,
+    /// `rx_time_ns` is when the message's last byte arrived, not only a
+    /// time after it (RDS-TCP: a read that drained the socket ended with
+    /// this message, and the kernel stamped the segment it ended in).
+    pub rx_time_exact: bool,
+}
+
+impl RxMessage {
+    /// A message without a receive time.
+    pub fn new(header: Header, payload: Payload) -> RxMessage {
+        RxMessage { header, payload, rx_time_ns: None, rx_time_exact: false }
+    }
 }
 
 impl From<crate::wire::Frame> for RxMessage {
     fn from(f: crate::wire::Frame) -> RxMessage {
-        RxMessage { header: f.header, payload: Payload::new(f.payload), rx_time_ns: None }
+        RxMessage::new(f.header, Payload::new(f.payload))
     }
 }
 

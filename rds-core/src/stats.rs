@@ -103,10 +103,15 @@ counters! {
         /// waiting on the path (a ping flood against a closed window).
         send_pong_coalesced,
         /// Congestion maps from a peer without map versions (a kernel)
-        /// read within `cong::MAP_REORDER_NS` of its previous map, which
-        /// came on another path: their order is unknown, and a port stays
-        /// congested only if both say so (`Node::cong_recv`).
+        /// received within `cong::MAP_REORDER_NS` of its previous map,
+        /// which came on another path, and their receive times do not
+        /// order them: a port stays congested only if both say so
+        /// (`Node::map_order`).
         cong_update_reordered,
+        /// Congestion maps from a peer without map versions that arrived
+        /// on another path before the map applied last (their receive
+        /// times say so): not applied (`Node::map_order`).
+        cong_update_stale,
         /// Probes sent on a connection of ours that the peer had not
         /// evidently taken after `NodeConfig::confirm_probe_after` (its
         /// answer confirms it, `Path::confirmed`).

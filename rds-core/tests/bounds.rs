@@ -41,7 +41,7 @@ fn a_probe_ping_flood_queues_at_most_eight_pongs() {
         let mut h = Header::data(PROBE_PORT, 0, 0);
         h.sequence = seq;
         h.push_extension(Ext::Npaths(8)).unwrap();
-        let ping = RxMessage { header: h, payload: Payload::empty(), rx_time_ns: None };
+        let ping = RxMessage::new(h, Payload::empty());
         assert_eq!(n.received(p0.id, p0.inst, ping), RecvOutcome::Ping);
     }
     let pongs = n.info_messages(Queue::Send).iter().filter(|m| (m.lport, m.fport) == (0, PROBE_PORT)).count();

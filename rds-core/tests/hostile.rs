@@ -36,7 +36,7 @@ fn node_with_paths(n: usize) -> (Node, Vec<PathInfo>) {
 }
 
 fn msg(h: Header, payload: Vec<u8>) -> RxMessage {
-    RxMessage { header: h, payload: Payload::new(payload), rx_time_ns: None }
+    RxMessage::new(h, Payload::new(payload))
 }
 
 #[test]

@@ -64,7 +64,7 @@ fn pull_all(n: &mut Node, p: PathId, inst: u64) -> Vec<TxMessage> {
 }
 
 fn rx(h: Header) -> RxMessage {
-    RxMessage { header: h, payload: Payload::empty(), rx_time_ns: None }
+    RxMessage::new(h, Payload::empty())
 }
 
 #[test]

@@ -96,11 +96,7 @@ fn reconnect_retransmits_unacked_and_receiver_drops_duplicates() {
     let mut out = Vec::new();
     net.nodes[0].pull(info.id, inst_i, 1 << 20, &mut out);
     assert_eq!(out.len(), 1);
-    net.nodes[j].received(
-        pj,
-        inst_j,
-        RxMessage { header: out[0].header, payload: out[0].payload.clone(), rx_time_ns: None },
-    );
+    net.nodes[j].received(pj, inst_j, RxMessage::new(out[0].header, out[0].payload.clone()));
     net.cut(0, p0);
     net.run();
     // Reconnect is immediate on the first attempt.
@@ -155,7 +151,7 @@ fn loopback_delivers_in_process() {
             n.pull(info.id, info.inst, 1 << 20, &mut out);
             for m in out {
                 lo_msgs.push(m.header);
-                n.received(info.id, info.inst, RxMessage { header: m.header, payload: m.payload, rx_time_ns: None });
+                n.received(info.id, info.inst, RxMessage::new(m.header, m.payload));
                 n.acked(info.id, info.inst, m.header.sequence);
             }
         }

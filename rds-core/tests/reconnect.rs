@@ -218,7 +218,7 @@ fn rx(seq: u64, fl: u8) -> RxMessage {
     let mut h = Header::data(5000, 4000, 1);
     h.sequence = seq;
     h.flags = fl;
-    RxMessage { header: h, payload: Payload::copy_from(&[seq as u8]), rx_time_ns: None }
+    RxMessage::new(h, Payload::copy_from(&[seq as u8]))
 }
 
 #[test]
@@ -232,7 +232,7 @@ fn receiver_drops_only_older_sequence_numbers_marked_retransmitted() {
     let mut probe = Header::data(wire::PROBE_PORT, 0, 0);
     probe.sequence = 1;
     probe.push_extension(wire::Ext::Npaths(8)).unwrap();
-    let probe = RxMessage { header: probe, payload: Payload::empty(), rx_time_ns: None };
+    let probe = RxMessage::new(probe, Payload::empty());
     assert_eq!(n.received(p0.id, p0.inst, probe), RecvOutcome::Ping);
     let Accept::Path(p1) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40001, Instant::now()) else { panic!() };
     assert_eq!((p0.id.index, p1.id.index), (0, 1));

@@ -25,7 +25,7 @@ fn node(cfg: NodeConfig) -> (Node, Vec<PathInfo>, SockId) {
             let mut probe = Header::data(PROBE_PORT, 0, 0);
             probe.sequence = 1;
             probe.push_extension(Ext::Npaths(8)).unwrap();
-            let m = RxMessage { header: probe, payload: Payload::new(Vec::new()), rx_time_ns: None };
+            let m = RxMessage::new(probe, Payload::new(Vec::new()));
             assert_eq!(node.received(paths[0].id, paths[0].inst, m), RecvOutcome::Ping);
         }
     }
@@ -48,7 +48,7 @@ fn flows(n: &mut Node) -> Vec<(PathId, bool, u64)> {
 fn data(seq: u64, sport: u16, payload: Payload) -> RxMessage {
     let mut h = Header::data(sport, 4000, payload.len() as u32);
     h.sequence = seq;
-    RxMessage { header: h, payload, rx_time_ns: None }
+    RxMessage::new(h, payload)
 }
 
 /// The node budget: the message that crosses it is queued and pauses its
@@ -156,7 +156,7 @@ fn loopback_pauses_the_sending_path() {
                 let mut out = Vec::new();
                 n.pull(info.id, info.inst, 1 << 20, &mut out);
                 for m in out {
-                    let rm = RxMessage { header: m.header, payload: m.payload, rx_time_ns: None };
+                    let rm = RxMessage::new(m.header, m.payload);
                     n.received(info.id, info.inst, rm);
                     n.acked(info.id, info.inst, m.header.sequence);
                 }

@@ -212,7 +212,7 @@ fn probe(seq: u64, npaths: u16) -> RxMessage {
     let mut h = Header::data(wire::PROBE_PORT, 0, 0);
     h.sequence = seq;
     h.push_extension(Ext::Npaths(npaths)).unwrap();
-    RxMessage { header: h, payload: Payload::empty(), rx_time_ns: None }
+    RxMessage::new(h, Payload::empty())
 }
 
 /// rds-sim seed 16: the peer reconnected its path while our end of the old
@@ -324,7 +324,7 @@ fn full_map(gen_num: u32, index: u8, version: u64, congested: &[u16]) -> RxMessa
     for p in congested {
         m.set(*p);
     }
-    RxMessage { header: h, payload: Payload::copy_from(m.as_bytes()), rx_time_ns: None }
+    RxMessage::new(h, Payload::copy_from(m.as_bytes()))
 }
 
 /// rds-sim seed 523: the map lane moved (path 0 went down, maps went on
@@ -446,11 +446,7 @@ fn a_cancelled_message_on_the_wire_still_holds_its_sockets_lane() {
     };
     n.path_up(p0.id, p0.inst, Instant::now());
     // The peer's map: it took the connection (we hold data until then).
-    let map = || RxMessage {
-        header: Header::cong_map(),
-        payload: Payload::copy_from(&[0u8; wire::CONG_MAP_BYTES]),
-        rx_time_ns: None,
-    };
+    let map = || RxMessage::new(Header::cong_map(), Payload::copy_from(&[0u8; wire::CONG_MAP_BYTES]));
     n.received(p0.id, p0.inst, map());
     let sent0 = pull(&mut n, p0);
     assert_eq!(sent0.iter().map(|m| m.0.clone()).collect::<Vec<_>>(), [b"m1".to_vec()]);
@@ -481,7 +477,7 @@ fn a_cancelled_message_on_the_wire_still_holds_its_sockets_lane() {
     let pong = |n: &mut Node, seq: u64| {
         let mut h = Header::data(0, wire::PROBE_PORT, 0);
         h.sequence = seq;
-        n.received(p0.id, p0.inst, RxMessage { header: h, payload: Payload::empty(), rx_time_ns: None })
+        n.received(p0.id, p0.inst, RxMessage::new(h, Payload::empty()))
     };
     // Our handshake probe went first: its pong proves nothing about m1
     // (it asks again); the next one does.
@@ -538,7 +534,7 @@ fn the_rest_of_a_crossed_connection_is_ignored() {
         let mut h = Header::cong_map();
         h.sport = sport;
         h.push_extension(Ext::GenNum(gen_num)).unwrap();
-        RxMessage { header: h, payload: Payload::copy_from(&[0u8; wire::CONG_MAP_BYTES]), rx_time_ns: None }
+        RxMessage::new(h, Payload::copy_from(&[0u8; wire::CONG_MAP_BYTES]))
     };
     let Accept::Path(p0) = n.accept(TransportKind::Tcp, ip(2), ip(1), 40000, Instant::now()) else { panic!() };
     n.received(p0.id, p0.inst, map(0));
@@ -560,7 +556,7 @@ fn the_rest_of_a_crossed_connection_is_ignored() {
     let mut h = Header::data(4000, 5000, 2);
     h.sequence = 1;
     h.flags |= wire::flags::RETRANSMITTED;
-    let m = RxMessage { header: h, payload: Payload::copy_from(b"m1"), rx_time_ns: None };
+    let m = RxMessage::new(h, Payload::copy_from(b"m1"));
     assert_eq!(n.received(p1.id, p1.inst, m), RecvOutcome::Delivered);
 }
 
@@ -584,7 +580,7 @@ fn a_connection_of_the_restarted_peer_keeps_what_it_delivered() {
         if resent {
             h.flags |= wire::flags::RETRANSMITTED;
         }
-        RxMessage { header: h, payload: Payload::copy_from(b"m1"), rx_time_ns: None }
+        RxMessage::new(h, Payload::copy_from(b"m1"))
     };
     let now = Instant::now();
     // Instance 77: two paths; path 0 delivers up to sequence 5.

@@ -60,7 +60,7 @@ impl Setup {
         self.seq += 1;
         let mut h = Header::data(sport, dport, body.len() as u32);
         h.sequence = self.seq;
-        let m = RxMessage { header: h, payload: Payload::new(body.to_vec()), rx_time_ns: None };
+        let m = RxMessage::new(h, Payload::new(body.to_vec()));
         self.node.received(path.id, path.inst, m)
     }
 
@@ -128,7 +128,7 @@ fn a_socket_of_the_same_node_reaches_it_whatever_the_transports() {
             node.pull(info.id, info.inst, 1 << 20, &mut out);
             for m in out {
                 let seq = m.header.sequence;
-                let rx = RxMessage { header: m.header, payload: m.payload, rx_time_ns: None };
+                let rx = RxMessage::new(m.header, m.payload);
                 assert_eq!(node.received(info.id, info.inst, rx), RecvOutcome::Delivered);
                 node.acked(info.id, info.inst, seq);
             }

@@ -513,9 +513,13 @@ impl Inner {
     }
 
     /// Socket options of every RDS TCP socket (`rds_tcp_tune` and
-    /// keepalive); the window clamp of [`AckHeadroom`] if it set one.
+    /// keepalive, and receive timestamps, which order a kernel peer's
+    /// congestion maps: `Node::map_order`); the window clamp of
+    /// [`AckHeadroom`] if it set one.
     pub fn tune(&self, s: &socket2::SockRef<'_>) -> io::Result<Option<u32>> {
         s.set_nodelay(true)?;
+        // Best-effort: without stamps the maps are ordered by read time.
+        let _ = sys::timestamp_ns(s.as_raw_fd());
         let ka = TcpKeepalive::new()
             .with_time(self.cfg.keepalive_idle)
             .with_interval(self.cfg.keepalive_interval)

@@ -1,10 +1,11 @@
 //! The few system calls std, mio and socket2 do not wrap: `SIOCOUTQ`,
-//! `IP_BIND_ADDRESS_NO_PORT`, `SO_RCVBUFFORCE`, `TCP_WINDOW_CLAMP`, a
+//! `IP_BIND_ADDRESS_NO_PORT`, `SO_RCVBUFFORCE`, `TCP_WINDOW_CLAMP`,
+//! `SO_TIMESTAMPNS` and the `recvmsg` that returns its stamps, a
 //! `timerfd` for sub-millisecond reactor wake-ups, and an epoll
 //! registration for no event but errors and hang-ups.
 
 use std::fs::File;
-use std::io::{self, Read};
+use std::io::{self, IoSliceMut, Read};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::time::Duration;
 
@@ -37,6 +38,60 @@ fn set_int(fd: RawFd, level: libc::c_int, name: libc::c_int, v: libc::c_int) -> 
         return Err(io::Error::last_os_error());
     }
     Ok(())
+}
+
+/// `SO_TIMESTAMPNS`: the kernel stamps the segments it receives for the
+/// socket with the time they arrived, and [`recv_stamped`] returns the
+/// stamp of the last one a read took from.
+pub(crate) fn timestamp_ns(fd: RawFd) -> io::Result<()> {
+    set_int(fd, libc::SOL_SOCKET, libc::SO_TIMESTAMPNS, 1)
+}
+
+/// `recvmsg` into `bufs` (no flags): the bytes read, and with
+/// [`timestamp_ns`] the kernel's receive time (`CLOCK_REALTIME`, ns since
+/// the Unix epoch) of the last segment the read took bytes from
+/// (`SCM_TIMESTAMPNS`; `tcp_recvmsg` keeps the stamp of each segment it
+/// copies from, so the last one's; segments merged in the receive queue
+/// carry the later one's). `None` when the socket has no stamps.
+pub(crate) fn recv_stamped(fd: RawFd, bufs: &mut [IoSliceMut<'_>]) -> io::Result<(usize, Option<u64>)> {
+    /// Room for one `SCM_TIMESTAMPNS` (`CMSG_SPACE(16)`: 32 bytes) and
+    /// more, aligned for `cmsghdr`.
+    #[repr(C, align(8))]
+    struct Control([u8; 64]);
+    let mut control = Control([0; 64]);
+    // SAFETY: msghdr is plain data; all-zero is a valid empty one.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    // IoSliceMut is ABI compatible with iovec on Unix (std's guarantee).
+    msg.msg_iov = bufs.as_mut_ptr().cast();
+    msg.msg_iovlen = bufs.len() as _;
+    msg.msg_control = control.0.as_mut_ptr().cast();
+    msg.msg_controllen = control.0.len() as _;
+    // SAFETY: msg points at live buffers for the call: the iovecs (each
+    // into a borrowed slice of its length) and the control buffer of the
+    // length given; the kernel writes only within them.
+    let n = unsafe { libc::recvmsg(fd, &mut msg, 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut stamp = None;
+    // SAFETY: the CMSG_* walk stays within msg_controllen bytes of the
+    // control buffer the kernel filled (it set msg_controllen to what it
+    // wrote); the payload is read unaligned, after a length check.
+    unsafe {
+        let mut c = libc::CMSG_FIRSTHDR(&msg);
+        while !c.is_null() {
+            let want = libc::CMSG_LEN(std::mem::size_of::<libc::timespec>() as u32) as usize;
+            if (*c).cmsg_level == libc::SOL_SOCKET
+                && (*c).cmsg_type == libc::SCM_TIMESTAMPNS
+                && (*c).cmsg_len as usize >= want
+            {
+                let t: libc::timespec = std::ptr::read_unaligned(libc::CMSG_DATA(c).cast());
+                stamp = u64::try_from(t.tv_sec).ok().map(|s| s * 1_000_000_000 + t.tv_nsec as u64);
+            }
+            c = libc::CMSG_NXTHDR(&msg, c);
+        }
+    }
+    Ok((n as usize, stamp))
 }
 
 /// `SO_RCVBUFFORCE`: `SO_RCVBUF` without the `net.core.rmem_max` cap,
@@ -272,5 +327,50 @@ mod tests {
         let e = events.iter().next().expect("an event for the reset");
         assert_eq!(e.token(), Token(7));
         assert!(e.is_error() || e.is_read_closed(), "{e:?}");
+    }
+}
+
+#[cfg(test)]
+mod stamp_tests {
+    use std::io::{IoSliceMut, Write};
+    use std::os::fd::AsRawFd;
+    use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+    use super::{recv_stamped, timestamp_ns};
+
+    fn now_ns() -> u64 {
+        SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64
+    }
+
+    /// With `SO_TIMESTAMPNS` a read returns the kernel's receive time of
+    /// the last segment it took: between the write and the read, and two
+    /// segments 20 ms apart, read together, give the later one's; without
+    /// the option, none.
+    #[test]
+    fn a_read_returns_its_last_segments_arrival() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut tx = std::net::TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        tx.set_nodelay(true).unwrap();
+        let (rx, _) = l.accept().unwrap();
+        let fd = rx.as_raw_fd();
+        let mut buf = [0u8; 64];
+        tx.write_all(b"plain").unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let (n, t) = recv_stamped(fd, &mut [IoSliceMut::new(&mut buf)]).unwrap();
+        assert_eq!((n, t), (5, None), "no stamps without the option");
+
+        timestamp_ns(fd).unwrap();
+        let before = now_ns();
+        tx.write_all(b"first").unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let mid = now_ns();
+        tx.write_all(b"second").unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        let after = now_ns();
+        let (lo, hi) = buf.split_at_mut(3);
+        let (n, t) = recv_stamped(fd, &mut [IoSliceMut::new(lo), IoSliceMut::new(hi)]).unwrap();
+        assert_eq!(&buf[..n], b"firstsecond");
+        let t = t.expect("a stamp");
+        assert!(mid <= t && t <= after, "the second segment's arrival: {before} {mid} {t} {after}");
     }
 }

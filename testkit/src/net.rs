@@ -261,7 +261,7 @@ impl Net {
                     payload: m.payload.clone(),
                     ack_required: m.ack_required,
                 });
-                let rx = RxMessage { header: m.header, payload: m.payload, rx_time_ns: None };
+                let rx = RxMessage::new(m.header, m.payload);
                 let o = self.nodes[i].received(info.id, info.inst, rx);
                 self.outcomes.push((i, o));
                 self.nodes[i].acked(info.id, info.inst, m.header.sequence);
@@ -318,7 +318,7 @@ impl Net {
     /// One message arrives at the peer of node `i`'s path; acked (or its
     /// ack held, `hold_acks`) if `ack`.
     fn deliver(&mut self, i: usize, p: PathId, link: Link, m: &TxMessage, ack: bool) {
-        let rx = RxMessage { header: m.header, payload: m.payload.clone(), rx_time_ns: None };
+        let rx = RxMessage::new(m.header, m.payload.clone());
         let o = self.nodes[link.peer].received(link.peer_path, link.peer_inst, rx);
         self.outcomes.push((link.peer, o));
         if ack && !m.is_cong_map() {

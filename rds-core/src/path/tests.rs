@@ -94,7 +94,7 @@ fn every_transition_the_core_makes_is_the_kernels() {
     let Accept::Path(binfo) = b.accept(TransportKind::Tcp, lb, la, 40000, Instant::now()) else { panic!("accepted") };
     assert_eq!(b.path_state(binfo.id), Some(Up));
     // A protocol error (a map of the wrong size): the core drops it.
-    let bad = RxMessage { header: Header::cong_map(), payload: Payload::copy_from(&[0; 10]), rx_time_ns: None };
+    let bad = RxMessage::new(Header::cong_map(), Payload::copy_from(&[0; 10]));
     b.received(binfo.id, binfo.inst, bad);
     assert_eq!(b.path_state(binfo.id), Some(Disconnecting));
     b.path_down(binfo.id, binfo.inst, DownReason::ProtocolError, t0);

@@ -292,10 +292,8 @@ impl EventLoop {
             return;
         }
         lock(&self.shared.counters).rx_messages += ready.len() as u64;
-        let mut msgs: Vec<RxMessage> = ready
-            .into_iter()
-            .map(|r| RxMessage { header: r.header, payload: Payload::new(r.payload), rx_time_ns: None })
-            .collect();
+        let mut msgs: Vec<RxMessage> =
+            ready.into_iter().map(|r| RxMessage::new(r.header, Payload::new(r.payload))).collect();
         if let Some(s) = self.shared.sink() {
             s.received(pid, inst, &mut msgs);
         }

@@ -20,7 +20,7 @@
 //! FIN or the error raises no further edge, so such a connection is read
 //! until `EOF`, the error or `EAGAIN` as before.
 
-use std::io::{self, Read};
+use std::io::{self, IoSliceMut};
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
 use std::sync::atomic::Ordering::SeqCst;
@@ -108,15 +108,29 @@ impl Intake<'_> {
         self.batch.push(RxMessage::from(f));
     }
 
-    /// Hands the batch to the sink, every message stamped with the read
-    /// time `at` (a `now_ns` value taken once the batch's last bytes were
-    /// read: one clock read per batch, not per read or message); returns
-    /// how many messages it held.
+    /// Gives the messages from `first` on, which one read took, that
+    /// read's kernel receive time `stamp` (of its last segment); `exact`
+    /// when the read drained the socket and ended with the last of them,
+    /// whose time is then its arrival.
+    fn stamp(&mut self, first: usize, stamp: Option<u64>, exact: bool) {
+        for m in &mut self.batch[first..] {
+            m.rx_time_ns = stamp;
+        }
+        if let Some(m) = self.batch.last_mut() {
+            m.rx_time_exact = exact;
+        }
+    }
+
+    /// Hands the batch to the sink, every message without a kernel receive
+    /// time ([`Intake::stamp`]) stamped with the read time `at` (a `now_ns`
+    /// value taken once the batch's last bytes were read: one clock read
+    /// per batch, not per read or message); returns how many messages it
+    /// held.
     fn deliver(&mut self, sink: &dyn TransportSink, id: PathId, inst: u64, at: u64) -> usize {
         let n = self.batch.len();
         if n > 0 {
             let ts = crate::path_conn::real_ns(at);
-            for m in self.batch.iter_mut() {
+            for m in self.batch.iter_mut().filter(|m| m.rx_time_ns.is_none()) {
                 m.rx_time_ns = ts;
             }
             sink.received(id, inst, self.batch);
@@ -299,15 +313,27 @@ pub(crate) fn read_pass(
         if total >= budget {
             break ReadEnd::Budget;
         }
+        // The kernel's receive time of the last segment this read took
+        // (`sys::recv_stamped`), and whether the read ended exactly at the
+        // end of a message and drained the socket: then that message's
+        // time is its arrival (`RxMessage::rx_time_exact`).
+        let mut stamp = None;
+        let first = taken.batch.len();
+        let fd = conn.stream.as_raw_fd();
         let step = {
             let mut rx = conn.rx.lock();
             let dec = &mut rx.decoder;
-            if dec.is_idle() && dec.last_len() >= DIRECT_MIN {
+            let step = if dec.is_idle() && dec.last_len() >= DIRECT_MIN {
                 // A stream of large messages: the next header and its
                 // payload in one `readv`, the payload straight into its
                 // buffer (`FrameDecoder::read_guessed`).
                 let guess = dec.last_len();
-                let res = dec.read_guessed(guess, |bufs| (&conn.stream).read_vectored(bufs), &mut |f| taken.push(f));
+                let read = |bufs: &mut [IoSliceMut<'_>]| {
+                    let (n, t) = sys::recv_stamped(fd, bufs)?;
+                    stamp = t;
+                    Ok(n)
+                };
+                let res = dec.read_guessed(guess, read, &mut |f| taken.push(f));
                 match res {
                     Ok(0) => Err(ReadEnd::Eof),
                     Ok(n) => Ok((n, n < HEADER_LEN + guess)),
@@ -320,7 +346,9 @@ pub(crate) fn read_pass(
                 let mut offered = 0;
                 let res = dec.read_direct(DIRECT_MAX, |buf| {
                     offered = buf.len();
-                    (&conn.stream).read(buf)
+                    let (n, t) = sys::recv_stamped(fd, &mut [IoSliceMut::new(buf)])?;
+                    stamp = t;
+                    Ok(n)
                 });
                 match res {
                     Ok((0, _)) => Err(ReadEnd::Eof),
@@ -333,9 +361,10 @@ pub(crate) fn read_pass(
                     Err(e) => ReadEnd::of_error(&e).map(|n| (n, false)),
                 }
             } else {
-                match (&conn.stream).read(rbuf) {
-                    Ok(0) => Err(ReadEnd::Eof),
-                    Ok(n) => {
+                match sys::recv_stamped(fd, &mut [IoSliceMut::new(rbuf)]) {
+                    Ok((0, _)) => Err(ReadEnd::Eof),
+                    Ok((n, t)) => {
+                        stamp = t;
                         let fed = dec.feed(&rbuf[..n], &mut |f| taken.push(f));
                         match fed {
                             Ok(()) => Ok((n, n < rbuf.len())),
@@ -344,7 +373,12 @@ pub(crate) fn read_pass(
                     }
                     Err(e) => ReadEnd::of_error(&e).map(|n| (n, false)),
                 }
+            };
+            if stamp.is_some() && taken.batch.len() > first {
+                let exact = matches!(step, Ok((_, true))) && dec.is_idle();
+                taken.stamp(first, stamp, exact);
             }
+            step
         };
         let short = match step {
             Ok((n, short)) => {

@@ -617,7 +617,7 @@ impl Sim {
                 }
                 let id = if m.header.kind() == Kind::Data { oracle::id_of(&m.payload) } else { None };
                 let len = m.payload.len() as u64;
-                let rx = RxMessage { header: m.header, payload: m.payload, rx_time_ns: None };
+                let rx = RxMessage::new(m.header, m.payload);
                 let o = self.node(n).received(p, inst, rx);
                 self.outcome(n, id, len, o)?;
             }

@@ -21,6 +21,7 @@ pub fn sc_congestion(ctx: &Ctx) {
     us.set_nonblocking(true).unwrap();
     let (mut i, mut saw) = (0u64, false);
     let reordered_start = counter("cong_update_reordered");
+    let stale_start = counter("cong_update_stale");
     let t0 = Instant::now();
     let mut other = None;
     while t0.elapsed() < Duration::from_secs(30) && i < 20000 {
@@ -38,11 +39,15 @@ pub fn sc_congestion(ctx: &Ctx) {
         }
     }
     let n_nonblock = i;
-    // A kernel sends each map update on whichever path transmits first; two
-    // read within 5 ms on two paths keep a port congested only if both say
-    // so (`Node::cong_recv`, `cong_update_reordered`): printed, as such a
-    // pair can leave the port uncongested here while the reader stalls.
+    // A kernel sends each map update on whichever path transmits first; we
+    // apply them in the order they arrived where the receive times say it,
+    // and drop one that arrived before the map applied last
+    // (`cong_update_stale`); two close together on two paths whose times
+    // do not order them keep a port congested only if both say so
+    // (`Node::map_order`, `cong_update_reordered`): printed, as such a pair
+    // can leave the port uncongested here while the reader stalls.
     let reordered_before = counter("cong_update_reordered");
+    let stale_before = counter("cong_update_stale");
     us.set_nonblocking(false).unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     {
@@ -57,6 +62,7 @@ pub fn sc_congestion(ctx: &Ctx) {
     let early = rx.try_recv();
     let blocked = matches!(early, Err(std::sync::mpsc::TryRecvError::Empty));
     let reordered = counter("cong_update_reordered") - reordered_before;
+    let stale = counter("cong_update_stale") - stale_before;
     let t_drain = Instant::now();
     barrier("cong-a-drain", 90);
     let done = match early {
@@ -69,8 +75,9 @@ pub fn sc_congestion(ctx: &Ctx) {
     let end_ok = completed && us.send_to(&end_msg(sent), dst).is_ok();
     let acked = us.flush(Duration::from_secs(30));
     let reorders = format!(
-        "; our cong_update_reordered +{} during the non-blocking sends, +{reordered} while the blocking one waited",
-        reordered_before - reordered_start
+        "; our cong_update_reordered +{} and cong_update_stale +{} during the non-blocking sends, +{reordered} and +{stale} while the blocking one waited",
+        reordered_before - reordered_start,
+        stale_before - stale_start
     );
     result(
         "congestion",
