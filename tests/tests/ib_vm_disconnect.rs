@@ -63,7 +63,7 @@ use std::process::Output;
 const N: usize = 3000;
 const GAP_US: u64 = 3000;
 /// The RDMA CM test's pacing: 600 datagrams take at least 4.8 s, the cut
-/// starts 1..2 s in.
+/// starts 1..2 s in (or once a connection is up, if none was by then).
 const GAP_US_CM: u64 = 8000;
 const KILLS: usize = 3;
 /// Datagrams per phase of the RDMA CM test, and how long incoming RoCE v2
