@@ -69,7 +69,7 @@ if [ "$MODE" = cm ]; then
         # Not before a connection is up: a cut that began while the RDMA
         # CM was still connecting (no RC QP in RTS at 2.05 s, once, in a
         # clean-clone suite on 2026-12-01) broke nothing, only delayed the
-        # connect until it ended. At most 30 s more.
+        # connect until it ended. At most until 30 s after the barrier.
         while [ -z "$(rts_qps)" ] && [ $(($(cs) - t0)) -lt 3000 ]; do sleep 0.1; done
         tc filter add dev eth0 ingress protocol ip prio 1 flower ip_proto udp dst_port 4791 action drop
         t1=$(cs)
