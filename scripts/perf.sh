@@ -53,8 +53,9 @@ echo "== setup and release build"
 export PATH="$HOME/.cargo/bin:$PATH"
 cargo build --release -q -p rds-tools --bin rds-gen --bin rds-sink --bin rds-stress --bin rds-scale --bin rds-info
 # librdspreload.so: ours through the same qperf as the kernel's, built as
-# it is meant to run (the dist profile: Cargo.toml).
-cargo build --profile dist -q -p rds-preload
+# it is meant to run (the dist profile, as a cdylib alone so that its
+# link-time optimisation applies: Cargo.toml).
+cargo rustc --profile dist -q -p rds-preload --lib --crate-type cdylib
 chart_status=drawn
 cargo build --release -q -p perf-chart || chart_status="not drawn: perf-chart did not build"
 target_dir="$(cargo metadata --format-version 1 --no-deps \

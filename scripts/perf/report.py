@@ -198,7 +198,7 @@ def main():
     w("Raw TCP: qperf `tcp_bw` / `tcp_lat`. Kernel: qperf `rds_bw` / `rds_lat` on the "
       "kernel's RDS-TCP (`modprobe rds_tcp`). Ours: the same unmodified qperf `rds_bw` / "
       "`rds_lat`, server and client both under `LD_PRELOAD=librdspreload.so` (built with "
-      "`cargo build --profile dist -p rds-preload`: the whole stack optimised as one unit), on RDS-TCP "
+      "`cargo rustc --profile dist -p rds-preload --lib --crate-type cdylib`: the whole stack optimised as one unit), on RDS-TCP "
       "port 16386 (`RDS_TCP_PORT`) beside the kernel's module; the ratios and the targets "
       "use these figures. The message rate with 16 in flight: `rds-window` "
       "(`scripts/perf/rds_window.c`, a C program on plain AF_RDS sockets, as qperf; "
