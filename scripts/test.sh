@@ -24,6 +24,10 @@ echo "== tests"
 cargo test --release --workspace --exclude rds-preload
 echo "== the LD_PRELOAD shim (librdspreload.so): unmodified qperf rds_bw / rds_lat, python3's socket module (readiness, EINTR, fork) and tests/kernel/conform.py against rds-conform, on loopback in private network namespaces; qperf under the shim against the kernel's qperf in the VM rig"
 cargo test --release -p rds-preload
+echo "== the shim as it ships (the dist profile, link-time optimised: Cargo.toml): the host's qperf, python3 and conform.py tests again with it"
+cargo rustc --profile dist -q -p rds-preload --lib --crate-type cdylib
+target_dir="$(cargo metadata --format-version 1 --no-deps | python3 -c 'import json,sys; print(json.load(sys.stdin)["target_directory"])')"
+RDS_TEST_SHIM="$target_dir/dist/librdspreload.so" cargo test --release -p rds-preload --test qperf --test python --test conform_host
 echo "== rds-ib verbs (lints with the RDMA features; rds-ib's unit tests; kernel_ib: RDMA CM against the kernel's rds_rdma over Soft-RoCE in the VM rig)"
 cargo clippy -p rds-ib --all-targets --features verbs -- -D warnings
 cargo clippy -p rds-sock --all-targets --features ib -- -D warnings

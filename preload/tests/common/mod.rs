@@ -14,9 +14,16 @@ pub fn target_dir() -> PathBuf {
     exe.parent().and_then(Path::parent).expect("target dir").to_path_buf()
 }
 
-/// The shim: `deps/librdspreload.so`, which cargo builds with the tests of
-/// this package (`cargo build` copies it to `target/<profile>/`).
+/// The shim: `RDS_TEST_SHIM` when set (scripts/test.sh runs the host
+/// tests once more with the dist build, the shim as it ships: Cargo.toml),
+/// else `deps/librdspreload.so`, which cargo builds with the tests of this
+/// package (`cargo build` copies it to `target/<profile>/`).
 pub fn shim() -> PathBuf {
+    if let Some(p) = std::env::var_os("RDS_TEST_SHIM") {
+        let p = PathBuf::from(p);
+        assert!(p.exists(), "RDS_TEST_SHIM={} does not exist", p.display());
+        return p;
+    }
     let dir = target_dir();
     let p = [dir.join("deps/librdspreload.so"), dir.join("librdspreload.so")].into_iter().find(|p| p.exists());
     p.unwrap_or_else(|| panic!("librdspreload.so missing in {}", dir.display()))
