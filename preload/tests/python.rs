@@ -97,6 +97,8 @@ const POLL_CHECKS: &[&str] = &[
     "echo_in_order",
     "nothing_left",
     "poll_read_the_connection",
+    "poll_left_the_descriptor",
+    "owed_descriptor_catches_up",
     "pipe_in_the_set",
     "timeout",
     "poll_zero",
@@ -107,8 +109,12 @@ const POLL_CHECKS: &[&str] = &[
 /// (py/poll_assist.py): 300 answers from a forked echo child, each once, in
 /// order and intact; the polls read the connection themselves (the
 /// parent's `tcp_rx_assist_reads`, from RDS_INFO_COUNTERS, counts at least
-/// one read per two answers: without the shim's `poll` it stays 0); a pipe
-/// in the same set, the timeout and a zero timeout behave as `poll`'s.
+/// one read per two answers: without the shim's `poll` it stays 0), and
+/// did not raise the socket's descriptor for the answers they read
+/// (`engine_fd_owed`, `engine_fd_raised`); a message a poll reported
+/// without raising it is seen by `epoll` (not interposed) once the linger
+/// tick settled it, and by a second poll at once; a pipe in the same set,
+/// the timeout and a zero timeout behave as `poll`'s.
 #[test]
 fn python_poll_reads_the_connection_under_the_shim() {
     run_script("python_poll_reads_the_connection_under_the_shim", "poll_assist.py", POLL_CHECKS);

@@ -34,6 +34,7 @@ use crate::readiness::ReadyFd;
 mod config;
 mod fork;
 mod introspect;
+mod owed;
 
 pub use config::{ENV_IB_PSK_TCP, EngineConfig, RESERVED_FDS, nofile_limit, peers_for_fds};
 
@@ -98,6 +99,12 @@ pub(crate) struct SockShared {
     /// under the node lock that delivered it (`taken`).
     pub(crate) assist_by: AtomicU64,
     pub(crate) deferred: AtomicBool,
+    /// Whether the last update left for later (`deferred`) showed the
+    /// socket readable: a poll whose own read delivered reports it so
+    /// without raising the descriptor (`engine/owed.rs`).
+    pub(crate) deferred_readable: AtomicBool,
+    /// Listed for the next linger tick (`engine/owed.rs`).
+    pub(crate) owed_listed: AtomicBool,
     /// The message a blocking receive's own read delivered and took for
     /// it in the same node call ([`SockShared::take_own`]), which the
     /// receive returns when its wait ends (`RdsSocket::recv_msg_wait`):
@@ -160,6 +167,8 @@ impl SockShared {
             rx_wide: AtomicBool::new(false),
             assist_by: AtomicU64::new(0),
             deferred: AtomicBool::new(false),
+            deferred_readable: AtomicBool::new(false),
+            owed_listed: AtomicBool::new(false),
             taken: Mutex::new(None),
             assist_skip: AtomicU32::new(0),
             sent_since_wait: AtomicBool::new(false),
@@ -192,7 +201,8 @@ impl SockShared {
 
     /// A wake-up (`own`: after [`SockShared::take_own`] took the
     /// message: the descriptor is brought up to date now, not deferred).
-    fn wake(&self, seq: u64, readable: bool, writable: bool, own: bool) {
+    /// Whether it raised the descriptor (sent its readable byte).
+    fn wake(&self, seq: u64, readable: bool, writable: bool, own: bool) -> bool {
         *self.events.lock() += 1;
         self.cond.notify_all();
         // After the count moved (the waiter marks itself busy before it
@@ -206,11 +216,19 @@ impl SockShared {
         if self.fd_active.load(Ordering::Acquire) {
             let by = self.assist_by.load(Ordering::SeqCst);
             if !own && by != 0 && by >> 1 == thread_token() {
+                self.deferred_readable.store(readable, Ordering::SeqCst);
                 self.deferred.store(true, Ordering::SeqCst);
             } else {
-                self.fd.update(seq, readable, writable);
+                return self.fd.update(seq, readable, writable);
             }
         }
+        false
+    }
+
+    /// An update of the descriptor was left for later and showed the
+    /// socket readable (`deferred_readable`).
+    pub(crate) fn deferred_shows_readable(&self) -> bool {
+        self.deferred.load(Ordering::SeqCst) && self.deferred_readable.load(Ordering::SeqCst)
     }
 
     /// Waits until no read-back of the descriptor's readable byte is owed
@@ -262,6 +280,15 @@ enum Work {
     Wake(SockId, Arc<SockShared>, u64, bool, bool, bool),
 }
 
+/// What the sockets' readiness descriptors cost (`engine/owed.rs`):
+/// `engine_fd_raised`, `engine_fd_owed`, `engine_fd_owed_ticked`.
+#[derive(Default)]
+struct FdCounts {
+    raised: AtomicU64,
+    owed: AtomicU64,
+    owed_ticked: AtomicU64,
+}
+
 /// How the node lock was taken ([`Engine::node_lock_stats`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct NodeLockStats {
@@ -302,6 +329,11 @@ pub(crate) struct Inner {
     #[cfg_attr(not(feature = "ib"), allow(dead_code))]
     ib_psk_tcp: bool,
     serve_lock: Mutex<()>,
+    /// Sockets whose poll left their descriptor's update for the next
+    /// linger tick, and whether any is listed (`engine/owed.rs`).
+    owed: Mutex<Vec<SockId>>,
+    owed_any: AtomicBool,
+    fd_counts: FdCounts,
     timer: Mutex<Option<JoinHandle<()>>>,
     /// The engine's number in this process (names its info socket).
     number: u32,
@@ -383,8 +415,10 @@ impl Inner {
                 refresh = Some(stamped_readiness(&mut st.seq, &st.node, s));
             }
         });
-        if let Some((seq, rd)) = refresh {
-            sh.fd.update(seq, rd.readable, rd.writable);
+        if let Some((seq, rd)) = refresh
+            && sh.fd.update(seq, rd.readable, rd.writable)
+        {
+            self.fd_counts.raised.fetch_add(1, Ordering::Relaxed);
         }
         r
     }
@@ -468,7 +502,11 @@ impl Inner {
                     }
                     driver::carry_out(o, |k| self.transport(k));
                 }
-                Work::Wake(_, sh, seq, r, w, own) => sh.wake(seq, r, w, own),
+                Work::Wake(_, sh, seq, r, w, own) => {
+                    if sh.wake(seq, r, w, own) {
+                        self.fd_counts.raised.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
             }
         }
     }
@@ -538,7 +576,9 @@ impl Inner {
             let st = &mut *st;
             stamped_readiness(&mut st.seq, &st.node, s)
         };
-        sh.fd.update(seq, r.readable, r.writable);
+        if sh.fd.update(seq, r.readable, r.writable) {
+            self.fd_counts.raised.fetch_add(1, Ordering::Relaxed);
+        }
     }
 
     /// The readiness descriptor of a socket; the first call starts keeping
@@ -709,6 +749,9 @@ impl Engine {
             ib,
             ib_psk_tcp: cfg.ib_psk_tcp,
             serve_lock: Mutex::new(()),
+            owed: Mutex::new(Vec::new()),
+            owed_any: AtomicBool::new(false),
+            fd_counts: FdCounts::default(),
             timer: Mutex::new(None),
             number: ENGINES.fetch_add(1, Ordering::Relaxed),
             info: Mutex::new(None),
@@ -720,6 +763,12 @@ impl Engine {
             ib.set_sink(sink.clone());
         }
         inner.lo.set_sink(sink);
+        let weak = Arc::downgrade(&inner);
+        inner.tcp.set_linger_tick(Box::new(move || {
+            if let Some(inner) = weak.upgrade() {
+                inner.settle_owed();
+            }
+        }));
         let t = inner.clone();
         let h = std::thread::Builder::new().name("rds-timer".into()).spawn(move || t.timer_loop())?;
         *inner.timer.lock() = Some(h);

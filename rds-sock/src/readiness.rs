@@ -123,11 +123,12 @@ impl ReadyFd {
         self.state.lock().readable
     }
 
-    /// Applies readiness computed at sequence `seq`; stale updates are ignored.
-    pub fn update(&self, seq: u64, readable: bool, writable: bool) {
+    /// Applies readiness computed at sequence `seq`; stale updates are
+    /// ignored. Whether it raised the descriptor (sent a readable byte).
+    pub fn update(&self, seq: u64, readable: bool, writable: bool) -> bool {
         let mut st = self.state.lock();
         if seq < st.applied {
-            return;
+            return false;
         }
         st.applied = seq;
         if writable != st.writable {
@@ -140,18 +141,19 @@ impl ReadyFd {
             st.writable = writable;
         }
         if readable == st.readable {
-            return;
+            return false;
         }
         st.readable = readable;
         if !readable {
             self.read_back(&mut st);
-            return;
+            return false;
         }
         // The byte that wakes a poller goes out after the lock (module docs).
         st.started += 1;
         drop(st);
         let sent = write_some(self.peer.as_raw_fd(), &[1u8]).is_ok_and(|n| n == 1);
         self.sent(sent);
+        true
     }
 
     /// The `send` of a readable byte `update` started returned (`queued`:

@@ -175,6 +175,10 @@ pub struct RxAssist {
     read_at: u64,
     /// The last connection a read of its delivered messages on (0: none).
     lane: u64,
+    /// It left a lane lingering as it gave it back (module docs): the
+    /// reactor's timer then wakes within [`ASSIST_LINGER`] and runs the
+    /// transport's linger tick ([`TcpTransport::set_linger_tick`]).
+    lingered: bool,
 }
 
 impl std::fmt::Debug for RxAssist {
@@ -247,6 +251,7 @@ impl TcpTransport {
             may_linger: quiet,
             read_at: 0,
             lane: 0,
+            lingered: false,
         })
     }
 }
@@ -445,7 +450,9 @@ impl RxAssist {
         let c = self.conns[i].clone();
         if self.quiet == Some(i) {
             self.quiet = None;
-            if !(may_linger && self.linger(&c)) {
+            if may_linger && self.linger(&c) {
+                self.lingered = true;
+            } else {
                 c.quiet.fetch_sub(1, SeqCst);
                 self.inner.refresh_quiet(&c);
             }
@@ -478,13 +485,21 @@ impl RxAssist {
     }
 }
 
-impl Drop for RxAssist {
+impl RxAssist {
+    /// Ends the assist as dropping it does; whether it left a lane
+    /// lingering, so that the reactor's timer runs the transport's linger
+    /// tick within [`ASSIST_LINGER`] ([`TcpTransport::set_linger_tick`]).
+    pub fn finish(mut self) -> bool {
+        self.hand_back_all();
+        self.lingered
+    }
+
     /// Hands every connection back. One whose event the reactor left to
     /// us since our last read (mostly one for bytes we already took) is
     /// read once more here when we may (one `read` that finds nothing,
     /// where handing it back costs a command, a reactor wake-up and that
     /// same `read` there).
-    fn drop(&mut self) {
+    fn hand_back_all(&mut self) {
         for i in 0..self.conns.len() {
             if !self.polls(i) {
                 continue;
@@ -494,5 +509,12 @@ impl Drop for RxAssist {
             }
             self.hand_back(i);
         }
+    }
+}
+
+impl Drop for RxAssist {
+    /// Hands every connection back ([`RxAssist::finish`] did already).
+    fn drop(&mut self) {
+        self.hand_back_all();
     }
 }

@@ -472,6 +472,9 @@ pub(crate) struct Inner {
     next_token: AtomicUsize,
     closed: AtomicBool,
     threads: Mutex<Vec<(ThreadId, JoinHandle<()>)>>,
+    /// Run by a reactor each time it looks at the lanes left lingering
+    /// ([`TcpTransport::set_linger_tick`]).
+    linger_tick: std::sync::OnceLock<Box<dyn Fn() + Send + Sync>>,
 }
 
 impl Inner {
@@ -576,6 +579,7 @@ impl TcpTransport {
             next_token: AtomicUsize::new(reactor::FIRST_TOKEN),
             closed: AtomicBool::new(false),
             threads: Mutex::new(Vec::new()),
+            linger_tick: std::sync::OnceLock::new(),
         });
         for (i, poll) in polls.into_iter().enumerate() {
             let inner2 = inner.clone();
@@ -600,6 +604,20 @@ impl TcpTransport {
 
     pub fn config(&self) -> &TcpConfig {
         &self.inner.cfg
+    }
+
+    /// Sets what a reactor runs each time it looks at the lanes receiving
+    /// threads left lingering ([`RxAssist`] module docs), on its own
+    /// thread, with no lock of the transport held: while a lane lingers,
+    /// at least once per [`ASSIST_LINGER`] (its end, or a renewal's), and
+    /// once after the last linger ended. An [`RxAssist::finish`] that
+    /// returned true is thus followed by a tick within [`ASSIST_LINGER`]
+    /// (rds-sock settles the descriptors its polls left for later there).
+    /// Called often while lanes linger (each wake-up of the reactor):
+    /// it should return at once when it has nothing to do. Set once; a
+    /// second call is ignored.
+    pub fn set_linger_tick(&self, f: Box<dyn Fn() + Send + Sync>) {
+        let _ = self.inner.linger_tick.set(f);
     }
 
     /// Fault injection for tests and operators: shuts the path's TCP socket

@@ -348,6 +348,9 @@ pub(crate) fn run(inner: Arc<Inner>, idx: usize, poll: Poll) {
         }
         if !r.lingers.is_empty() {
             r.expire_lingers(r.woke_ns);
+            if let Some(tick) = r.inner.linger_tick.get() {
+                tick();
+            }
         }
         if r.next_ack_poll.is_some_and(|t| t <= now) {
             r.poll_watched(now);

@@ -173,9 +173,16 @@ fn every_table_of_a_live_rds_sink_and_of_this_process() {
     want.extend(rds_core::info::KERNEL_TCP_COUNTERS);
     want.extend(&Counters::NAMES[36..]);
     assert_eq!(names[..want.len()], want);
-    // The TCP transport's own counters, then the engine's node lock's,
-    // close the list.
-    let lock = ["engine_node_lock_taken", "engine_node_lock_waited", "engine_node_lock_wait_us"];
+    // The TCP transport's own counters, then the engine's node lock's and
+    // readiness descriptors', close the list.
+    let lock = [
+        "engine_node_lock_taken",
+        "engine_node_lock_waited",
+        "engine_node_lock_wait_us",
+        "engine_fd_raised",
+        "engine_fd_owed",
+        "engine_fd_owed_ticked",
+    ];
     let (tcp_own, engine_own) = names[want.len()..].split_at(names.len() - want.len() - lock.len());
     assert!(tcp_own.iter().all(|n| n.starts_with("tcp_") && !want.contains(n)), "{names:?}");
     assert_eq!(engine_own, lock);

@@ -3,6 +3,7 @@
 
 use std::net::IpAddr;
 use std::path::PathBuf;
+use std::sync::atomic::Ordering;
 
 use rds_core::{Node, PathId, RdsTransport};
 
@@ -17,8 +18,10 @@ impl Engine {
 
     /// Counters as `RDS_INFO_COUNTERS` (and `rds-info -c`) list them: the
     /// kernel's core counters, the TCP transport's, then our own: the
-    /// core's, the transports', and the engine's node lock
-    /// ([`Engine::node_lock_stats`]).
+    /// core's, the transports', the engine's node lock
+    /// ([`Engine::node_lock_stats`]) and its sockets' readiness
+    /// descriptors (`engine_fd_*`: descriptor updates, and those a poll
+    /// left for later).
     pub fn counters(&self) -> Vec<(String, u64)> {
         let core = self.inner.run(|n| n.counters().clone());
         rds_core::info::counters_in_kernel_order(&core, &self.outer_counters())
@@ -38,6 +41,12 @@ impl Engine {
             ("engine_node_lock_taken", l.taken),
             ("engine_node_lock_waited", l.waited),
             ("engine_node_lock_wait_us", l.wait_us),
+        ]);
+        let f = &self.inner.fd_counts;
+        c.extend([
+            ("engine_fd_raised", f.raised.load(Ordering::Relaxed)),
+            ("engine_fd_owed", f.owed.load(Ordering::Relaxed)),
+            ("engine_fd_owed_ticked", f.owed_ticked.load(Ordering::Relaxed)),
         ]);
         c
     }

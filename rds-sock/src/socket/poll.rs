@@ -9,10 +9,13 @@
 //! woken per message where a blocking receive wakes one.
 //! [`RdsSocket::poll_with`] polls the connections the next message will
 //! likely come on beside the caller's descriptors, as the blocking
-//! receive does, and reads what arrives itself; what it delivers raises
-//! the socket's descriptor as a message the reactor read does, so the
-//! poll reports it readable and the receive that follows (or a later
-//! poll, or another thread) finds it queued. The LD_PRELOAD shim's `poll`
+//! receive does, and reads what arrives itself; the poll reports the
+//! socket readable and the receive that follows (or a later poll, or
+//! another thread) finds the message queued. The socket's descriptor is
+//! raised for it only when needed: not when the receive that follows
+//! takes it, which saves the descriptor's two system calls per message
+//! (`engine/owed.rs`; a wait on the descriptor elsewhere sees it within
+//! [`rds_tcp::ASSIST_LINGER`]). The LD_PRELOAD shim's `poll`
 //! calls it through rds-capi's `rds_poll` when a program polls one RDS
 //! descriptor for reading.
 
@@ -85,8 +88,12 @@ impl RdsSocket {
     /// it also polls the TCP connections the socket's next message will
     /// likely come on and reads and delivers what arrives on them in this
     /// thread, as a blocking receive does ([`RdsSocket::recv_msg_wait`]);
-    /// a message it delivers to this socket raises its descriptor, which
-    /// this poll then reports. What it delivers to other sockets of the
+    /// a message it delivers to this socket is reported readable at once.
+    /// Its descriptor shows it after the socket's next receive or poll, or
+    /// within [`rds_tcp::ASSIST_LINGER`] (at once when the read left no
+    /// lane lingering): a wait on the descriptor elsewhere (`epoll_wait`,
+    /// another thread's `poll`) sees it that late, never not at all
+    /// (`engine/owed.rs`). What it delivers to other sockets of the
     /// engine raises theirs.
     ///
     /// Fills in every entry's `revents` and returns how many are nonzero,
@@ -99,35 +106,68 @@ impl RdsSocket {
         let (deadline, first) = Deadline::after(timeout).start_polling();
         let mut first = first.map(millis);
         let wants_in = fds.get(me).is_some_and(|p| p.events & libc::POLLIN != 0);
-        crate::batch::release();
-        let mut assist = if wants_in { self.assist_begin() } else { None };
+        // A socket that shows readable already (messages queued: a window
+        // of answers, a stream) ends the poll at once: no connection to
+        // read, and no wait, so the replies this thread holds stay held
+        // for its next ones (`crate::batch`), as a blocking receive that
+        // finds a message queued leaves them.
+        let queued = wants_in && self.shared.fd_shows_readable();
+        if !queued {
+            crate::batch::release();
+        }
+        let inner = &self.engine.inner;
+        let mut assist = if wants_in && !queued { self.assist_begin() } else { None };
         let mut set = PollSet::new();
-        loop {
+        let r = loop {
+            // An update an earlier poll (or this one's read, of a
+            // writable change) left for later: the descriptor polled
+            // below shows it.
+            inner.settle_deferred(&self.shared, self.id);
             let ms = match first.take() {
                 Some(ms) => ms,
                 None => deadline.map_or(-1, |d| millis(d.saturating_duration_since(Instant::now()))),
             };
-            // Not `defer`: the caller may poll again or receive in another
-            // thread, so what this reads raises the descriptor.
-            let round = self.poll_round(fds, me, &mut assist, &mut set, ms, Reads::Raise)?;
+            // What its reads deliver to this socket leaves the descriptor
+            // alone (`defer`): reported from here, the descriptor brought
+            // up to date by the receive that follows (`engine/owed.rs`).
+            let round = match self.poll_round(fds, me, &mut assist, &mut set, ms, Reads::Defer) {
+                Ok(round) => round,
+                Err(e) => break Err(e),
+            };
             if round.ready > 0 {
-                return Ok(round.ready);
+                break Ok(round.ready);
             }
-            if round.read && self.shared.fd_shows_readable() {
-                // What it read raised this socket's descriptor: reported
-                // without polling the set again (as if the others' events
-                // came just after).
+            if round.read && self.shared.deferred_shows_readable() {
+                // Its read delivered this socket's next message: reported
+                // without raising the descriptor, which stays behind until
+                // the socket's next receive or poll, or the linger tick
+                // that its lane's linger brings (listed before the assist
+                // ends, so the tick comes after); without a linger, raised
+                // now.
+                inner.owe_fd(&self.shared, self.id);
+                if !assist.take().is_some_and(RxAssist::finish) {
+                    inner.settle_deferred(&self.shared, self.id);
+                }
                 fds[me].revents = fds[me].events & libc::POLLIN;
                 return Ok(1);
+            }
+            if round.read && self.shared.fd_shows_readable() {
+                // The socket was readable already (the reactor's delivery
+                // raced this read): reported without polling the set
+                // again (as if the others' events came just after).
+                fds[me].revents = fds[me].events & libc::POLLIN;
+                break Ok(1);
             }
             // A read that delivered to other sockets goes around once
             // more; a poll that found nothing ends at the deadline (never
             // without one). A connection whose read took nothing was
             // handed back to the reactor: the next round polls one fewer.
             if !round.read && round.polled == 0 && deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(0);
+                break Ok(0);
             }
-        }
+        };
+        inner.settle_deferred(&self.shared, self.id);
+        r
     }
 
     /// One `poll` of `fds` and the connections `assist` holds, for `ms`
@@ -168,18 +208,13 @@ impl RdsSocket {
         if let Some(a) = assist {
             let by = &self.shared.assist_by;
             let mark = match reads {
-                Reads::Raise => None,
-                Reads::Defer => Some(crate::engine::assist_mark(false)),
-                Reads::Take => Some(crate::engine::assist_mark(true)),
+                Reads::Defer => crate::engine::assist_mark(false),
+                Reads::Take => crate::engine::assist_mark(true),
             };
-            if let Some(m) = mark {
-                by.store(m, std::sync::atomic::Ordering::SeqCst);
-            }
+            by.store(mark, std::sync::atomic::Ordering::SeqCst);
             let hit = all[mine..].iter().zip(&idx[mine..]).filter(|(p, _)| p.revents != 0).map(|(_, &i)| i);
             round.read = self.assist_read(a, hit);
-            if mark.is_some() {
-                by.store(0, std::sync::atomic::Ordering::SeqCst);
-            }
+            by.store(0, std::sync::atomic::Ordering::SeqCst);
         }
         Ok(round)
     }
@@ -188,13 +223,12 @@ impl RdsSocket {
 /// Whose reads a [`RdsSocket::poll_round`] makes.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub(super) enum Reads {
-    /// A poll's ([`RdsSocket::poll_with`]): the caller may poll again or
-    /// receive in another thread, so what they deliver raises the
-    /// socket's descriptor.
-    Raise,
-    /// A blocking receive's that peeks: it looks at what they deliver and
-    /// brings the descriptor up to date after (`SockShared::assist_by`);
-    /// a wake-up they cause for this socket leaves its descriptor alone.
+    /// A poll's ([`RdsSocket::poll_with`]) or a blocking receive's that
+    /// peeks: a wake-up they cause for this socket leaves its descriptor
+    /// alone (`SockShared::assist_by`, `deferred`); the receive brings it
+    /// up to date after, the poll when its read did not deliver this
+    /// socket's next message, else the socket's next receive, poll or
+    /// linger tick (`engine/owed.rs`).
     Defer,
     /// A blocking receive's that takes its message: the wake-up that
     /// delivers it takes it for the receive under the same node lock
