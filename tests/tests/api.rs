@@ -1091,3 +1091,67 @@ fn answers_held_for_several_peers_arrive_once_in_order() {
         assert!(s.recv_msg(&mut buf, none).is_err(), "nothing more");
     }
 }
+
+/// A poll whose own read delivered the socket's next message reports it
+/// without raising the socket's descriptor (rds-sock's `engine/owed.rs`):
+/// a thread already waiting on the descriptor with a plain `poll(2)` (as
+/// one in `epoll_wait` or `select`, which nothing interposes) is woken by
+/// the TCP transport's linger tick instead, within the lane's linger (10
+/// ms; 3 s allowed here), and the message is received once, in order.
+/// Repeated until one round left the descriptor to the tick
+/// (`engine_fd_owed_ticked`): a round whose answer the reactor read raised
+/// it at once.
+#[test]
+fn a_poll_that_leaves_the_descriptor_behind_still_wakes_another_waiter() {
+    use rds_sock::RecvFlags;
+    let ip = addr_block(43);
+    let (Pair { e1, e2: _e2, a, b }, a_addr, b_addr) = exchanged_pair(ip, 4060);
+    let ticked0 = engine_counter(&e1, "engine_fd_owed_ticked");
+    let owed0 = engine_counter(&e1, "engine_fd_owed");
+    let fd = a.as_raw_fd();
+    let mut rounds = 0u32;
+    std::thread::scope(|s| {
+        // b answers every request; the last one ends it.
+        s.spawn(|| {
+            let mut buf = [0u8; 64];
+            loop {
+                let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), in_10s()).unwrap();
+                b.send_to(&buf[..m.len], a_addr).unwrap();
+                if &buf[..m.len] == b"end" {
+                    break;
+                }
+            }
+        });
+        while rounds < 200 && engine_counter(&e1, "engine_fd_owed_ticked") == ticked0 {
+            rounds += 1;
+            let req = format!("req {rounds}");
+            // Another thread waits on the descriptor itself.
+            let waiter = s.spawn(move || {
+                let t0 = std::time::Instant::now();
+                let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+                // SAFETY: one valid pollfd.
+                let r = unsafe { libc::poll(&mut p, 1, 3000) };
+                (r == 1 && p.revents & libc::POLLIN != 0, t0.elapsed())
+            });
+            std::thread::sleep(Duration::from_millis(2));
+            a.send_to(req.as_bytes(), b_addr).unwrap();
+            let mut fds = [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }];
+            assert_eq!(a.poll_with(&mut fds, 0, Some(Duration::from_secs(10))).unwrap(), 1, "round {rounds}");
+            assert_eq!(fds[0].revents, libc::POLLIN, "round {rounds}");
+            let (woken, after) = waiter.join().unwrap();
+            assert!(woken, "round {rounds}: the other waiter was not woken ({after:?})");
+            let mut buf = [0u8; 64];
+            let m = a.recv_msg(&mut buf, RecvFlags { dontwait: true, ..RecvFlags::default() }).unwrap();
+            assert_eq!((&buf[..m.len], m.from), (req.as_bytes(), Some(b_addr)), "round {rounds}");
+        }
+        a.send_to(b"end", b_addr).unwrap();
+        let mut buf = [0u8; 64];
+        let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), in_10s()).unwrap();
+        assert_eq!(&buf[..m.len], b"end");
+    });
+    let ticked = engine_counter(&e1, "engine_fd_owed_ticked") - ticked0;
+    let owed = engine_counter(&e1, "engine_fd_owed") - owed0;
+    assert!(ticked > 0, "no round left the descriptor to the linger tick in {rounds} rounds ({owed} polls left it)");
+    let mut buf = [0u8; 8];
+    assert!(a.recv_msg(&mut buf, RecvFlags { dontwait: true, ..RecvFlags::default() }).is_err(), "nothing more");
+}
