@@ -673,9 +673,7 @@ impl RdsSocket {
                 r => break r,
             }
         };
-        if self.shared.deferred.swap(false, std::sync::atomic::Ordering::SeqCst) {
-            self.engine.inner.refresh_fd(&self.shared, self.id);
-        }
+        self.engine.inner.settle_deferred(&self.shared, self.id);
         r
     }
 

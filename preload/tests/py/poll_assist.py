@@ -84,10 +84,11 @@ def main():
     p = select.poll()
     p.register(a, select.POLLIN)
     p.register(r, select.POLLIN)
-    before = counters(a).get("tcp_rx_assist_reads")
+    c0 = counters(a)
+    before = c0.get("tcp_rx_assist_reads")
     check("counter_listed", before is not None, "tcp_rx_assist_reads not in RDS_INFO_COUNTERS")
     before = before or 0
-    before_fd = {k: counters(a).get(k, 0) for k in ("engine_fd_owed", "engine_fd_raised")}
+    before_fd = {k: c0.get(k, 0) for k in ("engine_fd_owed", "engine_fd_raised")}
 
     # Ping-pong: send, poll, receive without blocking; every answer once,
     # in order, intact.

@@ -31,7 +31,6 @@
 //! pair), `engine_fd_owed` (polls that left the update for later) and
 //! `engine_fd_owed_ticked` (of those, updates the tick made).
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
 use rds_core::SockId;
@@ -64,18 +63,19 @@ impl Inner {
         for s in listed {
             let Some(sh) = self.socks.read().get(&s).cloned() else { continue };
             sh.owed_listed.store(false, Ordering::SeqCst);
-            if sh.deferred.swap(false, Ordering::SeqCst) {
+            if self.settle_deferred(&sh, s) {
                 self.fd_counts.owed_ticked.fetch_add(1, Ordering::Relaxed);
-                self.refresh_fd(&sh, s);
             }
         }
     }
 
     /// Brings socket `s`'s descriptor up to date when an update of it was
-    /// left for later (`SockShared::deferred`).
-    pub(crate) fn settle_deferred(&self, sh: &Arc<SockShared>, s: SockId) {
-        if sh.deferred.load(Ordering::SeqCst) && sh.deferred.swap(false, Ordering::SeqCst) {
+    /// left for later (`SockShared::deferred`); whether one was.
+    pub(crate) fn settle_deferred(&self, sh: &SockShared, s: SockId) -> bool {
+        let owed = sh.deferred.load(Ordering::SeqCst) && sh.deferred.swap(false, Ordering::SeqCst);
+        if owed {
             self.refresh_fd(sh, s);
         }
+        owed
     }
 }
