@@ -215,7 +215,12 @@ impl SockShared {
         }
         if self.fd_active.load(Ordering::Acquire) {
             let by = self.assist_by.load(Ordering::SeqCst);
-            if !own && by != 0 && by >> 1 == thread_token() {
+            // This thread's own read (its wait's): left for later unless
+            // the receive took the message and left the queue empty, which
+            // the descriptor shows already (it was not readable when the
+            // wait began); with more queued, the receive's end decides
+            // (`engine/owed.rs`).
+            if by != 0 && by >> 1 == thread_token() && (!own || readable) {
                 self.deferred_readable.store(readable, Ordering::SeqCst);
                 self.deferred.store(true, Ordering::SeqCst);
             } else {
@@ -412,7 +417,13 @@ impl Inner {
         let mut refresh = None;
         let r = self.run_then(f, |st| {
             if sh.deferred.swap(false, Ordering::SeqCst) {
-                refresh = Some(stamped_readiness(&mut st.seq, &st.node, s));
+                let (seq, rd) = stamped_readiness(&mut st.seq, &st.node, s);
+                // More queued, and the linger tick will bring the
+                // descriptor up: left behind until the receive that
+                // empties the queue (`engine/owed.rs`).
+                if !(rd.readable && sh.keep_deferred()) {
+                    refresh = Some((seq, rd));
+                }
             }
         });
         if let Some((seq, rd)) = refresh

@@ -634,7 +634,10 @@ impl RdsSocket {
     /// ([`rds_tcp::RxAssist`]): a message
     /// then wakes one thread, this one, instead of the reactor and then
     /// this one, and moves the descriptor neither up nor down when this
-    /// receive takes it; a receive that does not peek takes it in the
+    /// receive takes it, nor for the messages the same read delivered
+    /// beside it while the receives that follow take them (within
+    /// `rds_tcp::ASSIST_LINGER` a wait on the descriptor elsewhere sees
+    /// them: rds-sock's `engine/owed.rs`); a receive that does not peek takes it in the
     /// node call that delivered it (the socket's next message, under the
     /// same lock: one node call per message fewer). When the socket sent a message since its previous
     /// wait (it waits for an answer), that lane's bytes also stop waking
@@ -673,7 +676,7 @@ impl RdsSocket {
                 r => break r,
             }
         };
-        self.engine.inner.settle_deferred(&self.shared, self.id);
+        self.engine.inner.settle_unless_owed(&self.shared, self.id);
         r
     }
 
@@ -721,7 +724,11 @@ impl RdsSocket {
             // brings the descriptor up to date (`defer`).
             let reads = if take { poll::Reads::Take } else { poll::Reads::Defer };
             let round = self.poll_round(&mut fds, 0, &mut assist, &mut set, ms, reads)?;
-            if round.ready > 0 || round.read {
+            if round.read {
+                self.owe_unless_settled(&mut assist);
+                return Ok(());
+            }
+            if round.ready > 0 {
                 return Ok(());
             }
             if round.polled == 0 && deadline.is_some_and(|d| Instant::now() >= d) {

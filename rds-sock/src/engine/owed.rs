@@ -1,4 +1,5 @@
-//! Descriptor updates a poll left for later ([`crate::RdsSocket::poll_with`]).
+//! Descriptor updates a wait left for later ([`crate::RdsSocket::poll_with`],
+//! [`crate::RdsSocket::recv_msg_wait`]).
 //!
 //! A program that polls its RDS descriptor and then receives without
 //! blocking (rds-tools' rds-stress, an event loop on `poll`) has its poll
@@ -27,9 +28,22 @@
 //! blocking receive, brings an update left behind up to date before it
 //! waits on the descriptor.
 //!
+//! A blocking receive whose own read delivered more than the message it
+//! returns (a window of answers) leaves the rest queued the same way: its
+//! wait lists the socket before its assist ends (`RdsSocket::owe_unless_settled`),
+//! its end leaves the update for later while the socket is listed
+//! (`Inner::settle_unless_owed`), and so does each receive that takes a
+//! message and leaves more (`Inner::run_recv`, [`SockShared::keep_deferred`]);
+//! the one that empties the queue finds the descriptor showing it empty
+//! already, and a poll in between reports the socket readable without
+//! raising it (`RdsSocket::report_queued`). Raising the descriptor for
+//! the window and lowering it after the last of it cost two system calls
+//! per wait.
+//!
 //! Counted: `engine_fd_raised` (readable bytes sent on any socket's
-//! pair), `engine_fd_owed` (polls that left the update for later) and
-//! `engine_fd_owed_ticked` (of those, updates the tick made).
+//! pair), `engine_fd_owed` (waits, a poll's or a blocking receive's, that
+//! left the update for later) and `engine_fd_owed_ticked` (of those,
+//! updates the tick made).
 
 use std::sync::atomic::Ordering;
 
@@ -69,6 +83,20 @@ impl Inner {
         }
     }
 
+    /// The end of a blocking receive ([`crate::RdsSocket::recv_msg_wait`]):
+    /// brings socket `s`'s descriptor up to date when an update of it was
+    /// left for later, unless the update showed more messages queued and
+    /// the socket is listed for the linger tick: the receives that follow
+    /// take them without moving the descriptor (the one that empties the
+    /// queue finds it showing so), and a wait elsewhere sees them within
+    /// the linger.
+    pub(crate) fn settle_unless_owed(&self, sh: &SockShared, s: SockId) {
+        if sh.deferred_shows_readable() && sh.owed_listed.load(Ordering::SeqCst) {
+            return;
+        }
+        self.settle_deferred(sh, s);
+    }
+
     /// Brings socket `s`'s descriptor up to date when an update of it was
     /// left for later (`SockShared::deferred`); whether one was.
     pub(crate) fn settle_deferred(&self, sh: &SockShared, s: SockId) -> bool {
@@ -77,5 +105,24 @@ impl Inner {
             self.refresh_fd(sh, s);
         }
         owed
+    }
+}
+
+impl SockShared {
+    /// Under the node lock, in a receive that took an update left for
+    /// later (`deferred`) and found the socket still readable: leaves it
+    /// for later again while the socket is listed for the linger tick,
+    /// which then brings it up to date. Whether the receive must not
+    /// update the descriptor itself: kept, or the tick took it meanwhile
+    /// (the tick stops listing before it takes the update, so a receive
+    /// that finds the socket listed after leaving the update is sure of
+    /// the tick).
+    pub(crate) fn keep_deferred(&self) -> bool {
+        self.deferred_readable.store(true, Ordering::SeqCst);
+        self.deferred.store(true, Ordering::SeqCst);
+        if self.owed_listed.load(Ordering::SeqCst) {
+            return true;
+        }
+        !self.deferred.swap(false, Ordering::SeqCst)
     }
 }

@@ -106,6 +106,9 @@ impl RdsSocket {
         let (deadline, first) = Deadline::after(timeout).start_polling();
         let mut first = first.map(millis);
         let wants_in = fds.get(me).is_some_and(|p| p.events & libc::POLLIN != 0);
+        if wants_in && self.shared.deferred_shows_readable() {
+            return self.report_queued(fds, me);
+        }
         // A socket that shows readable already (messages queued: a window
         // of answers, a stream) ends the poll at once: no connection to
         // read, and no wait, so the replies this thread holds stay held
@@ -144,10 +147,7 @@ impl RdsSocket {
                 // that its lane's linger brings (listed before the assist
                 // ends, so the tick comes after); without a linger, raised
                 // now.
-                inner.owe_fd(&self.shared, self.id);
-                if !assist.take().is_some_and(RxAssist::finish) {
-                    inner.settle_deferred(&self.shared, self.id);
-                }
+                self.owe_unless_settled(&mut assist);
                 fds[me].revents = fds[me].events & libc::POLLIN;
                 return Ok(1);
             }
@@ -168,6 +168,48 @@ impl RdsSocket {
         };
         inner.settle_deferred(&self.shared, self.id);
         r
+    }
+
+    /// A poll of a socket with messages queued that a wait's read left its
+    /// descriptor behind on (`SockShared::deferred`; the linger tick will
+    /// raise it, `engine/owed.rs`): reports `fds[me]` readable without
+    /// raising the descriptor, and the others' events as they are now
+    /// (a poll with no timeout; none when `fds[me]` is all there is to
+    /// ask). The replies this thread holds stay held (`crate::batch`), as
+    /// for a socket whose descriptor shows it readable.
+    fn report_queued(&self, fds: &mut [libc::pollfd], me: usize) -> io::Result<usize> {
+        let asked = fds[me].events;
+        fds[me].events &= !libc::POLLIN;
+        let r = if fds.len() == 1 && fds[0].events == 0 {
+            fds[0].revents = 0;
+            0
+        } else {
+            // SAFETY: `fds` is a valid array of `fds.len()` pollfds.
+            unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) }
+        };
+        fds[me].events = asked;
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        fds[me].revents |= libc::POLLIN;
+        Ok(fds.iter().filter(|p| p.revents != 0).count())
+    }
+
+    /// After a wait's read that delivered to this socket: when the update
+    /// of the descriptor it left for later shows the socket readable (a
+    /// message the wait reports, or more than the receive took), lists the
+    /// socket for the linger tick and ends the assist (listed first, so
+    /// that the tick its lane's linger brings comes after); without a
+    /// linger, brings the descriptor up to date now (`engine/owed.rs`).
+    pub(super) fn owe_unless_settled(&self, assist: &mut Option<RxAssist>) {
+        if !self.shared.deferred_shows_readable() {
+            return;
+        }
+        let inner = &self.engine.inner;
+        inner.owe_fd(&self.shared, self.id);
+        if !assist.take().is_some_and(RxAssist::finish) {
+            inner.settle_deferred(&self.shared, self.id);
+        }
     }
 
     /// One `poll` of `fds` and the connections `assist` holds, for `ms`
