@@ -1103,126 +1103,74 @@ fn answers_held_for_several_peers_arrive_once_in_order() {
 /// it at once.
 #[test]
 fn a_poll_that_leaves_the_descriptor_behind_still_wakes_another_waiter() {
-    use rds_sock::RecvFlags;
-    let ip = addr_block(43);
-    let (Pair { e1, e2: _e2, a, b }, a_addr, b_addr) = exchanged_pair(ip, 4060);
-    let ticked0 = engine_counter(&e1, "engine_fd_owed_ticked");
-    let owed0 = engine_counter(&e1, "engine_fd_owed");
-    let fd = a.as_raw_fd();
-    let mut rounds = 0u32;
-    std::thread::scope(|s| {
-        // b answers every request; the last one ends it.
-        s.spawn(|| {
-            let mut buf = [0u8; 64];
-            loop {
-                let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), in_10s()).unwrap();
-                b.send_to(&buf[..m.len], a_addr).unwrap();
-                if &buf[..m.len] == b"end" {
-                    break;
-                }
-            }
-        });
-        while rounds < 200 && engine_counter(&e1, "engine_fd_owed_ticked") == ticked0 {
-            rounds += 1;
-            let req = format!("req {rounds}");
-            // Another thread waits on the descriptor itself.
-            let waiter = s.spawn(move || {
-                let t0 = std::time::Instant::now();
-                let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-                // SAFETY: one valid pollfd.
-                let r = unsafe { libc::poll(&mut p, 1, 3000) };
-                (r == 1 && p.revents & libc::POLLIN != 0, t0.elapsed())
-            });
-            std::thread::sleep(Duration::from_millis(2));
-            a.send_to(req.as_bytes(), b_addr).unwrap();
-            let mut fds = [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }];
-            assert_eq!(a.poll_with(&mut fds, 0, Some(Duration::from_secs(10))).unwrap(), 1, "round {rounds}");
-            assert_eq!(fds[0].revents, libc::POLLIN, "round {rounds}");
-            let (woken, after) = waiter.join().unwrap();
-            assert!(woken, "round {rounds}: the other waiter was not woken ({after:?})");
-            let mut buf = [0u8; 64];
-            let m = a.recv_msg(&mut buf, RecvFlags { dontwait: true, ..RecvFlags::default() }).unwrap();
-            assert_eq!((&buf[..m.len], m.from), (req.as_bytes(), Some(b_addr)), "round {rounds}");
-        }
-        a.send_to(b"end", b_addr).unwrap();
-        let mut buf = [0u8; 64];
-        let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), in_10s()).unwrap();
-        assert_eq!(&buf[..m.len], b"end");
+    until_the_tick_raises_it(4060, 1, |a, round| {
+        let mut fds = [libc::pollfd { fd: a.as_raw_fd(), events: libc::POLLIN, revents: 0 }];
+        assert_eq!(a.poll_with(&mut fds, 0, Some(Duration::from_secs(10))).unwrap(), 1, "round {round}");
+        assert_eq!(fds[0].revents, libc::POLLIN, "round {round}");
     });
-    let ticked = engine_counter(&e1, "engine_fd_owed_ticked") - ticked0;
-    let owed = engine_counter(&e1, "engine_fd_owed") - owed0;
-    assert!(ticked > 0, "no round left the descriptor to the linger tick in {rounds} rounds ({owed} polls left it)");
-    let mut buf = [0u8; 8];
-    assert!(a.recv_msg(&mut buf, RecvFlags { dontwait: true, ..RecvFlags::default() }).is_err(), "nothing more");
 }
 
 /// A blocking receive whose own read delivered more than the message it
 /// returns leaves the rest queued without raising the socket's descriptor,
 /// for the receives that follow to take (rds-sock's `engine/owed.rs`): a
 /// thread already waiting on the descriptor with a plain `poll(2)` is
-/// woken by the TCP transport's linger tick instead, within the lane's
-/// linger (10 ms; 3 s allowed here), and every message is received once,
+/// woken by the linger tick instead, and every message is received once,
 /// in order; a poll in between reports them. `b` answers each request
-/// with three messages; repeated until
-/// one round left the descriptor to the tick (`engine_fd_owed_ticked`): a
-/// round whose read took one answer alone left nothing queued.
+/// with three messages; repeated until one round left the descriptor to
+/// the tick: a round whose read took one answer alone left nothing queued.
 #[test]
 fn a_blocking_receive_that_leaves_messages_queued_still_wakes_another_waiter() {
+    until_the_tick_raises_it(4061, 3, |a, round| {
+        let mut buf = [0u8; 64];
+        let m = a.recv_msg_wait(&mut buf, rds_sock::RecvFlags::default(), in_10s()).unwrap();
+        assert_eq!(&buf[..m.len], format!("req {round}0").as_bytes(), "round {round}");
+    });
+}
+
+/// Rounds of a request from `a` answered by `b` with `copies` messages
+/// (`answer_each`) until one round left `a`'s descriptor to the linger
+/// tick (`engine_fd_owed_ticked`), at most 200. In each, another thread
+/// waits on `a`'s descriptor in a plain `poll(2)` (`poll_from_elsewhere`)
+/// and must be woken while `a` does nothing more after `first` (its wait
+/// for the first answer); then `a` takes the answers in order, a poll
+/// before each reporting it, and finds nothing more.
+fn until_the_tick_raises_it(port: u16, copies: u8, first: impl Fn(&rds_sock::RdsSocket, u32)) {
     use rds_sock::RecvFlags;
     let ip = addr_block(43);
-    let (Pair { e1, e2: _e2, a, b }, a_addr, b_addr) = exchanged_pair(ip, 4061);
+    let (Pair { e1, e2: _e2, a, b }, a_addr, b_addr) = exchanged_pair(ip, port);
     let ticked0 = engine_counter(&e1, "engine_fd_owed_ticked");
     let owed0 = engine_counter(&e1, "engine_fd_owed");
     let fd = a.as_raw_fd();
+    let poll_a = |timeout: Duration| {
+        let mut fds = [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }];
+        let n = a.poll_with(&mut fds, 0, Some(timeout)).unwrap();
+        n == 1 && fds[0].revents == libc::POLLIN
+    };
+    let mut buf = [0u8; 64];
     let mut rounds = 0u32;
     std::thread::scope(|s| {
-        // b answers every request three times; the last one ends it.
-        s.spawn(|| {
-            let mut buf = [0u8; 64];
-            loop {
-                let m = b.recv_msg_wait(&mut buf, RecvFlags::default(), in_10s()).unwrap();
-                for k in 0..3u8 {
-                    let mut ans = buf[..m.len].to_vec();
-                    ans.push(b'0' + k);
-                    b.send_to(&ans, a_addr).unwrap();
-                }
-                if &buf[..m.len] == b"end" {
-                    break;
-                }
-            }
-        });
+        s.spawn(|| answer_each(&b, a_addr, copies));
         while rounds < 200 && engine_counter(&e1, "engine_fd_owed_ticked") == ticked0 {
             rounds += 1;
-            let req = format!("req {rounds}");
-            // Another thread waits on the descriptor itself.
-            let waiter = s.spawn(move || {
-                let t0 = std::time::Instant::now();
-                let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
-                // SAFETY: one valid pollfd.
-                let r = unsafe { libc::poll(&mut p, 1, 3000) };
-                (r == 1 && p.revents & libc::POLLIN != 0, t0.elapsed())
-            });
+            let waiter = s.spawn(poll_from_elsewhere(fd));
             std::thread::sleep(Duration::from_millis(2));
-            a.send_to(req.as_bytes(), b_addr).unwrap();
-            let mut buf = [0u8; 64];
-            let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), in_10s()).unwrap();
-            assert_eq!((&buf[..m.len], m.from), (format!("{req}0").as_bytes(), Some(b_addr)), "round {rounds}");
+            a.send_to(format!("req {rounds}").as_bytes(), b_addr).unwrap();
+            first(&a, rounds);
             let (woken, after) = waiter.join().unwrap();
             assert!(woken, "round {rounds}: the other waiter was not woken ({after:?})");
-            for k in 1..3 {
-                // A poll in between reports what is queued (or on its way).
-                let mut fds = [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }];
-                assert_eq!(a.poll_with(&mut fds, 0, Some(Duration::from_secs(5))).unwrap(), 1, "round {rounds}");
-                assert_eq!(fds[0].revents, libc::POLLIN, "round {rounds}");
-                let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), in_10s()).unwrap();
-                assert_eq!(&buf[..m.len], format!("{req}{k}").as_bytes(), "round {rounds}");
+            // The answers `first` left (all of them after a poll), each
+            // reported by a poll first (queued, or on its way).
+            let from = if copies == 1 { 0 } else { 1 };
+            for k in from..copies {
+                assert!(poll_a(Duration::from_secs(5)), "round {rounds}: answer {k} not reported");
+                let m = a.recv_msg(&mut buf, RecvFlags { dontwait: true, ..RecvFlags::default() }).unwrap();
+                let want = format!("req {rounds}{k}");
+                assert_eq!((&buf[..m.len], m.from), (want.as_bytes(), Some(b_addr)), "round {rounds}");
             }
-            let mut fds = [libc::pollfd { fd, events: libc::POLLIN, revents: 0 }];
-            assert_eq!(a.poll_with(&mut fds, 0, Some(Duration::ZERO)).unwrap(), 0, "round {rounds}: readable, empty");
+            assert!(!poll_a(Duration::ZERO), "round {rounds}: readable with nothing queued");
         }
         a.send_to(b"end", b_addr).unwrap();
-        let mut buf = [0u8; 64];
-        for k in 0..3 {
+        for k in 0..copies {
             let m = a.recv_msg_wait(&mut buf, RecvFlags::default(), in_10s()).unwrap();
             assert_eq!(&buf[..m.len], format!("end{k}").as_bytes());
         }
@@ -1230,6 +1178,35 @@ fn a_blocking_receive_that_leaves_messages_queued_still_wakes_another_waiter() {
     let ticked = engine_counter(&e1, "engine_fd_owed_ticked") - ticked0;
     let owed = engine_counter(&e1, "engine_fd_owed") - owed0;
     assert!(ticked > 0, "no round left the descriptor to the linger tick in {rounds} rounds ({owed} waits left it)");
-    let mut buf = [0u8; 8];
     assert!(a.recv_msg(&mut buf, RecvFlags { dontwait: true, ..RecvFlags::default() }).is_err(), "nothing more");
+}
+
+/// `b` answers every message with `copies` messages to `to`, each the
+/// message with its number appended (`0`, `1`, ...), until one says `end`.
+fn answer_each(b: &rds_sock::RdsSocket, to: std::net::SocketAddr, copies: u8) {
+    let mut buf = [0u8; 64];
+    loop {
+        let m = b.recv_msg_wait(&mut buf, rds_sock::RecvFlags::default(), in_10s()).unwrap();
+        for k in 0..copies {
+            let mut ans = buf[..m.len].to_vec();
+            ans.push(b'0' + k);
+            b.send_to(&ans, to).unwrap();
+        }
+        if &buf[..m.len] == b"end" {
+            break;
+        }
+    }
+}
+
+/// Another thread's wait on descriptor `fd` in a plain `poll(2)` (as one
+/// in `epoll_wait` or `select`, which nothing interposes), for at most 3
+/// s: whether it saw the descriptor readable, and after how long.
+fn poll_from_elsewhere(fd: std::os::fd::RawFd) -> impl FnOnce() -> (bool, Duration) + Send {
+    move || {
+        let t0 = std::time::Instant::now();
+        let mut p = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+        // SAFETY: one valid pollfd.
+        let r = unsafe { libc::poll(&mut p, 1, 3000) };
+        (r == 1 && p.revents & libc::POLLIN != 0, t0.elapsed())
+    }
 }
