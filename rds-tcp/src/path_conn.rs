@@ -140,6 +140,8 @@ pub(crate) struct PathConn {
     /// every later pass too (one pass stops at the read budget).
     pub rx_ending: AtomicBool,
     pub tx: Mutex<TxState>,
+    /// `tx`'s flag of messages awaiting their acks ([`PathConn::awaits_acks`]).
+    tx_awaits: std::sync::Arc<AtomicBool>,
     /// Messages pulled from the core, kept for the buffer's capacity
     /// between transmit rounds (only the `in_xmit` holder uses it).
     pub pull_buf: Mutex<Vec<rds_core::TxMessage>>,
@@ -194,6 +196,14 @@ pub(crate) struct PathConn {
 }
 
 impl PathConn {
+    /// Whether a message written (or queued) on it awaits its ack, read
+    /// without the transmit lock: a poll of its acks that finds this false
+    /// has nothing to do. One queued just now may not show yet; its writer
+    /// polls as it writes, and the reactor's ack timer watches it.
+    pub fn awaits_acks(&self) -> bool {
+        self.tx_awaits.load(SeqCst)
+    }
+
     pub fn new(
         token: Token,
         reactor: usize,
@@ -203,6 +213,7 @@ impl PathConn {
         state: u8,
     ) -> PathConn {
         let local = stream.local_addr().ok();
+        let tx = TxState::default();
         PathConn {
             token,
             reactor,
@@ -222,7 +233,8 @@ impl PathConn {
             linger_listed: AtomicBool::new(false),
             requested: Mutex::new(None),
             rx_ending: AtomicBool::new(false),
-            tx: Mutex::new(TxState::default()),
+            tx_awaits: tx.awaits_flag(),
+            tx: Mutex::new(tx),
             pull_buf: Mutex::new(Vec::new()),
             rx: Mutex::new(RxState {
                 decoder: FrameDecoder::default(),

@@ -45,7 +45,7 @@ use std::io::{self, IoSlice};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::sync::Arc;
-use std::sync::atomic::Ordering::SeqCst;
+use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
 
 use rds_core::wire::HEADER_LEN;
 use rds_core::{Payload, TxMessage};
@@ -330,6 +330,10 @@ impl Inner {
         conn: &PathConn,
         leave: impl FnOnce(&TxState) -> bool,
     ) -> Option<bool> {
+        // Most paths of a pair have nothing in flight: no lock taken.
+        if !conn.awaits_acks() {
+            return None;
+        }
         let polled = {
             let mut tx = conn.tx.try_lock()?;
             if !tx.has_unacked() || leave(&tx) {
@@ -539,6 +543,10 @@ pub(crate) struct TxState {
     pub watched: bool,
     /// `written` when acks were last polled.
     polled_at: u64,
+    /// `!unacked.is_empty()`, kept for reading without the lock
+    /// ([`PathConn::awaits_acks`]): set with the first message queued,
+    /// cleared by the poll that found the last one acked.
+    awaits: Arc<AtomicBool>,
 }
 
 /// How a write attempt ended.
@@ -550,6 +558,12 @@ pub(crate) enum WriteRes {
 }
 
 impl TxState {
+    /// The flag that shows, without the lock, whether a sequenced message
+    /// awaits its ack ([`PathConn::awaits_acks`]).
+    pub fn awaits_flag(&self) -> Arc<AtomicBool> {
+        self.awaits.clone()
+    }
+
     pub fn has_queued(&self) -> bool {
         !self.queue.is_empty()
     }
@@ -566,6 +580,9 @@ impl TxState {
                 tracked = true;
             }
             self.queue.push_back(TxItem { hdr: m.header.to_bytes(), payload: m.payload, map });
+        }
+        if tracked {
+            self.awaits.store(true, SeqCst);
         }
         tracked
     }
@@ -620,6 +637,9 @@ impl TxState {
             }
             seq = Some(s);
             self.unacked.pop_front();
+        }
+        if self.unacked.is_empty() {
+            self.awaits.store(false, SeqCst);
         }
         (seq, advanced)
     }
@@ -732,7 +752,10 @@ mod tests {
             expect.extend_from_slice(&m.payload);
         }
         let mut st = TxState::default();
+        let awaits = st.awaits_flag();
+        assert!(!awaits.load(SeqCst), "nothing queued");
         assert!(st.enqueue(&mut msgs));
+        assert!(awaits.load(SeqCst), "shown without the lock");
         assert_eq!(st.unacked_len(), 200, "the congestion map is not tracked");
         assert!(st.queued_has_map(), "a queued map is known (not a cost sample)");
         let reader = std::thread::spawn(move || {
@@ -767,6 +790,7 @@ mod tests {
         }
         assert_eq!(st.acked, st.written);
         assert!(!st.has_unacked());
+        assert!(!awaits.load(SeqCst), "the poll that found the last acked cleared it");
     }
 
     /// A send after our own shutdown is EPIPE, and no SIGPIPE is raised:
