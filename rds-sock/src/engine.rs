@@ -426,10 +426,8 @@ impl Inner {
                 }
             }
         });
-        if let Some((seq, rd)) = refresh
-            && sh.fd.update(seq, rd.readable, rd.writable)
-        {
-            self.fd_counts.raised.fetch_add(1, Ordering::Relaxed);
+        if let Some((seq, rd)) = refresh {
+            self.update_fd(sh, seq, rd);
         }
         r
     }
@@ -514,9 +512,8 @@ impl Inner {
                     driver::carry_out(o, |k| self.transport(k));
                 }
                 Work::Wake(_, sh, seq, r, w, own) => {
-                    if sh.wake(seq, r, w, own) {
-                        self.fd_counts.raised.fetch_add(1, Ordering::Relaxed);
-                    }
+                    let raised = sh.wake(seq, r, w, own);
+                    self.count_raised(raised);
                 }
             }
         }
@@ -587,7 +584,19 @@ impl Inner {
             let st = &mut *st;
             stamped_readiness(&mut st.seq, &st.node, s)
         };
-        if sh.fd.update(seq, r.readable, r.writable) {
+        self.update_fd(sh, seq, r);
+    }
+
+    /// Applies readiness `r`, computed at `seq`, to a socket's descriptor.
+    fn update_fd(&self, sh: &SockShared, seq: u64, r: rds_core::Readiness) {
+        let raised = sh.fd.update(seq, r.readable, r.writable);
+        self.count_raised(raised);
+    }
+
+    /// Counts a descriptor raised (`engine_fd_raised`): every update of a
+    /// descriptor reports here whether it sent the readable byte.
+    fn count_raised(&self, raised: bool) {
+        if raised {
             self.fd_counts.raised.fetch_add(1, Ordering::Relaxed);
         }
     }
