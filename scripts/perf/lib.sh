@@ -310,16 +310,32 @@ why_snap() {
                 tid = t; sub(/.*\//, "", tid)
                 print tid, c, vol + inv, g[12], e, w, sv, (p != client && p != server) > out
             }
-            print f[5] + f[6], total
+            # TCP segments sent from the network namespaces of the two processes
+            # (/proc/PID/net/snmp shows the namespace of PID: ns1 and ns2),
+            # so both directions of the exchange: its OutSegs summed.
+            segs = outsegs("/proc/" client "/net/snmp") + outsegs("/proc/" server "/net/snmp")
+            print f[5] + f[6], total, segs
             exit
+        }
+        function outsegs(f, line, h, v, n, i, hdr) {
+            hdr = 0
+            while ((getline line < f) > 0) {
+                if (line !~ /^Tcp: /) continue
+                if (!hdr) { n = split(line, h, " "); hdr = 1; continue }
+                split(line, v, " ")
+                for (i = 2; i <= n; i++) if (h[i] == "OutSegs") { close(f); return v[i] }
+            }
+            close(f)
+            return 0
         }' "${tasks[@]}"
 }
 
 # why_pair CLIENT SERVER: two why_snap snapshots 2 s apart, printed as
 # why_emit's "SNAPS": the guest's idle and total CPU ticks at each, then
 # the threads' cpu switches user engine wakes server over the interval,
-# then the two times (ns), then how many threads of SERVER's children
-# were in both (qperf's server forks one per test, which does the work: a
+# then the two times (ns), then the TCP segments the two processes'
+# network namespaces sent over the interval (both directions of the
+# exchange), then how many threads of SERVER's children were in both (qperf's server forks one per test, which does the work: a
 # run where it was in neither or only one snapshot measured nothing of the
 # receiving side). The threads' figures are differences summed over the
 # threads present in both snapshots: one that started or ended between
@@ -334,7 +350,9 @@ why_pair() {
         $1 in seen { for (i = 2; i <= 7; i++) s[i] += $i - v[$1, i]; kids += $8 }
         END { printf "%d %d %d %d %d %d %d", s[2], s[3], s[4], s[5], s[6], s[7], kids }' "$fa" "$fb")
     rm -f "$fa" "$fb"
-    echo "$a $b ${d% *} $t0 $t1 ${d##* }"
+    # a and b: idle, total CPU ticks and TCP segments (why_snap).
+    set -- $a $b
+    echo "$1 $2 $4 $5 ${d% *} $t0 $t1 $(($6 - $3)) ${d##* }"
 }
 
 # why_children PID...: the PIDs of their child processes (from /proc, as
@@ -380,7 +398,7 @@ why_run() {
 # snapshots 2 s apart in its middle. Keys ${PREFIX}why_w16_KIND_*; for
 # ours also _locks and _lockwait (window_locks).
 why_window() {
-    local kind=$1 key="why_w16_$1" srv client snaps out per hz=100
+    local kind=$1 key="why_w16_$1" srv client snaps segs out per hz=100
     [ -x "$BIN/rds-window" ] || return 0
     "${ON_B[@]}" "$BIN/rds-window" serve "$ADDR_B" 5000 30 &
     srv=$!
@@ -392,6 +410,8 @@ why_window() {
     sleep 2.5
     snaps=$(APP_COMM=rds-window why_pair "$client" "$srv")
     snaps=${snaps% *} # (rds-window's server works in its own process)
+    segs=${snaps##* }
+    snaps=${snaps% *}
     wait "$client" || true
     cleanup_pids
     out=$(cat /tmp/perf-why.$$); rm -f /tmp/perf-why.$$
@@ -401,7 +421,7 @@ why_window() {
         echo "perf: why $key: rds-window failed: $(echo "$out" | tr '\n' ' ')" >&2
         return 0
     fi
-    why_emit "$key" "$snaps $per $hz"
+    why_emit "$key" "$snaps $per $hz $segs"
     [ "$kind" = shim ] && window_locks "$key"
     return 0
 }
@@ -451,7 +471,7 @@ lock_counts() {
 }
 
 why_once() {
-    local kind=$1 test=$2 size=$3 key=$4 client snaps kids out per hz
+    local kind=$1 test=$2 size=$3 key=$4 client snaps segs kids out per hz
     hz=100 # USER_HZ: /proc reports CPU time in 1/100 s on Linux
     qperf_server_warm "$test"
     # The warm-up's server child must be gone before the snapshots (up to
@@ -467,6 +487,8 @@ why_once() {
     sleep 2
     snaps=$(why_pair "$client" "$QPERF_PID")
     kids=${snaps##* }
+    snaps=${snaps% *}
+    segs=${snaps##* }
     snaps=${snaps% *}
     wait "$client" || true
     qperf_server_stop
@@ -492,12 +514,14 @@ why_once() {
     fi
     # snaps (why_pair): idle total before and after ($1-$4), cpu
     # switches user engine wakes server over the interval ($5-$10), t0 t1
-    # ($11 $12); per: us per unit, what, value, unit ($13-$16); hz ($17).
-    why_emit "$key" "$snaps $per $hz"
+    # ($11 $12); per: us per unit, what, value, unit ($13-$16); hz ($17);
+    # the TCP segments over the interval ($18).
+    why_emit "$key" "$snaps $per $hz $segs"
 }
 
-# why_emit KEY "SNAPS PER HZ": the R lines of a why run from its
-# snapshots (why_pair), the time per unit and USER_HZ.
+# why_emit KEY "SNAPS PER HZ SEGS": the R lines of a why run from its
+# snapshots (why_pair, without its last two figures), the time per unit,
+# USER_HZ and the TCP segments of the interval.
 why_emit() {
     echo "$2" | awk -v k="${PREFIX}$1" '{
         n = ($12 - $11) / 1000 / $13
@@ -510,6 +534,7 @@ why_emit() {
         printf "R %s_engine %.0f us\n", k, $8 * tick
         printf "R %s_wakes %.2f /unit\n", k, $9 / n
         printf "R %s_switches %.2f /unit\n", k, $6 / n
+        if ($18 != "") printf "R %s_segs %.2f /unit\n", k, $18 / n
     }'
 }
 

@@ -372,10 +372,11 @@ def why_section(w, vm):
     w("One more qperf 64 B latency run of each, 6 s; over 2 s in its middle, the share "
       "of the guest's CPU time that was idle (`/proc/stat`), and the CPU time and the "
       "context switches of the two qperf processes, every thread of each and of the "
-      "server's forked child (`/proc/PID/task/*`), per round trip. The kernel's RDS "
-      "works inside qperf's system calls and in softirq, which is counted only when it "
-      "runs in qperf's context; ours works in qperf's thread and in the engine's "
-      "threads (reactor, timer), shown apart.")
+      "server's forked child (`/proc/PID/task/*`), per round trip, and the TCP segments "
+      "the two namespaces sent (`/proc/PID/net/snmp`: data and acks, both ways). The "
+      "kernel's RDS works inside qperf's system calls and in softirq, which is counted "
+      "only when it runs in qperf's context; ours works in qperf's thread and in the "
+      "engine's threads (reactor, timer), shown apart.")
     w("")
     why_table(w, vm, [(f"vm_why_{k}", n) for k, n in kinds], ("lat", "one-way latency in this run"),
               "round trip")
@@ -531,7 +532,8 @@ def why_table(w, vm, cols, first, per, app="qperf"):
                         else "of which in the answering process"),
                        ("engine", f"of which in threads other than {app}'s (our engine's)"),
                        ("switches", f"context switches per {per}"),
-                       ("wakes", f"wake-ups of threads other than {app}'s per {per}")):
+                       ("wakes", f"wake-ups of threads other than {app}'s per {per}"),
+                       ("segs", f"TCP segments per {per}, both ways (`OutSegs` of both namespaces)")):
         cells = []
         for c, _ in cols:
             v = vm.get(f"{c}_{key}")
