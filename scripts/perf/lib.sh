@@ -310,9 +310,9 @@ why_snap() {
                 tid = t; sub(/.*\//, "", tid)
                 print tid, c, vol + inv, g[12], e, w, sv, (p != client && p != server) > out
             }
-            # TCP segments sent from the network namespaces of the two processes
-            # (/proc/PID/net/snmp shows the namespace of PID: ns1 and ns2),
-            # so both directions of the exchange: its OutSegs summed.
+            # TCP segments sent from the network namespaces of the two
+            # processes (/proc/PID/net/snmp shows the namespace of PID: ns1
+            # and ns2), so both directions of the exchange: OutSegs summed.
             segs = outsegs("/proc/" client "/net/snmp") + outsegs("/proc/" server "/net/snmp")
             print f[5] + f[6], total, segs
             exit
@@ -335,9 +335,10 @@ why_snap() {
 # the threads' cpu switches user engine wakes server over the interval,
 # then the two times (ns), then the TCP segments the two processes'
 # network namespaces sent over the interval (both directions of the
-# exchange), then how many threads of SERVER's children were in both (qperf's server forks one per test, which does the work: a
-# run where it was in neither or only one snapshot measured nothing of the
-# receiving side). The threads' figures are differences summed over the
+# exchange), then how many threads of SERVER's children were in both
+# (qperf's server forks one per test, which does the work: a run where it
+# was in neither or only one snapshot measured nothing of the receiving
+# side). The threads' figures are differences summed over the
 # threads present in both snapshots: one that started or ended between
 # them (an engine's thread, a server's child) would count its whole life
 # or subtract it.
@@ -534,7 +535,7 @@ why_emit() {
         printf "R %s_engine %.0f us\n", k, $8 * tick
         printf "R %s_wakes %.2f /unit\n", k, $9 / n
         printf "R %s_switches %.2f /unit\n", k, $6 / n
-        if ($18 != "") printf "R %s_segs %.2f /unit\n", k, $18 / n
+        printf "R %s_segs %.2f /unit\n", k, $18 / n
     }'
 }
 
